@@ -1,0 +1,58 @@
+"""The ``sparsemm`` command. One module per verb; each exposes ``register(subparsers)``.
+
+A verb sets ``func`` on its parser; ``func(args) -> int`` returns the exit status.
+SparsemmError is printed on one line without a traceback (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from sparsemm import __version__
+from sparsemm.errors import SparsemmError
+
+# Verb modules under sparsemm.cli, in the order of the pipeline.
+VERBS = ("encode", "spine", "train", "demo")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sparsemm",
+        description="Interpretable sparse multimodal retrieval: encode -> spine -> train -> "
+        "index -> search.",
+    )
+    parser.add_argument("--version", action="version", version=f"sparsemm {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    for verb in VERBS:
+        module = importlib.import_module(f"sparsemm.cli.{verb}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 1
+    try:
+        return int(args.func(args) or 0)
+    except SparsemmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

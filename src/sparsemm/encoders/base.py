@@ -1,0 +1,88 @@
+"""The encoder protocol and registry.
+
+An encoder maps texts and/or images to float32 ``(n, dim)`` arrays, L2-normalised by default.
+A modality it does not support raises SparsemmError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from sparsemm.errors import SparsemmError
+
+ImageInput = Any  # PIL.Image.Image | str | Path
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    name: str
+    dim: int
+
+    def encode_text(
+        self,
+        texts: Sequence[str],
+        batch_size: int = 64,
+        normalize: bool = True,
+        progress: bool = False,
+    ) -> np.ndarray: ...
+
+    def encode_image(
+        self,
+        images: Sequence[ImageInput],
+        batch_size: int = 32,
+        normalize: bool = True,
+        progress: bool = False,
+    ) -> np.ndarray: ...
+
+
+_REGISTRY: dict[str, Callable[..., Encoder]] = {}
+
+
+def register_encoder(name: str) -> Callable[[Callable[..., Encoder]], Callable[..., Encoder]]:
+    def deco(factory: Callable[..., Encoder]) -> Callable[..., Encoder]:
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def available_encoders() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def get_encoder(name: str, **kwargs: Any) -> Encoder:
+    """Build a registered encoder by name (``minilm``, ``clip``, ``blip``, ``precomputed``)."""
+    _load_builtin()
+    if name not in _REGISTRY:
+        raise SparsemmError(
+            f"unknown encoder {name!r}; available: {', '.join(sorted(_REGISTRY))}"
+        )
+    return _REGISTRY[name](**kwargs)
+
+
+def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    """Row-wise L2 normalisation of an (n, d) array (zero rows stay zero)."""
+    x = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return (x / np.maximum(norms, eps)).astype(np.float32)
+
+
+def _load_builtin() -> None:
+    # Importing the adapter modules registers them; heavy deps load lazily inside each.
+    import importlib
+
+    for mod in ("minilm", "hf", "precomputed"):
+        try:
+            importlib.import_module(f"sparsemm.encoders.{mod}")
+        except ModuleNotFoundError as exc:  # pragma: no cover - module not written yet
+            if exc.name != f"sparsemm.encoders.{mod}":
+                raise
+
+
+def as_path(x: str | Path) -> Path:
+    return Path(x).expanduser()
