@@ -1,0 +1,112 @@
+"""Pickle-free training checkpoints: model + optimizer state as safetensors, the rest as JSON.
+
+A checkpoint is a folder ``ckpt/`` holding ``model.safetensors``, ``optim.safetensors`` and
+``state.json`` (epoch, optimizer hyper-parameters, anything the loop needs to continue). It is
+written under a temp name and swapped in, so a crash mid-save keeps the previous checkpoint.
+Training loops draw their randomness from generators seeded by ``(seed, epoch)``, so resuming
+at epoch e replays exactly what an uninterrupted run would have done.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from sparsemm.errors import SparsemmError
+from sparsemm.io import read_json, write_json
+
+CKPT_DIR = "checkpoint"
+
+
+def _flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    sd = opt.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for idx, st in sd["state"].items():
+        for name, val in st.items():
+            if isinstance(val, torch.Tensor):
+                tensors[f"{idx}.{name}"] = val.detach().clone().contiguous()
+            else:
+                scalars.setdefault(str(idx), {})[name] = val
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def _unflatten_optimizer(
+    opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict
+) -> None:
+    state: dict[int, dict[str, Any]] = {}
+    for key, val in tensors.items():
+        idx, name = key.split(".", 1)
+        state.setdefault(int(idx), {})[name] = val
+    for idx, sc in meta.get("scalars", {}).items():
+        state.setdefault(int(idx), {}).update(sc)
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def save_checkpoint(
+    out_dir: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    scheduler: Any = None,
+) -> Path:
+    """Write ``out_dir/checkpoint`` atomically; ``state`` must be JSON-serialisable."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".checkpoint.", dir=out))
+    try:
+        save_file(
+            {k: v.detach().contiguous() for k, v in model.state_dict().items()},
+            str(tmp / "model.safetensors"),
+        )
+        tensors, meta = _flatten_optimizer(optimizer)
+        save_file(tensors, str(tmp / "optim.safetensors"))
+        full = {"state": state, "optimizer": meta}
+        if scheduler is not None:
+            full["scheduler"] = scheduler.state_dict()
+        write_json(tmp / "state.json", full)
+        target = out / CKPT_DIR
+        old = out / f".{CKPT_DIR}.old"
+        if target.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out / CKPT_DIR
+
+
+def has_checkpoint(out_dir: str | Path) -> bool:
+    return (Path(out_dir) / CKPT_DIR / "state.json").is_file()
+
+
+def load_checkpoint(
+    out_dir: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any = None,
+) -> dict[str, Any]:
+    """Restore model/optimizer(/scheduler) in place from ``out_dir/checkpoint``; return state."""
+    ck = Path(out_dir) / CKPT_DIR
+    if not (ck / "state.json").is_file():
+        raise SparsemmError(f"no checkpoint to resume from in {out_dir}; drop --resume")
+    full = read_json(ck / "state.json")
+    try:
+        model.load_state_dict(load_file(str(ck / "model.safetensors")))
+    except RuntimeError as exc:
+        raise SparsemmError(
+            f"checkpoint in {out_dir} does not fit this model configuration ({exc}); "
+            "use the same settings as the interrupted run or drop --resume"
+        ) from exc
+    _unflatten_optimizer(optimizer, load_file(str(ck / "optim.safetensors")), full["optimizer"])
+    if scheduler is not None and "scheduler" in full:
+        scheduler.load_state_dict(full["scheduler"])
+    return dict(full["state"])

@@ -1,0 +1,152 @@
+"""Training loop for the SR model (one plain function; resumable; deterministic on CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from tqdm.auto import tqdm
+
+from sparsemm.errors import SparsemmError
+from sparsemm.io import write_json
+from sparsemm.models.sr import SRConfig, SRModel
+from sparsemm.train.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from sparsemm.train.losses import sr_loss
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SRTrainConfig:
+    epochs: int = 20  # passes over all (image, caption) pairs
+    batch_size: int = 256  # in-batch negatives for InfoNCE
+    lr: float = 1e-3  # Adam
+    weight_decay: float = 0.0
+    seed: int = 0  # weights init and per-epoch shuffles
+    checkpoint_every: int = 1  # epochs between checkpoints
+
+
+def train_sr(
+    image_emb: np.ndarray,
+    text_emb: np.ndarray,
+    pair_item: np.ndarray,
+    bias: sp.csr_matrix | None,
+    config: SRConfig,
+    out_dir: str | Path,
+    train: SRTrainConfig | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
+) -> tuple[SRModel, list[dict[str, float]]]:
+    """Train SR on pairs (image_emb[pair_item[j]], text_emb[j]) with caption bias ``bias[j]``.
+
+    image_emb (n_items, k_img), text_emb (n_pairs, k_txt), pair_item (n_pairs,) int,
+    bias (n_pairs, d) or None (the "no SPINE bias" ablation: TopK mask only).
+    Writes ``out_dir/{config.json, model.safetensors, history.json}`` and periodic checkpoints
+    in ``out_dir/checkpoint``; ``resume=True`` continues from the last one.
+    ``on_epoch_end(epoch, record)`` is called after each epoch's checkpoint.
+    """
+    train = train or SRTrainConfig()
+    out = Path(out_dir)
+    n_pairs = len(text_emb)
+    if len(pair_item) != n_pairs:
+        raise SparsemmError("pair_item must have one entry per text embedding")
+    if bias is not None and bias.shape != (n_pairs, config.latent_dim):
+        raise SparsemmError(
+            f"bias has shape {bias.shape}, expected ({n_pairs}, {config.latent_dim}); the SPINE "
+            "hidden size must equal the SR latent_dim"
+        )
+    if n_pairs < 2:
+        raise SparsemmError("SR training needs at least 2 (image, caption) pairs")
+    if image_emb.shape[1] != config.image_dim or text_emb.shape[1] != config.text_dim:
+        raise SparsemmError(
+            f"embedding dims ({image_emb.shape[1]}, {text_emb.shape[1]}) do not match the "
+            f"config ({config.image_dim}, {config.text_dim})"
+        )
+
+    torch.manual_seed(train.seed)
+    model = SRModel(config)
+    opt = torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+    start_epoch, history = 0, []
+    if resume and has_checkpoint(out):
+        state = load_checkpoint(out, model, opt)
+        if state.get("config") != dataclasses.asdict(config) or state.get(
+            "train"
+        ) != dataclasses.asdict(train):
+            raise SparsemmError(
+                f"the checkpoint in {out} was made with other settings; rerun with the same "
+                "settings or without --resume"
+            )
+        start_epoch, history = int(state["epoch"]), list(state["history"])
+        log.info("resuming SR training at epoch %d/%d", start_epoch + 1, train.epochs)
+    elif resume:
+        log.info("no checkpoint in %s; starting from scratch", out)
+
+    img_t = torch.from_numpy(np.ascontiguousarray(image_emb, dtype=np.float32))
+    txt_t = torch.from_numpy(np.ascontiguousarray(text_emb, dtype=np.float32))
+    item_t = torch.from_numpy(np.asarray(pair_item, dtype=np.int64))
+    bias_csr = sp.csr_matrix(bias, dtype=np.float32) if bias is not None else None
+
+    model.train()
+    for epoch in range(start_epoch, train.epochs):
+        perm = np.random.default_rng([train.seed, epoch]).permutation(n_pairs)
+        sums: dict[str, float] = {}
+        n_batches = 0
+        batches = range(0, n_pairs, train.batch_size)
+        bar = tqdm(
+            batches, desc=f"SR epoch {epoch + 1}/{train.epochs}", disable=not progress, leave=False
+        )
+        for s in bar:
+            idx = perm[s : s + train.batch_size]
+            if len(idx) < 2:
+                continue
+            items = item_t[idx]
+            b = torch.from_numpy(bias_csr[idx].toarray()) if bias_csr is not None else None
+            out_b = model(img_t[items], txt_t[idx], b)
+            losses = sr_loss(
+                out_b,
+                img_t[items],
+                txt_t[idx],
+                config.tau,
+                config.contrastive_weight,
+                config.recon_weight,
+                groups=items,
+            )
+            opt.zero_grad()
+            losses["loss"].backward()
+            opt.step()
+            for k, v in losses.items():
+                sums[k] = sums.get(k, 0.0) + float(v.detach())
+            n_batches += 1
+            bar.set_postfix(loss=f"{float(losses['loss'].detach()):.3f}")
+        record = {"epoch": epoch + 1, **{k: v / max(n_batches, 1) for k, v in sums.items()}}
+        history.append(record)
+        log.info(
+            "SR epoch %d: %s",
+            epoch + 1,
+            ", ".join(f"{k}={v:.4f}" for k, v in record.items() if k != "epoch"),
+        )
+        if (epoch + 1) % train.checkpoint_every == 0 or epoch + 1 == train.epochs:
+            save_checkpoint(
+                out,
+                model,
+                opt,
+                {
+                    "epoch": epoch + 1,
+                    "history": history,
+                    "config": dataclasses.asdict(config),
+                    "train": dataclasses.asdict(train),
+                },
+            )
+        if on_epoch_end is not None:
+            on_epoch_end(epoch + 1, record)
+    model.eval()
+    model.save_pretrained(out)
+    write_json(out / "history.json", {"train": dataclasses.asdict(train), "history": history})
+    return model, history
