@@ -59,9 +59,7 @@ def get_encoder(name: str, **kwargs: Any) -> Encoder:
     """Build a registered encoder by name (``minilm``, ``clip``, ``blip``, ``precomputed``)."""
     _load_builtin()
     if name not in _REGISTRY:
-        raise SparsemmError(
-            f"unknown encoder {name!r}; available: {', '.join(sorted(_REGISTRY))}"
-        )
+        raise SparsemmError(f"unknown encoder {name!r}; available: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name](**kwargs)
 
 

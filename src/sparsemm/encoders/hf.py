@@ -1,0 +1,276 @@
+"""CLIP and BLIP dual encoders through Hugging Face transformers.
+
+- CLIP (Radford et al., 2021): text = projection of the EOS-token state of a causal text
+  transformer, image = projection of the ViT's pooled CLS state; both ``projection_dim``-d.
+- BLIP (Li et al., 2022): the image-text *contrastive* (ITC) embeddings of the retrieval
+  model: ``vision_proj`` / ``text_proj`` of the CLS states of the ViT and the unimodal BERT
+  text encoder; ``image_text_hidden_size``-d (256 for the public checkpoints).
+
+Both are loaded from a hub name or a local folder holding ``config.json`` + weights, a
+tokenizer and an image processor (``preprocessor_config.json``). transformers and torch are
+imported only when an encoder is built.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from sparsemm.encoders.base import ImageInput, l2_normalize, register_encoder
+from sparsemm.errors import SparsemmError, require_extra
+
+if TYPE_CHECKING:
+    import torch
+    from PIL import Image
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CLIP = "openai/clip-vit-base-patch32"
+DEFAULT_BLIP = "Salesforce/blip-itm-base-coco"
+
+_E = TypeVar("_E", bound="_HFDualEncoder")
+
+
+def _transformers(extra: str) -> Any:
+    try:
+        import transformers
+    except ImportError:
+        require_extra("transformers", extra)
+    return transformers
+
+
+def load_image(image: ImageInput) -> Image.Image:
+    """An RGB PIL image from a PIL image or a file path (unreadable file -> SparsemmError)."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    if not isinstance(image, str | Path):
+        raise SparsemmError(f"images must be PIL images or file paths, got {type(image).__name__}")
+    path = Path(image).expanduser()
+    try:
+        with Image.open(path) as img:
+            return img.convert("RGB")
+    except FileNotFoundError as exc:
+        raise SparsemmError(f"image file not found: {path}") from exc
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise SparsemmError(f"cannot read image {path} ({exc}); fix or remove this file") from exc
+
+
+def _batches(n: int, batch_size: int) -> Iterator[range]:
+    step = max(1, int(batch_size))
+    for start in range(0, n, step):
+        yield range(start, min(n, start + step))
+
+
+class _HFDualEncoder:
+    """Shared batching/normalisation for transformers dual encoders.
+
+    Build from components (``model``, ``tokenizer``, ``image_processor``) or with
+    :meth:`from_pretrained`. Subclasses implement ``_text_features`` / ``_image_features``
+    returning un-normalised ``(b, dim)`` tensors.
+    """
+
+    name: str = ""
+    default_model: ClassVar[str] = ""
+    extra: ClassVar[str] = ""
+    modalities: tuple[str, ...] = ("text", "image")
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        image_processor: Any,
+        device: str | None = None,
+        model_id: str | None = None,
+    ) -> None:
+        import torch
+
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model_ = model.to(self.device).eval()
+        self.tokenizer_ = tokenizer
+        self.image_processor_ = image_processor
+        self.model_id = model_id or str(getattr(model.config, "_name_or_path", "") or self.name)
+        self.dim = self._config_dim(model.config)
+        self.max_length = self._max_length(model.config, tokenizer)
+
+    @staticmethod
+    def _config_dim(config: Any) -> int:
+        raise NotImplementedError
+
+    @staticmethod
+    def _model_class(transformers: Any) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def _max_length(config: Any, tokenizer: Any) -> int:
+        limit = int(getattr(config.text_config, "max_position_embeddings", 512))
+        tok_max = getattr(tokenizer, "model_max_length", None)
+        if isinstance(tok_max, int) and 0 < tok_max < 1_000_000:
+            limit = min(limit, tok_max)
+        return limit
+
+    @classmethod
+    def from_pretrained(
+        cls: type[_E], name_or_path: str | Path | None = None, device: str | None = None
+    ) -> _E:
+        """Load model, tokenizer and image processor from a hub name or a local folder."""
+        transformers = _transformers(cls.extra)
+        source = str(name_or_path or cls.default_model)
+        local = Path(source).expanduser()
+        is_local = local.is_dir()
+        if not is_local and source.startswith((".", "/", "~")):
+            raise SparsemmError(f"{cls.name} model folder not found: {source}")
+        where = str(local) if is_local else source
+        try:
+            model = cls._model_class(transformers).from_pretrained(where, local_files_only=is_local)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(where, local_files_only=is_local)
+            image_processor = transformers.AutoImageProcessor.from_pretrained(
+                where, local_files_only=is_local
+            )
+        except (OSError, ValueError) as exc:
+            raise SparsemmError(
+                f"could not load {cls.name} model {source!r} ({exc}); pass a local folder "
+                "with config.json, weights, tokenizer and preprocessor_config.json via "
+                "--model, or connect to the internet"
+            ) from exc
+        logger.info("loaded %s model %s", cls.name, source)
+        return cls(model, tokenizer, image_processor, device=device, model_id=source)
+
+    # -- features (subclasses) ------------------------------------------------------------
+
+    def _text_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+        raise NotImplementedError
+
+    def _image_features(self, pixel_values: torch.Tensor) -> Any:
+        raise NotImplementedError
+
+    # -- public API -----------------------------------------------------------------------
+
+    def encode_text(
+        self,
+        texts: Sequence[str],
+        batch_size: int = 64,
+        normalize: bool = True,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """Embed ``texts`` -> float32 ``(len(texts), dim)``; rows unit-length if ``normalize``."""
+        import torch
+
+        texts = list(texts)
+        if any(not isinstance(t, str) for t in texts):
+            raise SparsemmError("encode_text expects a list of strings")
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        # Longest first: batches hold similar lengths, so little padding is computed.
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        batches = list(_batches(len(texts), batch_size))
+        for rows in tqdm(batches, desc=f"{self.name} text", disable=not progress, unit="batch"):
+            idx = [order[i] for i in rows]
+            enc = self.tokenizer_(
+                [texts[i] for i in idx],
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="pt",
+            )
+            with torch.inference_mode():
+                feats = self._text_features(
+                    enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+                )
+            out[idx] = feats.float().cpu().numpy()
+        return l2_normalize(out) if normalize else out
+
+    def encode_image(
+        self,
+        images: Sequence[ImageInput],
+        batch_size: int = 32,
+        normalize: bool = True,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """Embed images (PIL or paths) -> float32 ``(len(images), dim)``."""
+        import torch
+
+        images = list(images)
+        out = np.zeros((len(images), self.dim), dtype=np.float32)
+        batches = list(_batches(len(images), batch_size))
+        for rows in tqdm(batches, desc=f"{self.name} image", disable=not progress, unit="batch"):
+            # Opened per batch so a large folder never sits in memory at once.
+            pil = [load_image(images[i]) for i in rows]
+            pixel_values = self.image_processor_(images=pil, return_tensors="pt")["pixel_values"]
+            with torch.inference_mode():
+                feats = self._image_features(pixel_values.to(self.device))
+            out[rows.start : rows.stop] = feats.float().cpu().numpy()
+        return l2_normalize(out) if normalize else out
+
+
+class CLIPEncoder(_HFDualEncoder):
+    """CLIP image/text encoder (``projection_dim``-d, e.g. 512 for ViT-B/32)."""
+
+    name = "clip"
+    default_model = DEFAULT_CLIP
+    extra = "clip"
+
+    @staticmethod
+    def _config_dim(config: Any) -> int:
+        return int(config.projection_dim)
+
+    @staticmethod
+    def _model_class(transformers: Any) -> Any:
+        return transformers.CLIPModel
+
+    def _text_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+        # Called through the sub-modules, not get_text_features, whose return type
+        # changed between transformers 4 (tensor) and 5 (output object).
+        pooled = self.model_.text_model(
+            input_ids=input_ids, attention_mask=attention_mask
+        ).pooler_output  # (b, text hidden): state at the EOS token
+        return self.model_.text_projection(pooled)  # (b, projection_dim)
+
+    def _image_features(self, pixel_values: torch.Tensor) -> Any:
+        pooled = self.model_.vision_model(pixel_values=pixel_values).pooler_output
+        return self.model_.visual_projection(pooled)  # (b, projection_dim)
+
+
+class BLIPEncoder(_HFDualEncoder):
+    """BLIP retrieval model's ITC embeddings (``image_text_hidden_size``-d, 256 public)."""
+
+    name = "blip"
+    default_model = DEFAULT_BLIP
+    extra = "blip"
+
+    @staticmethod
+    def _config_dim(config: Any) -> int:
+        return int(config.image_text_hidden_size)
+
+    @staticmethod
+    def _model_class(transformers: Any) -> Any:
+        return transformers.BlipForImageTextRetrieval
+
+    def _text_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+        # Unimodal text encoder (no cross-attention to an image), CLS state -> text_proj,
+        # exactly the ITC branch of BlipForImageTextRetrieval.forward(use_itm_head=False).
+        hidden = self.model_.text_encoder(
+            input_ids=input_ids, attention_mask=attention_mask
+        ).last_hidden_state  # (b, L, text hidden)
+        return self.model_.text_proj(hidden[:, 0, :])
+
+    def _image_features(self, pixel_values: torch.Tensor) -> Any:
+        hidden = self.model_.vision_model(pixel_values=pixel_values).last_hidden_state
+        return self.model_.vision_proj(hidden[:, 0, :])  # (b, image_text_hidden_size)
+
+
+@register_encoder("clip")
+def _make_clip(model: str | Path | None = None, device: str | None = None) -> CLIPEncoder:
+    """Registry factory: ``model`` is a hub name or local folder (default: DEFAULT_CLIP)."""
+    return CLIPEncoder.from_pretrained(model, device=device)
+
+
+@register_encoder("blip")
+def _make_blip(model: str | Path | None = None, device: str | None = None) -> BLIPEncoder:
+    """Registry factory: ``model`` is a hub name or local folder (default: DEFAULT_BLIP)."""
+    return BLIPEncoder.from_pretrained(model, device=device)

