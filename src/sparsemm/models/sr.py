@@ -120,8 +120,15 @@ class SRModel(PretrainedMixin, nn.Module):
         modality: str,
         bias: sp.csr_matrix | np.ndarray | None = None,
         batch_size: int = 4096,
+        top_k: int | None = None,
+        mask: str | None = None,
     ) -> sp.csr_matrix:
-        """Sparse SR codes (n, d) float32 for backbone embeddings x (n, k)."""
+        """Sparse SR codes (n, d) float32 for backbone embeddings x (n, k).
+
+        ``top_k`` and ``mask`` override the config's inference settings: ``mask`` is "topk",
+        "topk_or_bias" (OR the given sentence ``bias`` (n, d) into the mask) or "all" (no
+        mask: every non-zero of E_d, only sparse with the ReLU activation).
+        """
         if modality not in MODALITIES:
             raise SparsemmError(f"modality must be one of {MODALITIES}, not {modality!r}")
         k_in = self.config.image_dim if modality == "image" else self.config.text_dim
@@ -133,17 +140,29 @@ class SRModel(PretrainedMixin, nn.Module):
             )
         if not np.isfinite(x).all():
             raise SparsemmError("embeddings contain NaN or inf; re-encode those items")
-        use_bias = bias is not None and self.config.inference_mask == "topk_or_bias"
+        mask = mask or self.config.inference_mask
+        if mask not in ("topk", "topk_or_bias", "all"):
+            raise SparsemmError(f"unknown SR mask {mask!r}; use topk, topk_or_bias or all")
+        k = top_k or self.config.top_k
+        if not 0 < k <= self.config.latent_dim:
+            raise SparsemmError(f"top_k must be in 1..{self.config.latent_dim}, got {k}")
+        use_bias = bias is not None and mask == "topk_or_bias"
+        if bias is not None and bias.shape != (len(x), self.config.latent_dim):
+            raise SparsemmError(f"bias must have shape ({len(x)}, {self.config.latent_dim})")
         self.eval()
         blocks = []
         for s in range(0, len(x), batch_size):
             z = self.latent(torch.from_numpy(x[s : s + batch_size]), modality)
-            b = None
-            if use_bias:
-                assert bias is not None
-                bb = bias[s : s + batch_size]
-                b = torch.from_numpy(np.asarray(bb.todense() if sp.issparse(bb) else bb))
-            sr = (z * self.mask(z, b)).numpy()
+            if mask == "all":
+                sr = z.numpy()
+            else:
+                m = topk_mask(z, k)
+                if use_bias:
+                    assert bias is not None
+                    block = bias[s : s + batch_size]
+                    dense = sp.csr_matrix(block).toarray()
+                    m = m | torch.from_numpy(dense > 0)
+                sr = (z * m).numpy()
             blocks.append(sp.csr_matrix(sr))
         if not blocks:
             return sp.csr_matrix((0, self.config.latent_dim), dtype=np.float32)

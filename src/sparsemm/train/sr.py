@@ -13,11 +13,14 @@ import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
 
+from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.io import write_json
 from sparsemm.models.sr import SRConfig, SRModel
 from sparsemm.train.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from sparsemm.train.losses import sr_loss
+from sparsemm.words.bias import sentence_bias
+from sparsemm.words.spine import SparseWordVectors
 
 log = logging.getLogger(__name__)
 
@@ -150,3 +153,36 @@ def train_sr(
     model.save_pretrained(out)
     write_json(out / "history.json", {"train": dataclasses.asdict(train), "history": history})
     return model, history
+
+
+def sr_pairs_from_collection(
+    collection: Collection,
+    item_mask: np.ndarray,
+    sparse_vectors: SparseWordVectors | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, sp.csr_matrix | None]:
+    """Training pairs (image_emb, text_emb, pair_item, bias) for the items in ``item_mask``.
+
+    Every caption of a selected item is one pair with that item's image embedding (or
+    caption view); ``pair_item`` indexes the returned image_emb rows. ``bias`` is the SPINE
+    sentence bias of each caption, or None for the no-bias ablation.
+    """
+    image_all = collection.image_embeddings()
+    text_all = collection.text_embeddings()
+    items = np.flatnonzero(item_mask)
+    if len(items) == 0:
+        raise SparsemmError("no items selected for SR training")
+    remap = np.full(len(image_all), -1, dtype=np.int64)
+    remap[items] = np.arange(len(items))
+    text_item = collection.text_item_index()
+    rows = np.flatnonzero(remap[text_item] >= 0)
+    if len(rows) < 2:
+        raise SparsemmError("SR training needs captions: the selected items have fewer than 2")
+    bias = None
+    if sparse_vectors is not None:
+        bias = sentence_bias([collection.texts[r]["text"] for r in rows], sparse_vectors)
+    return (
+        np.ascontiguousarray(image_all[items]),
+        np.ascontiguousarray(text_all[rows]),
+        remap[text_item[rows]],
+        bias,
+    )

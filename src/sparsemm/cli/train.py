@@ -1,0 +1,91 @@
+"""``sparsemm train sr``: train the SR model on a collection's (image, caption) pairs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from sparsemm.data.collection import open_collection
+from sparsemm.models.sr import SRConfig
+from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
+from sparsemm.words.spine import SparseWordVectors
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a sparse model on a collection")
+    models = p.add_subparsers(dest="model", metavar="MODEL", required=True)
+    sr = models.add_parser(
+        "sr",
+        help="SR: linear sparse codes masked by SPINE caption bias OR top-k",
+        description="Train SR on every (image, caption) pair of a split. The SPINE sentence "
+        "bias of each caption ORs into the top-k mask of its codes during training.",
+    )
+    sr.add_argument("collection", type=Path, help="collection folder (sparsemm encode)")
+    sr.add_argument("-o", "--out", type=Path, required=True, help="model output folder")
+    sr.add_argument("--spine", type=Path, help="SPINE folder (sparsemm spine train)")
+    sr.add_argument("--no-bias", action="store_true", help="ablation: top-k mask only")
+    sr.add_argument("--split", default="train", help="items used for training (default train)")
+    sr.add_argument("--latent-dim", type=int, default=1000)
+    sr.add_argument("--top-k", type=int, default=64)
+    sr.add_argument("--activation", choices=("relu", "none"), default="relu")
+    sr.add_argument("--tau", type=float, default=0.05)
+    sr.add_argument("--lambda", dest="lam", type=float, default=1.0, help="contrastive weight")
+    sr.add_argument(
+        "--per-modality",
+        action="store_true",
+        help="separate encoders for images and texts (unaligned backbones)",
+    )
+    sr.add_argument("--epochs", type=int, default=20)
+    sr.add_argument("--batch-size", type=int, default=256)
+    sr.add_argument("--lr", type=float, default=1e-3)
+    sr.add_argument("--seed", type=int, default=0)
+    sr.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    sr.add_argument("--no-progress", action="store_true")
+    sr.set_defaults(func=run_sr)
+
+
+def run_sr(args: argparse.Namespace) -> int:
+    from sparsemm.errors import SparsemmError
+
+    if args.spine is None and not args.no_bias:
+        raise SparsemmError("pass --spine DIR (a trained SPINE) or --no-bias for the ablation")
+    col = open_collection(args.collection)
+    vectors = None if args.no_bias else SparseWordVectors.load(args.spine)
+    if vectors is not None and vectors.dim != args.latent_dim:
+        raise SparsemmError(
+            f"the SPINE vectors have {vectors.dim} dims but --latent-dim is {args.latent_dim}; "
+            "they must match (dimension j of SR is SPINE dimension j)"
+        )
+    mask = col.split_mask(args.split)
+    image, text, pair_item, bias = sr_pairs_from_collection(col, mask, vectors)
+    config = SRConfig(
+        text_dim=text.shape[1],
+        image_dim=image.shape[1],
+        latent_dim=args.latent_dim,
+        shared=not args.per_modality,
+        top_k=args.top_k,
+        activation=args.activation,
+        tau=args.tau,
+        contrastive_weight=args.lam,
+    )
+    tc = SRTrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    _, hist = train_sr(
+        image,
+        text,
+        pair_item,
+        bias,
+        config,
+        args.out,
+        tc,
+        resume=args.resume,
+        progress=not args.no_progress,
+    )
+    last = hist[-1] if hist else {}
+    print(
+        f"trained SR on {len(image)} items / {len(text)} captions -> {args.out} "
+        f"(loss {last.get('loss', float('nan')):.4f}, nce {last.get('nce', float('nan')):.4f})"
+    )
+    return 0

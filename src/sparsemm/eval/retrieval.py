@@ -1,0 +1,86 @@
+"""Standard cross-modal retrieval evaluation over dense or sparse embeddings.
+
+Scores are inner products of row-L2-normalised representations (cosine similarity), computed
+in query blocks so 25k x 5k score matrices never sit in memory at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+import numpy as np
+import scipy.sparse as sp
+
+# Dense ndarray or any scipy sparse matrix; typed loosely because scipy ships no stubs.
+Matrix: TypeAlias = Any
+
+
+def normalize_rows(x: Matrix) -> Matrix:
+    """L2-normalise rows of a dense or sparse matrix (zero rows stay zero)."""
+    if sp.issparse(x):
+        x = sp.csr_matrix(x, dtype=np.float32)
+        norms = np.sqrt(np.asarray(x.multiply(x).sum(axis=1)).ravel())
+        return sp.diags(1.0 / np.maximum(norms, 1e-12)).astype(np.float32) @ x
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def score_block(queries: Matrix, items: Matrix) -> np.ndarray:
+    """Dense (q, n) score matrix queries @ items.T for dense or sparse inputs."""
+    s = queries @ items.T
+    if sp.issparse(s):
+        s = s.toarray()
+    return np.asarray(s, dtype=np.float32)
+
+
+def target_ranks(
+    queries: Matrix, items: Matrix, targets: np.ndarray, block: int = 1024
+) -> np.ndarray:
+    """0-based rank of each query's single target item among all items (ties count against).
+
+    rank_i = #{j : s_ij > s_i,target} + #{j != target : s_ij == s_i,target}, a pessimistic
+    tie rule so that all-zero sparse scores can never look good.
+    """
+    qn, itn = normalize_rows(queries), normalize_rows(items)
+    ranks = np.empty(len(targets), dtype=np.int64)
+    for s in range(0, len(targets), block):
+        sc = score_block(qn[s : s + block], itn)
+        t = targets[s : s + block]
+        tgt = sc[np.arange(len(t)), t][:, None]
+        ranks[s : s + block] = (sc >= tgt).sum(axis=1) - 1
+    return ranks
+
+
+def recall_at_ks(ranks: np.ndarray, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
+    """R@k = share of queries whose single target is within the top k."""
+    return {f"R@{k}": float((ranks < k).mean()) for k in ks}
+
+
+def multi_target_ap(
+    queries: Matrix,
+    items: Matrix,
+    relevant: Sequence[np.ndarray],
+    ks: Sequence[int] = (1, 5, 10),
+    block: int = 512,
+) -> dict[str, float]:
+    """Mean AP@k over queries with several relevant items (image-to-text: 5 captions).
+
+    AP@k = (1 / min(k, |R|)) * sum_{i<=k} P@i * rel_i  (DESIGN.md definition).
+    """
+    qn, itn = normalize_rows(queries), normalize_rows(items)
+    kmax = max(ks)
+    sums = dict.fromkeys(ks, 0.0)
+    for s in range(0, len(relevant), block):
+        sc = score_block(qn[s : s + block], itn)
+        top = np.argpartition(-sc, kmax - 1, axis=1)[:, :kmax]
+        order = np.take_along_axis(sc, top, 1).argsort(axis=1, kind="stable")[:, ::-1]
+        top = np.take_along_axis(top, order, 1)
+        for r, row in enumerate(top):
+            rel = np.isin(row, relevant[s + r])
+            prec = np.cumsum(rel) / np.arange(1, kmax + 1)
+            for k in ks:
+                denom = min(k, len(relevant[s + r]))
+                if denom:
+                    sums[k] += float((prec[:k] * rel[:k]).sum() / denom)
+    return {f"AP@{k}": sums[k] / max(len(relevant), 1) for k in ks}
