@@ -1,0 +1,1217 @@
+"""Embedded inverted index over sparse codes: the project's default store.
+
+Items are sparse codes ``(n, dim)`` float32 (any sign) with a parallel list of string ids.
+Search is exact top-k by inner product, computed over the query's dimensions only, with
+optional exclusion of dimensions (hard filter or score penalty) and an optional row subset.
+
+On disk (format ``sparsemm.index``, version 1) an index is a folder::
+
+    manifest.json          format, version, dim, count, nnz, meta, next_segment,
+                           segments: [{"name", "count", "nnz"}, ...] in row order
+    .lock                  writer lock file (fcntl.flock, exclusive, non-blocking)
+    seg-000001-<hex>/      one immutable segment holding rows [start, start + count)
+        post_indptr.npy    (dim + 1,) int64  posting list of dim d = [indptr[d], indptr[d+1])
+        post_rows.npy      (nnz,) int32      segment-local row, ascending within each list
+        post_vals.npy      (nnz,) float32
+        row_indptr.npy     (count + 1,) int64  row-major copy (explanations, merges)
+        row_dims.npy       (nnz,) int32        ascending within each row
+        row_vals.npy       (nnz,) float32
+        ids.json           list of ``count`` ids
+
+Write protocol: ``add`` takes the writer lock, writes a brand-new segment folder (every file
+written to a temp name, fsynced, renamed), then swaps ``manifest.json`` atomically. The
+manifest is the commit point: a crash before it leaves the previous manifest, which only
+names complete segments, so the old index opens unchanged; unreferenced segment folders are
+removed by the next writer. After the commit, while the segment before the newest one is no
+larger than the newest, the two are merged into one new segment (same commit protocol), so
+segment sizes grow geometrically: at most ~log2(n / batch) segments and each item rewritten
+O(log n) times. ``compact()`` merges everything into one segment. Rows are numbered in
+insertion order and never change (there are no deletes).
+
+Readers memory-map the arrays (``np.load(mmap_mode="r", allow_pickle=False)``) and check
+their layout once (O(nnz)), so a damaged file raises SparsemmError instead of reaching the
+unchecked kernels; ``warm()`` faults all pages in. An opened index is a snapshot;
+``reload()`` picks up later commits (the writing object is updated in place). Old segment
+files deleted by a merge stay readable through existing maps (POSIX).
+
+Scoring (per query): scores live in a small per-thread block accumulator (``BLOCK`` rows).
+For each block of rows, the query dims' posting-list cursors advance through the block
+(scatter-add ``acc[row] += w_d * x_rd``), the excluded dims' lists mark banned rows, then the
+block is scanned into a size-k heap and reset (a vectorised pre-check skips 256-row chunks
+with nothing above the current k-th score). Queries with few postings (< rows / 4) track the
+touched rows and scan only those once k non-negative hits are held (untouched rows score 0
+and cannot beat them). Cost per query: O(postings of the query and excluded dims) plus
+O(rows) for dense queries or O(touched rows) for sparse ones; extra memory O(BLOCK + k).
+The kernels are numba ``@njit(cache=True, nogil=True)``: searches from several threads run
+in parallel, each with its own accumulator.
+
+Ranking rule: every allowed, non-excluded item has a score (items sharing no dimension with
+the query score exactly 0); results are the k best by score, ties broken by lower row index.
+So zero-score items come back only when fewer than k items score above zero, lowest rows
+first, and items with negative scores rank below them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+import scipy.sparse as sp
+from numba import njit, uint64
+
+from sparsemm.errors import SparsemmError
+from sparsemm.io import load_npy, read_json, save_npy, write_json
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "sparsemm.index"
+VERSION = 1
+MANIFEST = "manifest.json"
+LOCK_FILE = ".lock"
+# Rows per accumulator block: 32k float32 = 128 KiB, stays in L2 while it is filled and scanned.
+BLOCK = 32768
+# A segment is scored in "touched rows" mode when its postings for the query are fewer than
+# count / SPARSE_RATIO; otherwise every row of a block is scanned.
+SPARSE_RATIO = 4
+_MAX_ROWS = 2**31 - 1  # rows are stored as int32
+_SEG_RE = re.compile(r"^seg-\d{6}-[0-9a-f]+$")
+_ARRAYS = ("post_indptr", "post_rows", "post_vals", "row_indptr", "row_dims", "row_vals")
+
+QueryLike = Any  # 1-row sparse matrix | dense (dim,) array | (dims, weights) pair
+
+
+# --------------------------------------------------------------------------------------------
+# Public value types
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Exclusion:
+    """Dimensions to leave out of a search.
+
+    ``mode="filter"``: drop every item whose value on any of ``dims`` is > ``threshold``
+    (``weights`` are ignored; ``threshold`` must be >= 0 because items absent from a dim
+    have value 0 there). ``mode="penalty"``: subtract ``penalty * sum_j w_j * x_ij`` over
+    ``dims`` from each item's score (``weights`` default to 1).
+    """
+
+    dims: Sequence[int] | np.ndarray
+    weights: Sequence[float] | np.ndarray | None = None
+    threshold: float = 0.0
+    mode: Literal["filter", "penalty"] = "filter"
+    penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("filter", "penalty"):
+            raise SparsemmError(f"exclusion mode must be 'filter' or 'penalty', got {self.mode!r}")
+        if not np.isfinite(self.threshold) or self.threshold < 0:
+            raise SparsemmError(
+                f"exclusion threshold must be a finite number >= 0, got {self.threshold}"
+            )
+        if not np.isfinite(self.penalty):
+            raise SparsemmError(f"exclusion penalty must be finite, got {self.penalty}")
+
+
+@dataclass
+class SearchResult:
+    """Top-k hits, best first: ``rows`` (k,) int64, ``ids`` k strings, ``scores`` (k,) f32."""
+
+    rows: np.ndarray
+    ids: list[str]
+    scores: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+# --------------------------------------------------------------------------------------------
+# Numba kernels
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _better(s1: float, r1: Any, s2: float, r2: Any) -> bool:  # pragma: no cover - numba
+    """(s1, r1) ranks before (s2, r2): higher score, then lower row."""
+    return s1 > s2 or (s1 == s2 and r1 < r2)
+
+
+@njit(cache=True, nogil=True)
+def _heap_push(
+    hs: np.ndarray, hr: np.ndarray, size: int, s: float, r: Any
+) -> int:  # pragma: no cover - numba
+    """Offer (s, r) to a size-k heap whose root is the worst held hit; return the new size."""
+    k = hs.shape[0]
+    if size < k:
+        i = size
+        hs[i] = s
+        hr[i] = r
+        while i > 0:
+            p = (i - 1) >> 1
+            if _better(hs[p], hr[p], hs[i], hr[i]):
+                hs[p], hs[i] = hs[i], hs[p]
+                hr[p], hr[i] = hr[i], hr[p]
+                i = p
+            else:
+                break
+        return size + 1
+    if not _better(s, r, hs[0], hr[0]):
+        return size
+    hs[0] = s
+    hr[0] = r
+    _sift_down(hs, hr, k)
+    return size
+
+
+@njit(cache=True, nogil=True)
+def _sift_down(hs: np.ndarray, hr: np.ndarray, n: int) -> None:  # pragma: no cover - numba
+    """Restore the heap property of hs/hr[:n] after the root was replaced."""
+    i = 0
+    while True:
+        w = i
+        left = 2 * i + 1
+        right = left + 1
+        if left < n and _better(hs[w], hr[w], hs[left], hr[left]):
+            w = left
+        if right < n and _better(hs[w], hr[w], hs[right], hr[right]):
+            w = right
+        if w == i:
+            break
+        hs[w], hs[i] = hs[i], hs[w]
+        hr[w], hr[i] = hr[i], hr[w]
+        i = w
+
+
+@njit(cache=True, nogil=True)
+def _heap_sort(hs: np.ndarray, hr: np.ndarray, size: int) -> None:  # pragma: no cover - numba
+    """Sort a heap of ``size`` hits in place, best first (the worst root goes to the end)."""
+    for end in range(size - 1, 0, -1):
+        hs[0], hs[end] = hs[end], hs[0]
+        hr[0], hr[end] = hr[end], hr[0]
+        _sift_down(hs, hr, end)
+
+
+@njit(cache=True, nogil=True)
+def _clean_query(dims: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Drop zero weights: (dims int64, weights float32, count of non-finite weights)."""
+    m = 0
+    bad = 0
+    for i in range(w.shape[0]):
+        x = np.float32(w[i])
+        if not np.isfinite(x):
+            bad += 1
+        elif x != 0:
+            m += 1
+    od = np.empty(m, np.int64)
+    ow = np.empty(m, np.float32)
+    j = 0
+    for i in range(w.shape[0]):
+        x = np.float32(w[i])
+        if np.isfinite(x) and x != 0 and j < m:
+            od[j] = dims[i]
+            ow[j] = x
+            j += 1
+    return od, ow, bad
+
+
+@njit(cache=True, nogil=True)
+def _lower_bound(rows: np.ndarray, lo: int, hi: int, x: int) -> int:  # pragma: no cover
+    """First p in [lo, hi) with rows[p] >= x (rows ascending on [lo, hi))."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if rows[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def _score_segment(
+    indptr: np.ndarray,
+    rows: np.ndarray,
+    vals: np.ndarray,
+    offset: int,
+    count: int,
+    qdims: np.ndarray,
+    qw: np.ndarray,
+    edims: np.ndarray,
+    ethr: float,
+    mask: np.ndarray,
+    use_mask: bool,
+    acc: np.ndarray,
+    flags: np.ndarray,
+    touched: np.ndarray,
+    hs: np.ndarray,
+    hr: np.ndarray,
+    size: int,
+) -> int:  # pragma: no cover - numba
+    """Score one segment's rows into the running top-k heap (hs, hr, size); return size.
+
+    indptr (dim+1,), rows/vals (nnz,): the segment's posting lists. qdims/qw: query dims and
+    weights (penalty terms folded in as negative weights). edims: filter-excluded dims.
+    acc (B,) f32 and flags (B,) u8 (bit 1 touched, bit 2 banned) are zero on entry and exit.
+    Rows are visited in ascending order block by block, so in a dense block scan a row can
+    only enter a full heap with a strictly higher score than the root (ties keep lower rows).
+    Unsigned loop/index variables spare numba's negative-index wraparound checks.
+    """
+    blk = acc.shape[0]
+    k = hs.shape[0]
+    nq = qdims.shape[0]
+    ne = edims.shape[0]
+    cur_q = np.empty(nq, np.int64)
+    end_q = np.empty(nq, np.int64)
+    postings = 0
+    for j in range(nq):
+        cur_q[j] = indptr[qdims[j]]
+        end_q[j] = indptr[qdims[j] + 1]
+        postings += end_q[j] - cur_q[j]
+    cur_e = np.empty(ne, np.int64)
+    end_e = np.empty(ne, np.int64)
+    blk_e = np.empty(ne, np.int64)
+    for j in range(ne):
+        cur_e[j] = indptr[edims[j]]
+        end_e[j] = indptr[edims[j] + 1]
+    sparse = postings * SPARSE_RATIO < count
+    neg_inf = np.float32(-np.inf)
+    chunk = uint64(256)
+    for b0 in range(0, count, blk):
+        b1 = min(b0 + blk, count)
+        nb = uint64(b1 - b0)
+        base = offset + b0
+        # Once k hits >= 0 are held, untouched rows (score 0, higher row) cannot enter.
+        track = sparse and size == k and hs[0] >= 0
+        nt = 0
+        for j in range(nq):
+            w = qw[j]
+            p0 = cur_q[j]
+            p1 = _lower_bound(rows, p0, end_q[j], b1)
+            cur_q[j] = p1
+            if track:
+                for p in range(uint64(p0), uint64(p1)):
+                    r = uint64(rows[p] - b0)
+                    if flags[r] == 0:
+                        flags[r] = 1
+                        touched[nt] = r
+                        nt += 1
+                    acc[r] += w * vals[p]
+            else:
+                for p in range(uint64(p0), uint64(p1)):
+                    acc[uint64(rows[p] - b0)] += w * vals[p]
+        for j in range(ne):
+            p0 = cur_e[j]
+            p1 = _lower_bound(rows, p0, end_e[j], b1)
+            blk_e[j] = p1
+            for p in range(uint64(p0), uint64(p1)):
+                if vals[p] > ethr:
+                    flags[uint64(rows[p] - b0)] |= 2
+        if track:
+            for t in range(nt):
+                r = uint64(touched[t])
+                s = acc[r]
+                acc[r] = 0.0
+                f = flags[r]
+                flags[r] = f & 2
+                g = base + np.int64(r)
+                if size == k and not _better(s, g, hs[0], hr[0]):
+                    continue
+                if (f & 2) != 0 or (use_mask and not mask[g]):
+                    continue
+                size = _heap_push(hs, hr, size, s, g)
+            for j in range(ne):
+                for p in range(uint64(cur_e[j]), uint64(blk_e[j])):
+                    flags[uint64(rows[p] - b0)] = 0
+        else:
+            thr = hs[0] if size == k else neg_inf
+            for c0 in range(uint64(0), nb, chunk):
+                c1 = min(c0 + chunk, nb)
+                if size == k:
+                    # vectorised pre-check: most chunks hold nothing above the k-th score
+                    above = 0
+                    for r in range(c0, c1):
+                        above += acc[r] > thr
+                    if above == 0:
+                        continue
+                for r in range(c0, c1):
+                    s = acc[r]
+                    if s > thr or size < k:
+                        g = base + np.int64(r)
+                        if (flags[r] & 2) != 0 or (use_mask and not mask[g]):
+                            continue
+                        size = _heap_push(hs, hr, size, s, g)
+                        if size == k:
+                            thr = hs[0]
+            for r in range(nb):
+                acc[r] = 0.0
+            if ne > 0:
+                for r in range(nb):  # only ban bits are set here; a memset beats re-walking
+                    flags[r] = 0
+        for j in range(ne):
+            cur_e[j] = blk_e[j]
+    return size
+
+
+@njit(cache=True, nogil=True)
+def _valid_layout(
+    post_indptr: np.ndarray,
+    post_rows: np.ndarray,
+    row_indptr: np.ndarray,
+    row_dims: np.ndarray,
+    count: int,
+    dim: int,
+) -> bool:  # pragma: no cover - numba
+    """Check what the unchecked kernels rely on: monotone indptrs ending at nnz, rows in
+    [0, count) strictly ascending within each posting list, dims in [0, dim)."""
+    nnz = post_rows.shape[0]
+    if post_indptr[0] != 0 or post_indptr[dim] != nnz:
+        return False
+    for d in range(dim):
+        if post_indptr[d + 1] < post_indptr[d]:
+            return False
+    bad = False
+    # branch-free accumulations so LLVM vectorises the O(nnz) passes
+    for d in range(dim):
+        lo, hi = post_indptr[d], post_indptr[d + 1]
+        if hi > lo:
+            bad |= (post_rows[lo] < 0) | (post_rows[hi - 1] >= count)
+            for p in range(lo + 1, hi):
+                bad |= post_rows[p] <= post_rows[p - 1]
+    if row_indptr[0] != 0 or row_indptr[count] != row_dims.shape[0]:
+        return False
+    for i in range(count):
+        bad |= row_indptr[i + 1] < row_indptr[i]
+    for p in range(row_dims.shape[0]):
+        bad |= (row_dims[p] < 0) | (row_dims[p] >= dim)
+    return not bad
+
+
+# --------------------------------------------------------------------------------------------
+# Segments on disk
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Segment:
+    """One loaded segment: read-only (memory-mapped) arrays, rows [start, start + count)."""
+
+    name: str
+    start: int
+    count: int
+    nnz: int
+    post_indptr: np.ndarray
+    post_rows: np.ndarray
+    post_vals: np.ndarray
+    row_indptr: np.ndarray
+    row_dims: np.ndarray
+    row_vals: np.ndarray
+    ids: list[str]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(getattr(self, a).nbytes) for a in _ARRAYS)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_segment(
+    folder: Path,
+    dim: int,
+    row_indptr: np.ndarray,
+    row_dims: np.ndarray,
+    row_vals: np.ndarray,
+    ids: list[str],
+    post: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+) -> None:
+    """Write a segment folder from its row-major arrays (posting lists built if not given)."""
+    count = len(row_indptr) - 1
+    if post is None:
+        csc = sp.csr_matrix((row_vals, row_dims, row_indptr), shape=(count, dim)).tocsc()
+        csc.sort_indices()  # posting lists ascending by row
+        post = (csc.indptr, csc.indices, csc.data)
+    folder.mkdir(parents=True)
+    arrays: dict[str, np.ndarray] = {
+        "post_indptr": post[0].astype(np.int64, copy=False),
+        "post_rows": post[1].astype(np.int32, copy=False),
+        "post_vals": post[2].astype(np.float32, copy=False),
+        "row_indptr": row_indptr.astype(np.int64, copy=False),
+        "row_dims": row_dims.astype(np.int32, copy=False),
+        "row_vals": row_vals.astype(np.float32, copy=False),
+    }
+    for name, arr in arrays.items():
+        save_npy(folder / f"{name}.npy", arr)
+    write_json(folder / "ids.json", ids)
+    _fsync_dir(folder)
+
+
+def _load_segment(root: Path, meta: dict[str, Any], start: int, dim: int) -> _Segment:
+    folder = root / str(meta["name"])
+    if not folder.is_dir():
+        raise FileNotFoundError(folder)
+    arrs = {}
+    for name in _ARRAYS:
+        path = folder / f"{name}.npy"
+        if not path.is_file():
+            raise FileNotFoundError(path)
+        arrs[name] = np.asarray(load_npy(path, mmap=True))  # plain read-only ndarray view
+    ids = read_json(folder / "ids.json")
+    count, nnz = int(meta["count"]), int(meta["nnz"])
+    ok = (
+        arrs["post_indptr"].shape == (dim + 1,)
+        and arrs["row_indptr"].shape == (count + 1,)
+        and all(arrs[a].shape == (nnz,) for a in _ARRAYS if a.endswith(("rows", "vals", "dims")))
+        and all(arrs[a].dtype == np.int64 for a in ("post_indptr", "row_indptr"))
+        and all(arrs[a].dtype == np.int32 for a in ("post_rows", "row_dims"))
+        and all(arrs[a].dtype == np.float32 for a in ("post_vals", "row_vals"))
+        and isinstance(ids, list)
+        and len(ids) == count
+        and all(type(i) is str for i in ids)
+    )
+    ok = ok and _valid_layout(
+        arrs["post_indptr"], arrs["post_rows"], arrs["row_indptr"], arrs["row_dims"], count, dim
+    )
+    if not ok:
+        raise SparsemmError(
+            f"index {root}: segment {folder.name} does not match the manifest (corrupt or "
+            "modified); rebuild the index"
+        )
+    return _Segment(name=folder.name, start=start, count=count, nnz=nnz, ids=ids, **arrs)
+
+
+def _merge_segments(segs: Sequence[_Segment], dim: int) -> tuple[np.ndarray, ...]:
+    """Concatenate adjacent segments: (post_indptr, post_rows, post_vals, row_*) arrays."""
+    post_indptr = np.zeros(dim + 1, np.int64)
+    for s in segs:
+        post_indptr += s.post_indptr
+    nnz = int(post_indptr[-1])
+    post_rows = np.empty(nnz, np.int32)
+    post_vals = np.empty(nnz, np.float32)
+    placed = np.zeros(dim, np.int64)  # postings already written per dim
+    row_off = 0
+    for s in segs:
+        lens = np.diff(s.post_indptr)
+        # destination of posting p of dim d: merged start of d + placed[d] + (p - start_d)
+        dest = np.repeat(post_indptr[:-1] + placed - s.post_indptr[:-1], lens)
+        dest += np.arange(s.nnz, dtype=np.int64)
+        post_rows[dest] = s.post_rows + np.int32(row_off)
+        post_vals[dest] = s.post_vals
+        placed += lens
+        row_off += s.count
+    row_indptr = np.zeros(row_off + 1, np.int64)
+    pos, at = 0, 0
+    for s in segs:
+        row_indptr[pos + 1 : pos + s.count + 1] = s.row_indptr[1:] + at
+        pos += s.count
+        at += s.nnz
+    row_dims = np.concatenate([s.row_dims for s in segs]).astype(np.int32, copy=False)
+    row_vals = np.concatenate([s.row_vals for s in segs]).astype(np.float32, copy=False)
+    return post_indptr, post_rows, post_vals, row_indptr, row_dims, row_vals
+
+
+@contextlib.contextmanager
+def _writer_lock(root: Path) -> Iterator[None]:
+    """Hold the exclusive writer lock of ``root`` or raise SparsemmError at once."""
+    fh = open(root / LOCK_FILE, "a+")
+    try:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise SparsemmError(
+                    f"index {root} is being written by another process (lock {LOCK_FILE} is "
+                    "held); wait for it to finish, then retry"
+                ) from exc
+            raise
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    finally:
+        fh.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Input checks
+# --------------------------------------------------------------------------------------------
+
+
+def _check_codes(codes: Any, dim: int) -> sp.csr_matrix:
+    """Validate and canonicalise a (n, dim) code matrix into a fresh float32 CSR copy."""
+    if sp.issparse(codes):
+        if codes.ndim != 2:
+            raise SparsemmError(f"codes: expected a 2-D (n, {dim}) matrix, got {codes.shape}")
+        csr = sp.csr_matrix(codes, dtype=np.float32, copy=True)
+    else:
+        arr = np.asarray(codes)
+        if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.number):
+            raise SparsemmError(
+                f"codes: expected a 2-D numeric (n, {dim}) matrix, got shape {arr.shape} "
+                f"dtype {arr.dtype}"
+            )
+        csr = sp.csr_matrix(arr.astype(np.float32))
+    if csr.shape[1] != dim:
+        raise SparsemmError(f"codes: the index has dimension {dim}, got {csr.shape[1]}")
+    if not np.isfinite(csr.data).all():
+        bad_rows = np.unique(
+            np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))[~np.isfinite(csr.data)]
+        )
+        raise SparsemmError(
+            f"codes: {len(bad_rows)} row(s) contain NaN or inf (first: row {bad_rows[0]}); "
+            "re-encode those items"
+        )
+    csr.sum_duplicates()
+    csr.eliminate_zeros()
+    csr.sort_indices()
+    return csr
+
+
+def _check_items(codes: Any, ids: Sequence[str], dim: int) -> tuple[sp.csr_matrix, list[str]]:
+    """Validate items to add: (canonical float32 CSR (n, dim), n unique non-empty ids)."""
+    if isinstance(ids, str):
+        raise SparsemmError("ids must be a list of strings, not one string")
+    csr = _check_codes(codes, dim)
+    id_list = [str(i) for i in ids]
+    if len(id_list) != csr.shape[0]:
+        raise SparsemmError(f"{csr.shape[0]} codes for {len(id_list)} ids; they must match")
+    if any(not i for i in id_list):
+        raise SparsemmError("every item needs a non-empty id")
+    if len(set(id_list)) != len(id_list):
+        seen: set[str] = set()
+        for i in id_list:
+            if i in seen:
+                raise SparsemmError(f"duplicate id {i!r} in the items to add; ids must be unique")
+            seen.add(i)
+    return csr, id_list
+
+
+def _check_dims(dims: Any, dim: int, what: str, unique: bool = False) -> np.ndarray:
+    """Validate a 1-D list of dimensions in [0, dim) -> int64 array (sorted unique if asked)."""
+    arr = np.asarray(dims)
+    if arr.size == 0:
+        return _EMPTY_I64
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise SparsemmError(f"{what}: expected a 1-D list of integer dimensions, got {arr!r}")
+    if unique:
+        arr = np.unique(arr)
+        lo, hi = arr[0], arr[-1]
+    else:
+        lo, hi = arr.min(), arr.max()
+    if lo < 0 or hi >= dim:
+        raise SparsemmError(f"{what}: dimensions must lie in [0, {dim}), got {lo}..{hi}")
+    return arr.astype(np.int64, copy=False)
+
+
+def _check_weights(weights: Any, n: int, what: str) -> np.ndarray:
+    arr = np.asarray(weights, dtype=np.float64)
+    if arr.shape != (n,):
+        raise SparsemmError(f"{what}: expected {n} weights, got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise SparsemmError(f"{what}: weights contain NaN or inf")
+    return arr
+
+
+def _as_query(query: QueryLike, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Normalise a query to (dims (m,) int64 ascending unique, weights (m,) float32)."""
+    if sp.issparse(query):
+        if query.shape != (1, dim):
+            raise SparsemmError(f"query: expected a (1, {dim}) sparse row, got {query.shape}")
+        q = query if query.format == "csr" else sp.csr_matrix(query)
+        if not q.has_canonical_format:
+            q = q.copy()
+            q.sum_duplicates()
+        dims, w = q.indices, q.data
+    elif isinstance(query, tuple) and len(query) == 2:
+        dims = _check_dims(query[0], dim, "query")
+        w = np.asarray(query[1])
+        if w.shape != dims.shape or not np.issubdtype(w.dtype, np.number):
+            raise SparsemmError(
+                f"query: {len(dims)} dims need {len(dims)} numeric weights, got {w.shape}"
+            )
+        if len(dims) > 1 and not (np.diff(dims) > 0).all():
+            uniq, inv = np.unique(dims, return_inverse=True)
+            w = np.bincount(inv, weights=w.astype(np.float64), minlength=len(uniq))
+            dims = uniq
+    else:
+        arr = np.asarray(query)
+        if arr.ndim == 2 and arr.shape[0] == 1:
+            arr = arr[0]
+        if arr.shape != (dim,) or not np.issubdtype(arr.dtype, np.number):
+            raise SparsemmError(
+                f"query: expected a (1, {dim}) sparse row, a ({dim},) array or a "
+                f"(dims, weights) pair, got {type(query).__name__} of shape {arr.shape}"
+            )
+        dims = np.flatnonzero(arr)
+        w = arr[dims]
+    if np.iscomplexobj(w):
+        raise SparsemmError("query: weights must be real numbers")
+    out_dims, out_w, bad = _clean_query(dims, w)
+    if bad:
+        raise SparsemmError("query: weights contain NaN or inf; re-encode the query")
+    return out_dims, out_w
+
+
+_EMPTY_I64 = np.zeros(0, np.int64)
+_EMPTY_F32 = np.zeros(0, np.float32)
+
+
+class _Plan(NamedTuple):
+    """Resolved exclusion for the kernel: extra (dims, weights) and filtered dims."""
+
+    extra_dims: np.ndarray = _EMPTY_I64
+    extra_w: np.ndarray = _EMPTY_F32
+    ban_dims: np.ndarray = _EMPTY_I64
+    threshold: float = 0.0
+
+
+_NO_PLAN = _Plan()
+
+
+def _plan_exclusion(exclude: Exclusion | None, dim: int) -> _Plan:
+    if exclude is None:
+        return _NO_PLAN
+    if not isinstance(exclude, Exclusion):
+        raise SparsemmError(f"exclude must be an Exclusion, got {type(exclude).__name__}")
+    if exclude.mode == "filter":
+        dims = _check_dims(exclude.dims, dim, "exclusion", unique=True)
+        return _Plan(ban_dims=dims, threshold=float(exclude.threshold))
+    dims = _check_dims(exclude.dims, dim, "exclusion")
+    w = (
+        np.ones(len(dims))
+        if exclude.weights is None
+        else _check_weights(exclude.weights, len(dims), "exclusion")
+    )
+    # penalty * sum_j w_j x_ij is a scatter-add with negative weights
+    return _Plan(extra_dims=dims, extra_w=(-float(exclude.penalty) * w).astype(np.float32))
+
+
+# --------------------------------------------------------------------------------------------
+# The index
+# --------------------------------------------------------------------------------------------
+
+
+class InvertedIndex:
+    """An on-disk inverted index of sparse codes (see the module docstring for the format).
+
+    Use ``InvertedIndex.create(path, dim)`` or ``InvertedIndex.build(path, codes, ids)`` to
+    make one and ``InvertedIndex.open(path)`` to read one.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        manifest: dict[str, Any],
+        segments: list[_Segment],
+        block_rows: int = BLOCK,
+    ) -> None:
+        if not isinstance(block_rows, int) or block_rows < 1:
+            raise SparsemmError(f"block_rows must be a positive integer, got {block_rows!r}")
+        self._root = root
+        self._block = block_rows
+        self._local = threading.local()
+        self._set_state(manifest, segments)
+
+    # ----- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        path: str | Path,
+        dim: int,
+        overwrite: bool = False,
+        meta: dict[str, Any] | None = None,
+    ) -> InvertedIndex:
+        """Create an empty index folder for ``dim``-dimensional codes and open it.
+
+        ``meta`` (JSON-able, e.g. the model that produced the codes) is kept in the manifest.
+        An existing index is replaced only with ``overwrite=True``.
+        """
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+            raise SparsemmError(f"index dimension must be a positive integer, got {dim!r}")
+        root = Path(path)
+        try:
+            json.dumps(meta or {})
+        except (TypeError, ValueError) as exc:
+            raise SparsemmError(f"index meta must be JSON-serialisable ({exc})") from exc
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "dim": int(dim),
+            "count": 0,
+            "nnz": 0,
+            "meta": dict(meta or {}),
+            "next_segment": 1,
+            "segments": [],
+        }
+        if root.exists() and not root.is_dir():
+            raise SparsemmError(f"{root} exists and is not a folder; choose another index path")
+        if (root / MANIFEST).is_file():
+            if not overwrite:
+                raise SparsemmError(
+                    f"an index already exists at {root}; open it, or pass overwrite=True "
+                    "(--overwrite) to replace it"
+                )
+            old = read_json(root / MANIFEST)
+            if old.get("format") != FORMAT:
+                raise SparsemmError(f"{root} holds something other than an index; not replacing it")
+            with _writer_lock(root):
+                write_json(root / MANIFEST, manifest)
+                _fsync_dir(root)
+                _remove_unreferenced(root, set())
+        else:
+            if root.is_dir() and any(root.iterdir()):
+                raise SparsemmError(
+                    f"{root} exists and is not an empty folder; choose another index path"
+                )
+            root.mkdir(parents=True, exist_ok=True)
+            write_json(root / MANIFEST, manifest)
+            _fsync_dir(root)
+        logger.info("created index %s (dim %d)", root, dim)
+        return cls(root, manifest, [])
+
+    @classmethod
+    def build(
+        cls,
+        path: str | Path,
+        codes: Any,
+        ids: Sequence[str],
+        dim: int | None = None,
+        overwrite: bool = False,
+        meta: dict[str, Any] | None = None,
+    ) -> InvertedIndex:
+        """Create an index from ``codes`` (n, dim) and ``ids`` in one go (one segment)."""
+        if dim is None:
+            shape = getattr(codes, "shape", None)
+            if shape is None or len(shape) != 2:
+                raise SparsemmError("codes: expected a 2-D (n, dim) matrix")
+            dim = int(shape[1])
+        csr, id_list = _check_items(codes, ids, dim)  # before create: bad input wipes nothing
+        index = cls.create(path, dim, overwrite=overwrite, meta=meta)
+        index._add_checked(csr, id_list)
+        return index
+
+    @classmethod
+    def open(cls, path: str | Path, *, block_rows: int = BLOCK) -> InvertedIndex:
+        """Open an index folder; arrays are memory-mapped read-only.
+
+        ``block_rows``: rows per scoring block (a tuning knob; results do not depend on it).
+        """
+        root = Path(path)
+        manifest, segments = _read_index(root)
+        return cls(root, manifest, segments, block_rows=block_rows)
+
+    def warm(self) -> None:
+        """Fault every page of the mapped arrays in now (one read per 4 KiB page).
+
+        Otherwise a fresh process pays page faults on the first queries that touch each
+        posting list; a long-running service or a latency benchmark calls this after open.
+        """
+        for s in self._segments:
+            for name in _ARRAYS:
+                arr = getattr(s, name)
+                if arr.size:
+                    step = max(1, 4096 // arr.itemsize)
+                    np.add.reduce(arr[::step], dtype=np.float64)
+
+    def reload(self) -> None:
+        """Re-read the folder to see commits made by other writers since opening."""
+        manifest, segments = _read_index(self._root)
+        self._set_state(manifest, segments)
+
+    def _set_state(self, manifest: dict[str, Any], segments: list[_Segment]) -> None:
+        self._manifest = manifest
+        self._dim = int(manifest["dim"])
+        self._segments = segments
+        self._count = sum(s.count for s in segments)
+        self._all_ids: list[str] = [i for s in segments for i in s.ids]
+        self._ids_view: tuple[str, ...] | None = None
+        self._id_to_row: dict[str, int] | None = None
+        self._starts = np.asarray([s.start for s in segments], np.int64)
+
+    # ----- properties -----------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        return self._root
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return dict(self._manifest.get("meta", {}))
+
+    @property
+    def nnz(self) -> int:
+        return sum(s.nnz for s in self._segments)
+
+    @property
+    def num_segments(self) -> int:
+        return len(self._segments)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the array files (posting lists + row-major copy), ids excluded."""
+        return sum(s.nbytes for s in self._segments)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __repr__(self) -> str:
+        return (
+            f"InvertedIndex({str(self._root)!r}, dim={self._dim}, count={self._count}, "
+            f"segments={len(self._segments)})"
+        )
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """All item ids in row order."""
+        if self._ids_view is None:
+            self._ids_view = tuple(self._all_ids)
+        return self._ids_view
+
+    def row_of(self, ids: str | Sequence[str]) -> np.ndarray:
+        """Rows (m,) int64 of the given ids; unknown ids raise SparsemmError."""
+        if self._id_to_row is None:
+            self._id_to_row = {i: r for r, i in enumerate(self._all_ids)}
+        single = isinstance(ids, str)
+        wanted = [ids] if isinstance(ids, str) else list(ids)
+        missing = [i for i in wanted if i not in self._id_to_row]
+        if missing:
+            raise SparsemmError(
+                f"{len(missing)} id(s) not in index {self._root} (first: {missing[0]!r})"
+            )
+        rows = np.asarray([self._id_to_row[i] for i in wanted], np.int64)
+        return rows[:1] if single else rows
+
+    def codes(self, rows: int | Sequence[int] | np.ndarray) -> sp.csr_matrix:
+        """Stored codes of ``rows`` as a (len(rows), dim) float32 CSR matrix."""
+        r = np.atleast_1d(np.asarray(rows))
+        if r.size and (not np.issubdtype(r.dtype, np.integer) or r.ndim != 1):
+            raise SparsemmError(f"rows must be integers, got {r.dtype}")
+        r = r.astype(np.int64)
+        if r.size and (r.min() < 0 or r.max() >= self._count):
+            raise SparsemmError(f"rows must lie in [0, {self._count}), got {r.min()}..{r.max()}")
+        seg_of = np.searchsorted(self._starts, r, side="right") - 1
+        starts = np.zeros(len(r), np.int64)  # where each row's run begins in its segment
+        lens = np.zeros(len(r), np.int64)
+        for si in np.unique(seg_of):
+            s = self._segments[si]
+            sel = seg_of == si
+            local = r[sel] - s.start
+            starts[sel] = s.row_indptr[local]
+            lens[sel] = s.row_indptr[local + 1] - starts[sel]
+        indptr = np.zeros(len(r) + 1, np.int64)
+        np.cumsum(lens, out=indptr[1:])
+        dims = np.empty(int(indptr[-1]), np.int32)
+        vals = np.empty(int(indptr[-1]), np.float32)
+        for si in np.unique(seg_of):
+            s = self._segments[si]
+            sel = np.flatnonzero(seg_of == si)
+            n_sel = int(lens[sel].sum())
+            # run-length gather: position t of the selected rows' runs, rebased per row
+            run = np.arange(n_sel, dtype=np.int64) - np.repeat(
+                np.cumsum(lens[sel]) - lens[sel], lens[sel]
+            )
+            src = np.repeat(starts[sel], lens[sel]) + run
+            dst = np.repeat(indptr[sel], lens[sel]) + run
+            dims[dst] = s.row_dims[src]
+            vals[dst] = s.row_vals[src]
+        return sp.csr_matrix((vals, dims, indptr), shape=(len(r), self._dim))
+
+    # ----- writing --------------------------------------------------------------------------
+
+    def add(self, codes: Any, ids: Sequence[str]) -> None:
+        """Append items: ``codes`` (n, dim) sparse or dense, ``ids`` n new unique strings.
+
+        Raises SparsemmError on a wrong dimension, NaN/inf values, duplicate or empty ids,
+        or when another writer holds the lock. Atomic: on any failure the committed index is
+        unchanged.
+        """
+        csr, id_list = _check_items(codes, ids, self._dim)
+        self._add_checked(csr, id_list)
+
+    def _add_checked(self, csr: sp.csr_matrix, id_list: list[str]) -> None:
+        if not id_list:
+            return
+        with _writer_lock(self._root):
+            on_disk = read_json(self._root / MANIFEST)
+            if on_disk != self._manifest:  # another writer committed since we loaded
+                self.reload()
+            if self._count + len(id_list) > _MAX_ROWS:
+                raise SparsemmError(f"an index holds at most {_MAX_ROWS} items")
+            if self._id_to_row is None:
+                self._id_to_row = {i: r for r, i in enumerate(self._all_ids)}
+            clash = next((i for i in id_list if i in self._id_to_row), None)
+            if clash is not None:
+                raise SparsemmError(f"id {clash!r} is already in index {self._root}")
+            name = self._new_segment_name()
+            _write_segment(self._root / name, self._dim, csr.indptr, csr.indices, csr.data, id_list)
+            meta = {"name": name, "count": len(id_list), "nnz": int(csr.nnz)}
+            self._commit([*self._manifest["segments"], meta])
+            logger.info("index %s: added %d items (segment %s)", self._root, len(id_list), name)
+            try:
+                while len(self._segments) >= 2 and (
+                    self._segments[-2].count <= self._segments[-1].count
+                ):
+                    self._merge_tail(2)
+            except Exception as exc:  # the add is committed; an unmerged index is still valid
+                logger.warning("index %s: segment merge failed (%s); continuing", self._root, exc)
+            _remove_unreferenced(self._root, {s.name for s in self._segments})
+
+    def compact(self) -> None:
+        """Merge all segments into one (faster search after many small adds)."""
+        with _writer_lock(self._root):
+            on_disk = read_json(self._root / MANIFEST)
+            if on_disk != self._manifest:
+                self.reload()
+            if len(self._segments) > 1:
+                self._merge_tail(len(self._segments))
+            _remove_unreferenced(self._root, {s.name for s in self._segments})
+
+    def _new_segment_name(self) -> str:
+        seq = int(self._manifest.get("next_segment", 1))
+        return f"seg-{seq:06d}-{secrets.token_hex(4)}"
+
+    def _merge_tail(self, m: int) -> None:
+        """Merge the last ``m`` segments into one new segment and commit it."""
+        segs = self._segments[-m:]
+        arrays = _merge_segments(segs, self._dim)
+        ids = [i for s in segs for i in s.ids]
+        name = self._new_segment_name()
+        _write_segment(
+            self._root / name,
+            self._dim,
+            arrays[3],
+            arrays[4],
+            arrays[5],
+            ids,
+            post=(arrays[0], arrays[1], arrays[2]),
+        )
+        meta = {"name": name, "count": len(ids), "nnz": int(arrays[0][-1])}
+        self._commit([*self._manifest["segments"][:-m], meta])
+        logger.info("index %s: merged %d segments into %s", self._root, m, name)
+
+    def _commit(self, segments: list[dict[str, Any]]) -> None:
+        """Swap in a manifest naming ``segments`` (the commit point), then load it."""
+        manifest = dict(self._manifest)
+        manifest["segments"] = segments
+        manifest["count"] = sum(int(s["count"]) for s in segments)
+        manifest["nnz"] = sum(int(s["nnz"]) for s in segments)
+        manifest["next_segment"] = int(self._manifest.get("next_segment", 1)) + 1
+        write_json(self._root / MANIFEST, manifest)
+        _fsync_dir(self._root)
+        # Reuse the maps of unchanged segments; map the new one.
+        kept = {s.name: s for s in self._segments}
+        loaded, start = [], 0
+        for meta in segments:
+            seg = kept.get(meta["name"]) or _load_segment(self._root, meta, start, self._dim)
+            loaded.append(seg)
+            start += seg.count
+        self._set_state(manifest, loaded)
+
+    # ----- search ---------------------------------------------------------------------------
+
+    def _workspace(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        ws = getattr(self._local, "ws", None)
+        if ws is None:
+            b = self._block
+            ws = (np.zeros(b, np.float32), np.zeros(b, np.uint8), np.zeros(b, np.int64))
+            self._local.ws = ws
+        return ws
+
+    def _allowed_mask(self, allowed: Any) -> np.ndarray | None:
+        if allowed is None:
+            return None
+        arr = np.asarray(allowed)
+        if arr.dtype == np.bool_:
+            if arr.shape != (self._count,):
+                raise SparsemmError(
+                    f"allowed: a boolean mask needs shape ({self._count},), got {arr.shape}"
+                )
+            return np.ascontiguousarray(arr)
+        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            raise SparsemmError("allowed: expected a boolean mask or a 1-D array of row indices")
+        if arr.size and (arr.min() < 0 or arr.max() >= self._count):
+            raise SparsemmError(f"allowed: rows must lie in [0, {self._count})")
+        mask = np.zeros(self._count, np.bool_)
+        mask[arr.astype(np.int64)] = True
+        return mask
+
+    def _search_one(
+        self, dims: np.ndarray, w: np.ndarray, k: int, plan: _Plan, mask: np.ndarray | None
+    ) -> SearchResult:
+        if plan.extra_dims.size:
+            dims = np.concatenate([dims, plan.extra_dims])
+            w = np.concatenate([w, plan.extra_w])
+        k = min(k, self._count)
+        hs = np.empty(k, np.float32)
+        hr = np.empty(k, np.int64)
+        size = 0
+        if k > 0:
+            acc, flags, touched = self._workspace()
+            use_mask = mask is not None
+            m = mask if mask is not None else _NO_MASK
+            for s in self._segments:
+                size = _score_segment(
+                    s.post_indptr,
+                    s.post_rows,
+                    s.post_vals,
+                    s.start,
+                    s.count,
+                    dims,
+                    w,
+                    plan.ban_dims,
+                    plan.threshold,
+                    m,
+                    use_mask,
+                    acc,
+                    flags,
+                    touched,
+                    hs,
+                    hr,
+                    size,
+                )
+        _heap_sort(hs, hr, size)
+        rows, scores = hr[:size], hs[:size]
+        all_ids = self._all_ids
+        return SearchResult(rows=rows, ids=[all_ids[r] for r in rows.tolist()], scores=scores)
+
+    def search(
+        self,
+        query: QueryLike,
+        k: int = 10,
+        exclude: Exclusion | None = None,
+        allowed: np.ndarray | Sequence[int] | None = None,
+    ) -> SearchResult:
+        """Exact top-``k`` items by inner product with ``query`` (ranking rule: module doc).
+
+        ``query``: a (1, dim) sparse row, a dense (dim,) array or a (dims, weights) pair.
+        ``exclude``: dims to filter out or penalise. ``allowed``: a (n,) boolean mask or an
+        array of rows to restrict the search to (e.g. one split). Returns at most ``k`` hits
+        (fewer only when fewer items are allowed and not excluded).
+        """
+        k = _check_k(k)
+        dims, w = _as_query(query, self._dim)
+        plan = _plan_exclusion(exclude, self._dim)
+        return self._search_one(dims, w, k, plan, self._allowed_mask(allowed))
+
+    def search_batch(
+        self,
+        queries: Any,
+        k: int = 10,
+        exclude: Exclusion | Sequence[Exclusion | None] | None = None,
+        allowed: np.ndarray | Sequence[int] | None = None,
+    ) -> list[SearchResult]:
+        """``search`` for each row of ``queries`` (nq, dim) sparse or dense.
+
+        ``exclude`` is one Exclusion for all queries or a list with one (or None) per query.
+        """
+        k = _check_k(k)
+        if sp.issparse(queries):
+            qs = sp.csr_matrix(queries, dtype=np.float32)
+        else:
+            arr = np.asarray(queries)
+            if arr.ndim != 2:
+                raise SparsemmError(f"queries: expected a 2-D (nq, {self._dim}) matrix")
+            qs = sp.csr_matrix(arr.astype(np.float32))
+        if qs.ndim != 2 or qs.shape[1] != self._dim:
+            raise SparsemmError(f"queries: expected shape (nq, {self._dim}), got {qs.shape}")
+        if not np.isfinite(qs.data).all():
+            raise SparsemmError("queries contain NaN or inf; re-encode them")
+        qs = qs.copy()
+        qs.sum_duplicates()
+        qs.eliminate_zeros()
+        nq = qs.shape[0]
+        if exclude is None or isinstance(exclude, Exclusion):
+            plans = [_plan_exclusion(exclude, self._dim)] * nq
+        else:
+            ex_list = list(exclude)
+            if len(ex_list) != nq:
+                raise SparsemmError(f"exclude: {len(ex_list)} exclusions for {nq} queries")
+            plans = [_plan_exclusion(e, self._dim) for e in ex_list]
+        mask = self._allowed_mask(allowed)
+        out = []
+        for i in range(nq):
+            lo, hi = qs.indptr[i], qs.indptr[i + 1]
+            dims = qs.indices[lo:hi].astype(np.int64)
+            w = qs.data[lo:hi].astype(np.float32)
+            out.append(self._search_one(dims, w, k, plans[i], mask))
+        return out
+
+
+_NO_MASK = np.zeros(1, np.bool_)
+
+
+def _check_k(k: Any) -> int:
+    if type(k) is int and k >= 1:
+        return k
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise SparsemmError(f"k must be a positive integer, got {k!r}")
+    return int(k)
+
+
+def _read_index(root: Path, attempts: int = 5) -> tuple[dict[str, Any], list[_Segment]]:
+    """Read manifest + segments; retry if a concurrent merge removed a segment meanwhile."""
+    if not (root / MANIFEST).is_file():
+        raise SparsemmError(
+            f"{root} is not a sparsemm index (no {MANIFEST}); build one with `sparsemm index`"
+        )
+    last_missing: Path | None = None
+    for _ in range(attempts):
+        manifest = read_json(root / MANIFEST)
+        _check_manifest(root, manifest)
+        try:
+            segments, start = [], 0
+            for meta in manifest["segments"]:
+                seg = _load_segment(root, meta, start, int(manifest["dim"]))
+                segments.append(seg)
+                start += seg.count
+        except FileNotFoundError as exc:
+            last_missing = Path(str(exc.args[0])) if exc.args else None
+            if read_json(root / MANIFEST) != manifest:
+                continue  # a writer committed meanwhile: read the new manifest
+            break
+        if start != int(manifest["count"]):
+            raise SparsemmError(f"index {root}: segment counts disagree with the manifest")
+        return manifest, segments
+    raise SparsemmError(f"index {root} is incomplete: {last_missing} is missing; rebuild the index")
+
+
+def _check_manifest(root: Path, manifest: Any) -> None:
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise SparsemmError(f"{root}/{MANIFEST} is not a {FORMAT} manifest")
+    if int(manifest.get("version", -1)) > VERSION:
+        raise SparsemmError(
+            f"{root} was written by a newer sparsemm (index format v{manifest.get('version')}, "
+            f"this one reads v{VERSION}); upgrade sparsemm"
+        )
+    if not isinstance(manifest.get("segments"), list) or int(manifest.get("dim", 0)) < 1:
+        raise SparsemmError(f"{root}/{MANIFEST} is malformed; rebuild the index")
+
+
+def _remove_unreferenced(root: Path, keep: set[str]) -> None:
+    """Delete segment folders and temp files no manifest names (left by crashes/merges)."""
+    for p in root.iterdir():
+        if p.is_dir() and _SEG_RE.match(p.name) and p.name not in keep:
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.is_file() and p.name.startswith(f".{MANIFEST}.") and p.name.endswith(".tmp"):
+            with contextlib.suppress(OSError):
+                p.unlink()
