@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
+from sparsemm.data.paths import default_data_dir
 from sparsemm.eval.sr_coco import ProxyRunConfig, run_sr_coco
-
-
-def default_data_dir() -> Path:
-    """$SPARSEMM_DATA, else ../shared/data relative to the working directory."""
-    return Path(os.environ.get("SPARSEMM_DATA", "../shared/data"))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,0 +1,257 @@
+"""``sparsemm spine``: train SPINE word vectors, inspect their dimensions, evaluate them.
+
+A run folder (``-o OUT``) holds::
+
+    config.json, model.safetensors   the SPINE model (SPINE.from_pretrained(OUT))
+    checkpoint/                      last training checkpoint (for --resume)
+    train_log.json                   per-epoch losses
+    input_vectors/                   the dense training vocabulary (raw GloVe rows)
+    vectors/                         its SPINE codes (SparseWordVectors.load(OUT) finds them)
+    spine_run.json                   the command-line settings of the run
+    eval.json                        written by ``sparsemm spine eval``
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from sparsemm.errors import SparsemmError
+from sparsemm.io import read_json, write_json
+
+logger = logging.getLogger(__name__)
+
+DEFAULTS = {"epochs": 150, "batch_size": 512, "lr": 3e-3}
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "spine",
+        help="sparse interpretable word vectors (SPINE) for the SR sentence bias",
+        description="Train SPINE (Subramanian et al. 2018) on GloVe word vectors, inspect the "
+        "dimensions, and compare raw vs sparse vectors.",
+    )
+    sub = parser.add_subparsers(dest="spine_cmd", metavar="CMD", required=True)
+
+    tr = sub.add_parser("train", help="train SPINE and save model + sparse word vectors")
+    tr.add_argument("-o", "--out", required=True, type=Path, help="run folder to write")
+    tr.add_argument(
+        "--glove",
+        default="packaged",
+        help="'packaged' (GloVe 6B 50-d wheel), a GloVe .txt(.gz) file or a word2vec .bin file",
+    )
+    tr.add_argument(
+        "--top-words", type=int, default=20000, help="most frequent GloVe words to train on"
+    )
+    tr.add_argument("--captions", type=Path, help="COCO-style JSON whose caption words are added")
+    tr.add_argument(
+        "--split", default="train", help="split of --captions to use ('all' for every image)"
+    )
+    tr.add_argument("--hidden", type=int, default=1000, help="SPINE code size")
+    tr.add_argument("--noise", type=float, default=None, help="input noise std (config default)")
+    tr.add_argument("--epochs", type=int, default=DEFAULTS["epochs"])
+    tr.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
+    tr.add_argument("--lr", type=float, default=DEFAULTS["lr"])
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--checkpoint-every", type=int, default=10, help="epochs between checkpoints")
+    tr.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads (1 is fastest on a busy machine; keep it fixed across --resume)",
+    )
+    tr.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tr.set_defaults(func=cmd_train)
+
+    ins = sub.add_parser("inspect", help="top words of a dimension, or top dimensions of a word")
+    ins.add_argument("run", type=Path, help="run folder written by 'spine train'")
+    what = ins.add_mutually_exclusive_group(required=True)
+    what.add_argument("--dim", type=int, help="dimension to show the top words of")
+    what.add_argument("--word", help="word to show the top dimensions of")
+    ins.add_argument("-k", type=int, default=10, help="how many words / dimensions")
+    ins.set_defaults(func=cmd_inspect)
+
+    ev = sub.add_parser("eval", help="raw GloVe vs SPINE: WordSim, sparsity, distance ratio")
+    ev.add_argument("run", type=Path, help="run folder written by 'spine train'")
+    ev.add_argument("--wordsim", type=Path, help="WordSim-353 .tab file (skipped when absent)")
+    ev.add_argument("--top-k", type=int, default=5, help="top words per dim for DistRatio")
+    ev.add_argument("--seed", type=int, default=0, help="seed for drawing intruders")
+    ev.set_defaults(func=cmd_eval)
+
+
+def read_coco_captions(path: Path, split: str) -> list[str]:
+    """All captions of the images of ``split`` ('all' = every image) in a COCO-style JSON
+    ``{image_id: {"split": ..., "captions": [...]}}``."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise SparsemmError(f"{path}: expected a JSON object {{image_id: {{captions, split}}}}")
+    captions: list[str] = []
+    splits: set[str] = set()
+    for key, item in data.items():
+        if not isinstance(item, dict) or not isinstance(item.get("captions"), list):
+            raise SparsemmError(f"{path}: image {key!r} has no 'captions' list")
+        splits.add(str(item.get("split")))
+        if split == "all" or item.get("split") == split:
+            captions.extend(str(c) for c in item["captions"])
+    if not captions:
+        raise SparsemmError(
+            f"{path}: no captions in split {split!r}; splits present: {sorted(splits)} or 'all'"
+        )
+    return captions
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from sparsemm.words.spine import (
+        SpineConfig,
+        build_sparse_vectors,
+        train_spine,
+        training_vocabulary,
+    )
+    from sparsemm.words.vectors import load_glove, save_word_vectors
+
+    if args.threads is not None:
+        import torch
+
+        if args.threads < 1:
+            raise SparsemmError("--threads must be at least 1")
+        torch.set_num_threads(args.threads)
+    captions = read_coco_captions(args.captions, args.split) if args.captions else []
+    glove = load_glove(args.glove)
+    vocab = training_vocabulary(glove, captions, top_n=args.top_words)
+    cfg_kwargs: dict[str, Any] = {"input_dim": glove.dim, "hidden_dim": args.hidden}
+    if args.noise is not None:
+        cfg_kwargs["noise_std"] = args.noise
+    config = SpineConfig(**cfg_kwargs)
+    out: Path = args.out
+    model = train_spine(
+        vocab,
+        config,
+        out,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        resume=args.resume,
+        progress=not args.no_progress,
+        checkpoint_every=args.checkpoint_every,
+    )
+    # written after training so a refused run (e.g. missing --resume) leaves OUT untouched
+    save_word_vectors(vocab, out / "input_vectors")
+    write_json(
+        out / "spine_run.json",
+        {
+            "glove": str(args.glove),
+            "top_words": args.top_words,
+            "captions": str(args.captions) if args.captions else None,
+            "split": args.split if args.captions else None,
+            "n_words": len(vocab),
+            "epochs": args.epochs,
+            "batch_size": args.batch_size,
+            "lr": args.lr,
+            "seed": args.seed,
+            "threads": args.threads,
+            "config": dataclasses.asdict(config),
+        },
+    )
+    sparse = build_sparse_vectors(model, vocab)
+    sparse.save(out / "vectors")
+    from sparsemm.words.evaluate import sparsity_stats
+
+    stats = sparsity_stats(sparse.matrix)
+    print(
+        f"trained SPINE on {len(vocab)} words -> {out}: zero share {stats['zero_share']:.3f}, "
+        f"mean active dims {stats['mean_active_dims']:.1f} of {config.hidden_dim}"
+    )
+    return 0
+
+
+def _load_sparse(run: Path) -> Any:
+    from sparsemm.words.spine import SparseWordVectors
+
+    if not (run / "vectors").is_dir():
+        raise SparsemmError(f"{run} has no vectors/; run 'sparsemm spine train -o {run}'")
+    return SparseWordVectors.load(run / "vectors")
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from sparsemm.words.evaluate import top_words, word_dims
+
+    sparse = _load_sparse(args.run)
+    if args.dim is not None:
+        words = top_words(sparse, args.dim, args.k)
+        active = int(sparse.matrix[:, [args.dim]].count_nonzero())
+        print(f"dim {args.dim} ({active} active words): ", end="")
+        print(", ".join(f"{w} {v:.2f}" for w, v in words) if words else "(dead dimension)")
+        return 0
+    word = args.word.lower() if args.word not in sparse else args.word
+    dims = word_dims(sparse, word, args.k)
+    print(f"{word}: {int(sparse.matrix[sparse.index[word]].count_nonzero())} active dims")
+    for dim, value in dims:
+        neighbours = ", ".join(w for w, _ in top_words(sparse, dim, 6))
+        print(f"  dim {dim:>4} {value:.2f}  [{neighbours}]")
+    return 0
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from sparsemm.words.evaluate import distance_ratio, sparsity_stats, wordsim_spearman
+    from sparsemm.words.vectors import load_word_vectors
+
+    run: Path = args.run
+    if not (run / "input_vectors").is_dir():
+        raise SparsemmError(f"{run} has no input_vectors/; run 'sparsemm spine train -o {run}'")
+    raw = load_word_vectors(run / "input_vectors")
+    sparse = _load_sparse(run)
+    if sparse.words != raw.words:
+        raise SparsemmError(f"{run}: vectors/ and input_vectors/ list different words")
+    results: dict[str, dict[str, Any]] = {}
+    for name, vectors, matrix in (
+        ("raw", raw, raw.vectors),
+        ("spine", sparse, sparse.matrix),
+    ):
+        row: dict[str, Any] = dict(sparsity_stats(matrix))
+        row["dim"] = int(matrix.shape[1])
+        if args.wordsim is not None:
+            rho, n_pairs = wordsim_spearman(vectors, args.wordsim)
+            row.update(wordsim_spearman=rho, wordsim_pairs=n_pairs)
+        row.update(distance_ratio(matrix, raw.words, raw, top_k=args.top_k, seed=args.seed))
+        results[name] = row
+    report = {
+        "run": str(run),
+        "n_words": len(raw),
+        "wordsim": str(args.wordsim) if args.wordsim else None,
+        "distance_space": "input_vectors (raw GloVe), euclidean",
+        "top_k": args.top_k,
+        "seed": args.seed,
+        "results": results,
+    }
+    write_json(run / "eval.json", report)
+    r, s = results["raw"], results["spine"]
+    lines = [
+        f"| metric ({len(raw)} words) | raw GloVe | SPINE |",
+        "|---|---|---|",
+        f"| dimensions | {r['dim']} | {s['dim']} |",
+    ]
+    if args.wordsim is not None:
+        lines.append(
+            f"| WordSim-353 Spearman (pairs) | {_fmt(r['wordsim_spearman'])} "
+            f"({r['wordsim_pairs']}) | {_fmt(s['wordsim_spearman'])} ({s['wordsim_pairs']}) |"
+        )
+    lines += [
+        f"| zero share | {_fmt(r['zero_share'])} | {_fmt(s['zero_share'])} |",
+        f"| mean active dims | {_fmt(r['mean_active_dims'], 1)} | "
+        f"{_fmt(s['mean_active_dims'], 1)} |",
+        f"| distance ratio (dims used / skipped) | {_fmt(r['dist_ratio'])} "
+        f"({r['n_dims_used']}/{r['n_dims_skipped']}) | {_fmt(s['dist_ratio'])} "
+        f"({s['n_dims_used']}/{s['n_dims_skipped']}) |",
+    ]
+    print("\n".join(lines))
+    logger.debug("eval report: %s", json.dumps(report))
+    return 0

@@ -1,0 +1,122 @@
+"""Caption tokenisation and the SR sentence bias built from SPINE word vectors.
+
+The SR model (sparse disentangled representations for exclusion queries) steers its sparse
+code for an image/caption towards the SPINE dimensions of the words in the caption. That
+"sentence bias" is, per caption, the mean of the SPINE vectors of its content words,
+L2-normalised (SPINE: Subramanian et al. 2018, AAAI).
+
+Tokenisation rule (one definition used everywhere in sparsemm.words):
+
+1. lower-case the text;
+2. split on every character that is not a letter (whitespace, digits, punctuation,
+   apostrophes, underscores), so "don't" -> "don", "t" and "tennis-racket" -> "tennis",
+   "racket";
+3. drop the words in ``STOP_WORDS`` (below).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import scipy.sparse as sp
+
+if TYPE_CHECKING:  # spine.py imports this module's tokenizer
+    from sparsemm.words.spine import SparseWordVectors
+
+# Runs of letters (any script): \w minus digits and underscore.
+_WORD_RE = re.compile(r"[^\W\d_]+")
+
+# English function words: articles, pronouns, auxiliaries and modal verbs, prepositions,
+# conjunctions, common adverbs/determiners, plus the fragments that splitting on apostrophes
+# leaves behind ("it's" -> "s", "don't" -> "don" + "t", "we'll" -> "ll", ...). Content words
+# that matter for image captions (colours, numbers written as words, "top", "front", "side")
+# are deliberately kept.
+STOP_WORDS: frozenset[str] = frozenset(
+    """
+    a an the
+    i me my myself mine we us our ours ourselves you your yours yourself yourselves
+    he him his himself she her hers herself it its itself they them their theirs themselves
+    this that these those who whom whose which what whatever whoever
+    am is are was were be been being have has had having do does did doing done
+    will would shall should can could may might must ought
+    and or but nor if then else than because as so though although while whereas unless
+    until whether
+    of at by for with without within about against between into through during before after
+    above below to from up down in out on off over under again further upon onto via per
+    toward towards among amongst across along around behind beside besides beyond near
+    here there when where why how
+    all any both each few more most other some such no not only own same too very just
+    also even ever yet still already quite rather
+    s t d ll m o re ve y
+    don didn doesn isn aren wasn weren hasn haven hadn won wouldn shouldn couldn mustn
+    needn shan mightn ain
+    """.split()
+)
+
+
+def tokenize(text: str, stop_words: frozenset[str] = STOP_WORDS) -> list[str]:
+    """Lower-cased letter runs of ``text`` minus ``stop_words`` (see module docstring)."""
+    return [w for w in _WORD_RE.findall(text.lower()) if w not in stop_words]
+
+
+def is_token(word: str, stop_words: frozenset[str] = STOP_WORDS) -> bool:
+    """True when ``tokenize`` can produce ``word`` (lower-case letters only, not a stop word)."""
+    return tokenize(word, stop_words) == [word]
+
+
+def caption_word_counts(
+    captions: Sequence[str], vocabulary: dict[str, int], stop_words: frozenset[str] = STOP_WORDS
+) -> sp.csr_matrix:
+    """Sparse ``(n_captions, len(vocabulary))`` float32 counts of each known token.
+
+    Tokens that are not in ``vocabulary`` (word -> column) are ignored.
+    """
+    indptr = [0]
+    indices: list[int] = []
+    for caption in captions:
+        for tok in tokenize(caption, stop_words):
+            col = vocabulary.get(tok)
+            if col is not None:
+                indices.append(col)
+        indptr.append(len(indices))
+    data = np.ones(len(indices), dtype=np.float32)
+    counts = sp.csr_matrix(
+        (data, np.asarray(indices, dtype=np.int64), np.asarray(indptr, dtype=np.int64)),
+        shape=(len(captions), len(vocabulary)),
+    )
+    counts.sum_duplicates()  # repeated words become counts > 1
+    return counts
+
+
+def l2_normalize_rows(mat: sp.csr_matrix) -> sp.csr_matrix:
+    """Divide each row by its L2 norm; all-zero rows stay zero."""
+    mat = sp.csr_matrix(mat, dtype=np.float32)
+    norms = np.sqrt(np.asarray(mat.multiply(mat).sum(axis=1)).ravel())
+    scale = np.zeros_like(norms)
+    nonzero = norms > 0
+    scale[nonzero] = 1.0 / norms[nonzero]
+    out = sp.csr_matrix(sp.diags(scale.astype(np.float32)) @ mat, dtype=np.float32)
+    out.eliminate_zeros()
+    return out
+
+
+def sentence_bias(captions: Sequence[str], sparse_vectors: SparseWordVectors) -> sp.csr_matrix:
+    """SR sentence bias: ``(n_captions, hidden)`` float32 CSR.
+
+    Row c = L2-normalise( mean over the token occurrences w of caption c that are in the
+    vocabulary of ``sparse_vectors`` and not stop words, of SPINE(w) ). A word used twice
+    counts twice. A caption with no known word gets an all-zero row (no bias), so callers can
+    tell "no information" from a real bias by the row's nnz.
+
+    Computed as ``(C / rowsum(C)) @ W`` with C the caption-by-word count matrix and W the
+    ``(n_words, hidden)`` SPINE matrix, then row-normalised.
+    """
+    counts = caption_word_counts(captions, sparse_vectors.index)
+    n_tokens = np.asarray(counts.sum(axis=1)).ravel()
+    inv = np.zeros_like(n_tokens, dtype=np.float32)
+    inv[n_tokens > 0] = 1.0 / n_tokens[n_tokens > 0]
+    mean = sp.diags(inv) @ counts @ sparse_vectors.matrix
+    return l2_normalize_rows(mean)
