@@ -5,53 +5,21 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from fakes import KeywordEncoder, keyword_vectors
 from sparsemm.cli import main as cli_main
 from sparsemm.data.collection import open_collection
 from sparsemm.data.encode import caption_views, encode_items
 from sparsemm.data.sources import read_image_folder
 from sparsemm.encoders.base import register_encoder
 from sparsemm.errors import SparsemmError
+from testdata import COCO_JSON
 
-KEYWORDS = ["cat", "dog", "car", "red", "tree"]
-COCO_JSON = Path("/work/shared/data/coco/val2017.json")
-
-
-def keyword_vectors(texts: Sequence[str]) -> np.ndarray:
-    """(n, len(KEYWORDS)) keyword counts, L2-normalised (all-zero rows stay zero)."""
-    out = np.zeros((len(texts), len(KEYWORDS)), dtype=np.float32)
-    for i, text in enumerate(texts):
-        words = text.lower().replace(".", " ").replace("/", " ").split()
-        for j, kw in enumerate(KEYWORDS):
-            out[i, j] = sum(w.startswith(kw) for w in words)
-    norms = np.linalg.norm(out, axis=1, keepdims=True)
-    return out / np.maximum(norms, 1e-12)
-
-
-class KeywordEncoder:
-    """Fake encoder: text -> keyword counts; an image -> keywords in its file name."""
-
-    name = "kwfake"
-    dim = len(KEYWORDS)
-    calls = 0
-
-    def __init__(self, model: str | None = None, images: bool = False) -> None:
-        self.model_id = model or "keywords-v1"
-        self.modalities = ("text", "image") if images else ("text",)
-
-    def encode_text(self, texts, batch_size=64, normalize=True, progress=False) -> np.ndarray:
-        KeywordEncoder.calls += 1
-        return keyword_vectors(list(texts))
-
-    def encode_image(self, images, batch_size=32, normalize=True, progress=False) -> np.ndarray:
-        if "image" not in self.modalities:
-            raise SparsemmError("text only")
-        return keyword_vectors([Path(p).stem.replace("_", " ") for p in images])
+KEYWORDS = KeywordEncoder.keywords
 
 
 register_encoder("kwfake")(KeywordEncoder)
@@ -98,7 +66,7 @@ def test_encode_jsonl_caption_view(run, jsonl: Path, tmp_path: Path, capsys) -> 
     assert [t["text"] for t in col.texts] == captions
     assert col.text_item_index().tolist() == [0, 0, 1, 2, 2, 2]
     text_emb = col.text_embeddings()
-    np.testing.assert_allclose(text_emb, keyword_vectors(captions), atol=1e-7)
+    np.testing.assert_allclose(text_emb, keyword_vectors(captions, KEYWORDS), atol=1e-7)
 
     # caption view = normalise(mean(normalised caption embeddings)), computed by hand
     image_emb = col.image_embeddings()
@@ -170,7 +138,7 @@ def test_image_folder_pixels_and_text_only(tmp_path: Path) -> None:
     col = encode_items(items, KeywordEncoder(images=True), tmp_path / "img", progress=False)
     assert col.manifest["image_kind"] == "pixels" and not col.has_texts()
     np.testing.assert_allclose(
-        col.image_embeddings(), keyword_vectors(["car tree", "dog", "red cat"]), atol=1e-7
+        col.image_embeddings(), keyword_vectors(["car tree", "dog", "red cat"], KEYWORDS), atol=1e-7
     )
     with pytest.raises(SparsemmError, match="cannot embed images"):
         encode_items(items, KeywordEncoder(), tmp_path / "no", progress=False)

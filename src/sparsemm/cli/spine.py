@@ -20,6 +20,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from sparsemm.data.paths import default_data_dir
 from sparsemm.errors import SparsemmError
 from sparsemm.io import read_json, write_json
 
@@ -77,7 +78,13 @@ def register(subparsers: Any) -> None:
 
     ev = sub.add_parser("eval", help="raw GloVe vs SPINE: WordSim, sparsity, distance ratio")
     ev.add_argument("run", type=Path, help="run folder written by 'spine train'")
-    ev.add_argument("--wordsim", type=Path, help="WordSim-353 .tab file (skipped when absent)")
+    ev.add_argument(
+        "--wordsim",
+        type=Path,
+        default=None,
+        help="WordSim-353 .tab file (default: <data>/wordsim/wordsim353.tab when present, "
+        "data = $SPARSEMM_DATA or ../shared/data)",
+    )
     ev.add_argument("--top-k", type=int, default=5, help="top words per dim for DistRatio")
     ev.add_argument("--seed", type=int, default=0, help="seed for drawing intruders")
     ev.set_defaults(func=cmd_eval)
@@ -205,6 +212,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from sparsemm.words.vectors import load_word_vectors
 
     run: Path = args.run
+    if args.wordsim is None:
+        default = default_data_dir() / "wordsim" / "wordsim353.tab"
+        args.wordsim = default if default.is_file() else None
     if not (run / "input_vectors").is_dir():
         raise SparsemmError(f"{run} has no input_vectors/; run 'sparsemm spine train -o {run}'")
     raw = load_word_vectors(run / "input_vectors")

@@ -12,6 +12,8 @@ from typing import Any, TypeAlias
 import numpy as np
 import scipy.sparse as sp
 
+from sparsemm.eval.metrics import evaluate_rankings
+
 # Dense ndarray or any scipy sparse matrix; typed loosely because scipy ships no stubs.
 Matrix: TypeAlias = Any
 
@@ -53,8 +55,20 @@ def target_ranks(
 
 
 def recall_at_ks(ranks: np.ndarray, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
-    """R@k = share of queries whose single target is within the top k."""
+    """R@k for single-target queries: the share whose target is within the top k."""
     return {f"R@{k}": float((ranks < k).mean()) for k in ks}
+
+
+def top_k_rows(queries: Matrix, items: Matrix, k: int, block: int = 512) -> np.ndarray:
+    """(q, k) item indices by descending cosine score (ties: lower index first)."""
+    qn, itn = normalize_rows(queries), normalize_rows(items)
+    k = min(k, itn.shape[0])
+    out = np.empty((qn.shape[0], k), dtype=np.int64)
+    for s in range(0, qn.shape[0], block):
+        sc = score_block(qn[s : s + block], itn)
+        # Stable sort on -score gives the lower index first among equal scores.
+        out[s : s + block] = np.argsort(-sc, axis=1, kind="stable")[:, :k]
+    return out
 
 
 def multi_target_ap(
@@ -62,25 +76,12 @@ def multi_target_ap(
     items: Matrix,
     relevant: Sequence[np.ndarray],
     ks: Sequence[int] = (1, 5, 10),
-    block: int = 512,
 ) -> dict[str, float]:
-    """Mean AP@k over queries with several relevant items (image-to-text: 5 captions).
+    """Mean AP@k over queries with several relevant items (image-to-text: 5 captions each).
 
-    AP@k = (1 / min(k, |R|)) * sum_{i<=k} P@i * rel_i  (DESIGN.md definition).
+    AP@k as defined once in :mod:`sparsemm.eval.metrics`.
     """
-    qn, itn = normalize_rows(queries), normalize_rows(items)
-    kmax = max(ks)
-    sums = dict.fromkeys(ks, 0.0)
-    for s in range(0, len(relevant), block):
-        sc = score_block(qn[s : s + block], itn)
-        top = np.argpartition(-sc, kmax - 1, axis=1)[:, :kmax]
-        order = np.take_along_axis(sc, top, 1).argsort(axis=1, kind="stable")[:, ::-1]
-        top = np.take_along_axis(top, order, 1)
-        for r, row in enumerate(top):
-            rel = np.isin(row, relevant[s + r])
-            prec = np.cumsum(rel) / np.arange(1, kmax + 1)
-            for k in ks:
-                denom = min(k, len(relevant[s + r]))
-                if denom:
-                    sums[k] += float((prec[:k] * rel[:k]).sum() / denom)
-    return {f"AP@{k}": sums[k] / max(len(relevant), 1) for k in ks}
+    rankings = top_k_rows(queries, items, max(ks))
+    rel = [set(np.asarray(r).tolist()) for r in relevant]
+    per_query = evaluate_rankings(rankings, rel, [f"ap@{k}" for k in ks])
+    return {f"AP@{k}": float(per_query[f"ap@{k}"].mean()) for k in ks}

@@ -20,9 +20,10 @@ import scipy.sparse as sp
 
 from sparsemm.data.collection import Collection
 from sparsemm.data.encode import encode_source
+from sparsemm.encoders.base import Encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.retrieval import recall_at_ks, target_ranks
-from sparsemm.io import write_json
+from sparsemm.io import atomic_open, write_json
 from sparsemm.models.sr import SRConfig, SRModel
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 from sparsemm.words.bias import sentence_bias
@@ -34,7 +35,7 @@ from sparsemm.words.spine import (
     train_spine,
     training_vocabulary,
 )
-from sparsemm.words.vectors import load_packaged_glove
+from sparsemm.words.vectors import WordVectors, load_packaged_glove, save_word_vectors
 
 log = logging.getLogger(__name__)
 
@@ -64,17 +65,24 @@ def coco_json(data_dir: str | Path) -> Path:
 
 
 def prepare_spine(
-    out: Path, train_captions: list[str], cfg: ProxyRunConfig, progress: bool
+    out: Path,
+    train_captions: list[str],
+    cfg: ProxyRunConfig,
+    progress: bool,
+    glove: WordVectors | None = None,
 ) -> SparseWordVectors:
-    """Train SPINE once (cached in ``out``) and return its sparse training-vocabulary vectors."""
-    vec_dir = out / "vectors"
-    if (vec_dir / "manifest.json").is_file() or (out / "model.safetensors").is_file():
-        try:
-            return SparseWordVectors.load(vec_dir)
-        except SparsemmError:
-            pass
-    glove = load_packaged_glove()
+    """Train SPINE once (cached in ``out``) and return its sparse training-vocabulary vectors.
+
+    ``out`` is laid out like ``sparsemm spine train`` output (model, ``input_vectors/``,
+    ``vectors/``), so ``sparsemm spine inspect|eval`` work on it.
+    """
+    vec_dir, in_dir = out / "vectors", out / "input_vectors"
+    if (vec_dir / "manifest.json").is_file() and (in_dir / "manifest.json").is_file():
+        return SparseWordVectors.load(vec_dir)
+    glove = glove if glove is not None else load_packaged_glove()
     vocab = training_vocabulary(glove, train_captions, top_n=cfg.spine_top_words)
+    save_word_vectors(vocab, in_dir)
+    # resume=True: a finished run only reloads its last checkpoint; an interrupted one continues.
     spine = train_spine(
         vocab,
         SpineConfig(input_dim=vocab.dim, hidden_dim=cfg.latent_dim),
@@ -200,14 +208,19 @@ def run_sr_coco(
     out_dir: str | Path,
     cfg: ProxyRunConfig | None = None,
     progress: bool = True,
+    encoder: str | Encoder = "minilm",
+    glove: WordVectors | None = None,
 ) -> dict[str, Any]:
-    """The whole run; writes ``out_dir/{collection,spine,sr,metrics.json,report.md}``."""
+    """The whole run; writes ``out_dir/{collection,spine,sr,metrics.json,report.md}``.
+
+    ``encoder`` and ``glove`` default to MiniLM and the packaged GloVe 6B 50-d.
+    """
     cfg = cfg or ProxyRunConfig()
     out = Path(out_dir)
     t0 = time.perf_counter()
     src = coco_json(data_dir)
     collection = encode_source(
-        src, out / "collection", format="coco", encoder="minilm", limit=cfg.limit, progress=progress
+        src, out / "collection", format="coco", encoder=encoder, limit=cfg.limit, progress=progress
     )
     t_enc = time.perf_counter() - t0
     fit, val = split_train_val(collection, cfg.val_fraction, cfg.seed)
@@ -218,7 +231,7 @@ def run_sr_coco(
             for t in collection.texts
             if collection.items[t["item"]].get("split") == "train"
         ]
-        vectors = prepare_spine(out / "spine", train_caps, cfg, progress)
+        vectors = prepare_spine(out / "spine", train_caps, cfg, progress, glove)
     t_spine = time.perf_counter() - t0 - t_enc
     image, text, pair_item, bias = sr_pairs_from_collection(collection, fit, vectors)
     sr_cfg = SRConfig(
@@ -256,7 +269,8 @@ def run_sr_coco(
         },
     }
     write_json(out / "metrics.json", metrics)
-    (out / "report.md").write_text(render_report(metrics))
+    with atomic_open(out / "report.md", "w") as fh:
+        fh.write(render_report(metrics))
     return metrics
 
 

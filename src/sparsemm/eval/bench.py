@@ -1,0 +1,421 @@
+"""The exclusion benchmark runner: every strategy, tuned on one split, reported on another.
+
+Protocol (DESIGN.md, "Benchmark protocol details"; SR paper Sec. 5, Tables 1-2):
+
+1. Queries: :func:`~sparsemm.eval.exclusion.build_exclusion_queries` over the labels of the
+   evaluation split's items (ordered label pairs "A but not B").
+2. Tuning (``tune_split``, default ``train``): the tune split's items are divided at random
+   (seeded) into a *tuning evaluation* part (``tune_fraction``) and a *reference* part.
+   Queries are built on the tuning evaluation items; the reference part is the captioned
+   reference set of the detector strategies, so a detector never sees the captions of the
+   items it is scored on. Every grid point of every strategy is evaluated and the one with
+   the best mean AP@10 over all tuning queries is kept (ties: the earlier grid point).
+3. Test: each strategy runs with its chosen parameters on the evaluation split, with the
+   whole tune split as reference set. Per query: MRR/NDCG/AP @1,3,10, violation@10,
+   inclusion@10 (:func:`~sparsemm.eval.metrics.evaluate_rankings`); means for the subsets
+   "all" and "hard" with paired t-tests against the dense baselines, written by
+   :func:`~sparsemm.eval.exclusion.write_report`.
+4. Standard retrieval (SR paper Table 2 analogue): image-to-text and text-to-image AP@1/5/10
+   of the dense embeddings and of the sparse codes on the evaluation split.
+
+Everything a run used (chosen parameters, tuning grid results, model settings) goes into
+``config.json`` / ``metrics.json``; ``report.md`` is rendered from them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from sparsemm.data.collection import Collection
+from sparsemm.errors import SparsemmError
+from sparsemm.eval.exclusion import (
+    ExclusionQuery,
+    build_exclusion_queries,
+    hard_mask,
+    query_matrices,
+    render_report,
+    write_report,
+)
+from sparsemm.eval.metrics import evaluate_rankings
+from sparsemm.eval.retrieval import multi_target_ap
+from sparsemm.io import atomic_open, write_json
+from sparsemm.query.strategies import (
+    STRATEGIES,
+    ExclusionContext,
+    QueryCoder,
+    ReferenceSet,
+    TextEncoder,
+    get_spec,
+)
+
+logger = logging.getLogger(__name__)
+
+KS = (1, 3, 10)
+METRICS = (
+    *(f"{m}@{k}" for m in ("mrr", "ndcg", "ap") for k in KS),
+    "violation@10",
+    "inclusion@10",
+)
+TUNE_METRIC = "ap@10"
+# Dense baselines the report marks significance against (those present among the methods).
+BASELINES = ("avg_emb_0.5", "dense_a", "avg_emb")
+
+# Codes an item set: dense (n, k) embeddings -> sparse (n, d) codes.
+ItemCoder = Callable[[np.ndarray], sp.csr_matrix]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    split: str = "test"  # evaluation split (queries, items, reported numbers)
+    tune_split: str | None = "train"  # split the parameters are chosen on; None: defaults
+    tune_fraction: float = 0.25  # share of the tune split scored during tuning (rest: reference)
+    methods: tuple[str, ...] = ()  # strategy names; () = every registered strategy
+    limit_items: int | None = None  # quick runs: first N items of each split
+    max_grid: int | None = None  # quick runs: at most this many grid points per strategy
+    seed: int = 0  # tune-split division
+    k: int = 10  # ranking depth scored
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.tune_fraction < 1.0:
+            raise SparsemmError(f"tune_fraction must be in (0, 1), got {self.tune_fraction}")
+        if self.tune_split is not None and self.tune_split == self.split:
+            raise SparsemmError(
+                f"the tune split and the evaluation split are both {self.split!r}; tune on "
+                "another split (e.g. --tune-split train) so test numbers stay unbiased"
+            )
+
+
+@dataclass
+class ItemSet:
+    """Rows of a collection used as evaluation items or reference items."""
+
+    rows: np.ndarray  # (n,) collection item indices
+    dense: np.ndarray  # (n, k)
+    codes: sp.csr_matrix | None  # (n, d)
+    labels: list[list[str]]
+    captions: list[list[str]]
+
+
+def _captions_by_item(collection: Collection) -> list[list[str]]:
+    out: list[list[str]] = [[] for _ in collection.items]
+    for t in collection.texts:
+        out[int(t["item"])].append(str(t["text"]))
+    return out
+
+
+def _item_set(
+    collection: Collection,
+    rows: np.ndarray,
+    item_coder: ItemCoder | None,
+    captions: list[list[str]],
+    dense_all: np.ndarray,
+) -> ItemSet:
+    dense = np.ascontiguousarray(dense_all[rows])
+    codes = sp.csr_matrix(item_coder(dense)) if item_coder is not None else None
+    labels = [list(collection.items[r].get("labels") or []) for r in rows]
+    return ItemSet(rows, dense, codes, labels, [captions[r] for r in rows])
+
+
+def evaluate_strategy(
+    ctx: ExclusionContext,
+    name: str,
+    params: Mapping[str, Any],
+    queries: Sequence[ExclusionQuery],
+    matrices: tuple[np.ndarray, np.ndarray, np.ndarray],
+    k: int = 10,
+    metrics: Sequence[str] = METRICS,
+) -> dict[str, np.ndarray]:
+    """Per-query metric arrays of strategy ``name`` with ``params`` on ``queries``."""
+    strategy = get_spec(name).build(ctx, **params)
+    rankings = strategy.rank_many([(q.a, q.b) for q in queries], k)
+    rel, has_a, has_b = matrices
+    return evaluate_rankings(rankings, rel, list(metrics), excluded=has_b, included=has_a)
+
+
+def tune_strategies(
+    ctx: ExclusionContext,
+    methods: Sequence[str],
+    queries: Sequence[ExclusionQuery],
+    k: int = 10,
+    max_grid: int | None = None,
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """Grid search per strategy on ``queries``; returns (chosen params, every grid result).
+
+    The criterion is mean AP@10 over all queries (mean violation@10 and hard-query AP@10 are
+    recorded alongside). ``max_grid`` keeps the first N grid points (quick runs).
+    """
+    matrices = query_matrices(queries, ctx.n_items)
+    hard = hard_mask(queries)
+    chosen: dict[str, dict[str, Any]] = {}
+    results: dict[str, list[dict[str, Any]]] = {}
+    wanted = (TUNE_METRIC, "violation@10")
+    for name in methods:
+        spec = get_spec(name)
+        points = spec.grid_points()[: max_grid or None]
+        rows = []
+        for point in points:
+            t0 = time.perf_counter()
+            vals = evaluate_strategy(ctx, name, point, queries, matrices, k, wanted)
+            rows.append(
+                {
+                    "params": {**spec.defaults, **point},
+                    "ap@10": float(vals[TUNE_METRIC].mean()),
+                    "ap@10_hard": float(vals[TUNE_METRIC][hard].mean()) if hard.any() else None,
+                    "violation@10": float(vals["violation@10"].mean()),
+                    "seconds": round(time.perf_counter() - t0, 3),
+                }
+            )
+        best = max(range(len(rows)), key=lambda i: (rows[i]["ap@10"], -i))
+        chosen[name] = points[best]
+        results[name] = rows
+        logger.info(
+            "tuned %s on %d queries: %s -> AP@10 %.4f (%d grid points)",
+            name,
+            len(queries),
+            points[best],
+            rows[best]["ap@10"],
+            len(points),
+        )
+    return chosen, results
+
+
+def retrieval_table(
+    collection: Collection,
+    rows: np.ndarray,
+    dense_items: np.ndarray,
+    codes_items: sp.csr_matrix | None,
+    text_codes: Callable[[np.ndarray, list[str]], sp.csr_matrix] | None,
+    ks: Sequence[int] = (1, 5, 10),
+) -> dict[str, dict[str, float]]:
+    """Image-to-text and text-to-image AP@k of dense embeddings vs sparse codes.
+
+    Images are the items of ``rows`` (their image embeddings or caption views); texts are
+    their captions. Image-to-text: each image's relevant set is its captions;
+    text-to-image: each caption's relevant set is its image (AP@k = RR@k then).
+    """
+    text_item = collection.text_item_index()
+    pos = np.full(len(collection.items), -1, dtype=np.int64)
+    pos[rows] = np.arange(len(rows))
+    trows = np.flatnonzero(pos[text_item] >= 0)
+    if not len(trows):
+        raise SparsemmError("the evaluation items have no captions for the retrieval table")
+    texts = collection.text_embeddings()[trows]
+    owner = pos[text_item[trows]]
+    caps_of = [np.flatnonzero(owner == i) for i in range(len(rows))]
+    keep = [i for i, c in enumerate(caps_of) if len(c)]
+    img_rel = [caps_of[i] for i in keep]
+    txt_rel = [np.array([o]) for o in owner]
+    out: dict[str, dict[str, float]] = {}
+    out["dense"] = {
+        **{
+            f"i2t_{k}": v for k, v in multi_target_ap(dense_items[keep], texts, img_rel, ks).items()
+        },
+        **{f"t2i_{k}": v for k, v in multi_target_ap(texts, dense_items, txt_rel, ks).items()},
+    }
+    if codes_items is not None and text_codes is not None:
+        tc = text_codes(texts, [collection.texts[r]["text"] for r in trows])
+        ci = sp.csr_matrix(codes_items)
+        out["sparse"] = {
+            **{f"i2t_{k}": v for k, v in multi_target_ap(ci[keep], tc, img_rel, ks).items()},
+            **{f"t2i_{k}": v for k, v in multi_target_ap(tc, ci, txt_rel, ks).items()},
+            "nnz_image": float(ci.getnnz(axis=1).mean()),
+            "nnz_text": float(tc.getnnz(axis=1).mean()),
+        }
+    return out
+
+
+def _retrieval_markdown(table: Mapping[str, Mapping[str, float]], sparse_name: str) -> str:
+    cols = [c for c in next(iter(table.values())) if c.startswith(("i2t", "t2i"))]
+    lines = [
+        "| representation | " + " | ".join(cols) + " | nnz image | nnz text |",
+        "|---|" + "---:|" * (len(cols) + 2),
+    ]
+    for name, row in table.items():
+        label = "dense" if name == "dense" else sparse_name
+        nnz = (
+            [f"{row['nnz_image']:.1f}", f"{row['nnz_text']:.1f}"]
+            if "nnz_image" in row
+            else ["dense", "dense"]
+        )
+        lines.append(
+            f"| {label} | " + " | ".join(f"{row[c]:.3f}" for c in cols) + f" | {' | '.join(nnz)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _tuning_markdown(
+    chosen: Mapping[str, Mapping[str, Any]], results: Mapping[str, list[dict[str, Any]]]
+) -> str:
+    lines = [
+        "| method | chosen parameters | grid points | tune AP@10 | tune AP@10 hard | "
+        "tune violation@10 |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for name, rows in results.items():
+        best = max(rows, key=lambda r: r["ap@10"])
+        params = ", ".join(f"{k}={v}" for k, v in chosen[name].items()) or "(defaults)"
+        hard = "–" if best["ap@10_hard"] is None else f"{best['ap@10_hard']:.3f}"
+        lines.append(
+            f"| {name} | {params} | {len(rows)} | {best['ap@10']:.3f} | {hard} | "
+            f"{best['violation@10']:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_exclusion_bench(
+    collection: Collection,
+    out_dir: str | Path,
+    text_encoder: TextEncoder,
+    item_coder: ItemCoder | None = None,
+    query_coder: QueryCoder | None = None,
+    word_vectors: Any = None,
+    config: BenchConfig | None = None,
+    run_info: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run the exclusion benchmark and write the report folder ``out_dir``.
+
+    ``item_coder`` maps dense item embeddings to sparse codes and ``query_coder`` query text
+    embeddings to codes (e.g. an SR model, :func:`~sparsemm.query.strategies.sr_query_coder`);
+    without them only the dense strategies run. ``run_info`` (model paths, settings) is
+    stored in ``config.json``. Returns the ``metrics.json`` content.
+    """
+    cfg = config or BenchConfig()
+    t_start = time.perf_counter()
+    methods = list(cfg.methods or STRATEGIES)
+    for m in methods:
+        get_spec(m)
+    if item_coder is None or query_coder is None:
+        dropped = [m for m in methods if get_spec(m).kind == "sparse"]
+        if dropped:
+            logger.warning("no sparse model given: skipping %s", ", ".join(dropped))
+        methods = [m for m in methods if m not in dropped]
+    if not methods:
+        raise SparsemmError("no strategy left to run; pass a sparse model (--sr) or dense methods")
+
+    captions = _captions_by_item(collection)
+    dense_all = collection.image_embeddings()
+
+    def rows_of(split: str) -> np.ndarray:
+        rows = np.flatnonzero(collection.split_mask(split))
+        return rows[: cfg.limit_items] if cfg.limit_items else rows
+
+    eval_set = _item_set(collection, rows_of(cfg.split), item_coder, captions, dense_all)
+    queries = build_exclusion_queries(eval_set.labels)
+    if not queries:
+        raise SparsemmError(
+            f"no exclusion queries on split {cfg.split!r}: its items need labels, and some "
+            "item must carry two labels"
+        )
+
+    chosen: dict[str, dict[str, Any]] = {m: {} for m in methods}
+    tuning: dict[str, list[dict[str, Any]]] = {}
+    reference: ReferenceSet | None = None
+    n_tune_queries = 0
+    if cfg.tune_split is not None:
+        tune_rows = rows_of(cfg.tune_split)
+        perm = np.random.default_rng(cfg.seed).permutation(len(tune_rows))
+        n_eval = max(1, round(cfg.tune_fraction * len(tune_rows)))
+        tune_eval = _item_set(
+            collection, np.sort(tune_rows[perm[:n_eval]]), item_coder, captions, dense_all
+        )
+        tune_ref = _item_set(
+            collection, np.sort(tune_rows[perm[n_eval:]]), item_coder, captions, dense_all
+        )
+        tune_queries = build_exclusion_queries(tune_eval.labels)
+        n_tune_queries = len(tune_queries)
+        if tune_queries:
+            tctx = ExclusionContext(
+                tune_eval.dense,
+                tune_eval.codes,
+                text_encoder,
+                query_coder,
+                ReferenceSet(tune_ref.captions, tune_ref.dense, tune_ref.codes),
+                word_vectors,
+            )
+            chosen, tuning = tune_strategies(tctx, methods, tune_queries, cfg.k, cfg.max_grid)
+        else:
+            logger.warning("no queries on the tuning items; using default parameters")
+        full_ref = _item_set(collection, np.sort(tune_rows), item_coder, captions, dense_all)
+        reference = ReferenceSet(full_ref.captions, full_ref.dense, full_ref.codes)
+    needs_ref = [m for m in methods if "reference" in get_spec(m).cls.requires]
+    if reference is None and needs_ref:
+        logger.warning("no tune split, so no reference set: skipping %s", ", ".join(needs_ref))
+        methods = [m for m in methods if m not in needs_ref]
+
+    ctx = ExclusionContext(
+        eval_set.dense,
+        eval_set.codes,
+        text_encoder,
+        query_coder,
+        reference,
+        word_vectors,
+    )
+    matrices = query_matrices(queries, ctx.n_items)
+    per_query: dict[str, dict[str, np.ndarray]] = {}
+    seconds: dict[str, float] = {}
+    for name in methods:
+        t0 = time.perf_counter()
+        per_query[name] = evaluate_strategy(ctx, name, chosen[name], queries, matrices, cfg.k)
+        seconds[name] = round(time.perf_counter() - t0, 3)
+        logger.info(
+            "%s: AP@10 %.4f, violation@10 %.4f (%d queries, %.1f s)",
+            name,
+            per_query[name]["ap@10"].mean(),
+            per_query[name]["violation@10"].mean(),
+            len(queries),
+            seconds[name],
+        )
+
+    retrieval = retrieval_table(
+        collection, eval_set.rows, eval_set.dense, eval_set.codes, query_coder
+    )
+    baselines = [b for b in BASELINES if b in per_query][:2]
+    run_config = {
+        "name": f"Exclusion benchmark ({cfg.split} split)",
+        "benchmark": "exclusion",
+        "collection": str(collection.root),
+        "encoder": collection.manifest.get("encoder"),
+        "bench": dataclasses.asdict(cfg),
+        "methods": {
+            m: {
+                "description": get_spec(m).description,
+                "params": {**get_spec(m).defaults, **chosen[m]},
+            }
+            for m in methods
+        },
+        "n_items": len(eval_set.rows),
+        "n_queries": len(queries),
+        "n_hard": int(hard_mask(queries).sum()),
+        "n_tune_queries": n_tune_queries,
+        **dict(run_info or {}),
+    }
+    subsets = {"all": np.ones(len(queries), dtype=bool), "hard": hard_mask(queries)}
+    content = write_report(out_dir, run_config, per_query, subsets, list(METRICS), baselines)
+    content["retrieval"] = retrieval
+    content["tuning"] = {"split": cfg.tune_split, "chosen": chosen, "grid": tuning}
+    content["seconds"] = {**seconds, "total": round(time.perf_counter() - t_start, 3)}
+    out = Path(out_dir)
+    write_json(out / "metrics.json", content)
+    sparse_name = str((run_info or {}).get("sparse_model_name", "sparse codes"))
+    report = render_report(content, run_config)
+    report += "\n## Standard retrieval (image views vs captions, AP@k)\n\n"
+    report += _retrieval_markdown(retrieval, sparse_name)
+    if tuning:
+        report += (
+            f"\n## Parameters chosen on the {cfg.tune_split} split "
+            f"({n_tune_queries} tuning queries, criterion: mean AP@10)\n\n"
+        )
+        report += _tuning_markdown(chosen, tuning)
+    with atomic_open(out / "report.md", "w") as fh:
+        fh.write(report)
+    logger.info("exclusion benchmark done in %.1f s -> %s", time.perf_counter() - t_start, out)
+    return content

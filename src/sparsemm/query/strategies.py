@@ -1,0 +1,907 @@
+"""Exclusion strategies: rank a fixed item set for "A but not B", one interface for all.
+
+Every strategy is built from an :class:`ExclusionContext` (the evaluation items' dense
+embeddings and/or sparse codes, a text encoder, a query coder that turns query texts into
+sparse codes, optional SPINE word vectors and an optional captioned reference set) and
+answers ``rank(a, b, k)`` with the rows of the k best items, best first. A concept term
+``t`` is turned into text with the benchmark template ``"a photo of a {t}"`` (DESIGN.md).
+
+Dense strategies (baselines of the SR paper, "Answering Multimodal Exclusion Queries with
+Lightweight Sparse Disentangled Representations", Prachi, Bhatia, Bedathur, ICTIR 2025):
+
+* ``dense_a`` - cos(emb(A), x): the include term alone (reference point).
+* ``slq`` - single-line query: cos(emb("a photo of a A without a B"), x).
+* ``avg_emb`` / ``avg_emb_0.5`` - embedding arithmetic cos(emb(A) - w emb(B), x), w = 1, 0.5.
+* ``dense_detector`` - per-term logistic-regression detectors on the dense embeddings of a
+  captioned reference set (target: "a caption of the item mentions the term"), scored
+  log P(A | x) + beta log(1 - P(B | x)). Not in the paper; a strong dense reference.
+
+Sparse strategies, generic over any non-negative sparse codes (SR, VDR, SpLiCE, ...):
+
+* ``code_a`` - cos(code(A), x) on the sparse codes: A alone.
+* ``paper`` - the SR paper's two-step exclusion retrieval (Sec. 4.3): retrieve the top-K
+  items for A by code similarity; the *active* dimensions of an item are the smallest set of
+  its dimensions holding a share t of its L1 mass; D_A = union of the active dimensions of
+  A's top-K items, D_B likewise for B, D = D_A minus D_B; A's top-K items are re-ranked by
+  their mass on D (ties: A's similarity). Re-ranking A's retrieved pool (``pool="topk"``) is
+  our reading of "two-step"; ``pool="all"`` ranks every item by its mass on D instead.
+* ``code_arith`` - cos(code(A) - w code(B), x): arithmetic on the sparse codes.
+* ``filter`` - cos(code(A), x) with a hard filter: items whose value on any of B's
+  dimensions exceeds ``threshold`` are dropped. B's dimensions are the active dimensions of
+  B's query code (``dims="query"``), the paper's D_B (``"items"``) or the B-specific dims
+  (``"specific"``: dims whose mean value over B's top-K items is ``ratio`` times larger than
+  over A's top-K items).
+* ``penalty`` - the soft version: cos(code(A), x) - lam * sum_{j in B-dims} b_j x_j with b_j
+  B's (unit-normalised) per-dimension weight, so items are demoted by how strongly they
+  carry B rather than dropped.
+* ``detector`` - per-term logistic-regression detectors over the sparse codes of the
+  reference set (same target as ``dense_detector``): score = log P(A | x) + beta
+  log(1 - P(B | x)) + alpha cos(code(A), x). The detector's weights live on code dimensions,
+  so each result is explained by the few concept dimensions with the largest w_j x_j.
+
+Strategies are registered by name with their default parameters and a tuning grid
+(:data:`STRATEGIES`); :func:`get_strategy` builds one. Parameters are chosen on a tuning split
+and frozen for the test split (see :mod:`sparsemm.eval.bench`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import scipy.sparse as sp
+
+from sparsemm.errors import SparsemmError
+from sparsemm.words.bias import tokenize
+
+logger = logging.getLogger(__name__)
+
+TERM_TEMPLATE = "a photo of a {}"
+SLQ_TEMPLATE = "a photo of a {a} without a {b}"
+
+
+class TextEncoder(Protocol):
+    """Anything with ``encode_text(texts) -> (n, k)`` float32 (the encoder protocol)."""
+
+    def encode_text(
+        self,
+        texts: Sequence[str],
+        batch_size: int = 64,
+        normalize: bool = True,
+        progress: bool = False,
+    ) -> np.ndarray: ...
+
+
+# texts' dense embeddings (n, k) + the texts -> sparse codes (n, d)
+QueryCoder = Callable[[np.ndarray, Sequence[str]], sp.csr_matrix]
+
+
+def sr_query_coder(
+    model: Any,
+    word_vectors: Any = None,
+    mask: str = "topk",
+    top_k: int | None = None,
+) -> QueryCoder:
+    """A :data:`QueryCoder` for an SR model (``sparsemm.models.sr.SRModel``).
+
+    ``mask="topk_or_bias"`` ORs the query text's own SPINE sentence bias into its mask
+    (needs ``word_vectors``); ``"topk"`` uses the TopK mask alone.
+    """
+    if mask == "topk_or_bias" and word_vectors is None:
+        raise SparsemmError("the topk_or_bias query mask needs SPINE word vectors (--spine)")
+
+    def code(emb: np.ndarray, texts: Sequence[str]) -> sp.csr_matrix:
+        bias = None
+        if mask == "topk_or_bias":
+            from sparsemm.words.bias import sentence_bias
+
+            bias = sentence_bias(list(texts), word_vectors)
+        return sp.csr_matrix(model.encode(emb, "text", bias=bias, top_k=top_k, mask=mask))
+
+    return code
+
+
+# ------------------------------------------------------------------------- term matching
+
+
+def _stem(token: str) -> str:
+    """Crude English singular: dogs -> dog, glasses -> glass, buses -> bus, skies -> sky."""
+    if len(token) > 4 and token.endswith("ies"):
+        return token[:-3] + "y"
+    if len(token) > 4 and token.endswith(("sses", "shes", "ches", "xes", "uses")):
+        return token[:-2]
+    if len(token) > 3 and token.endswith("s") and not token.endswith(("ss", "us", "is")):
+        return token[:-1]
+    return token
+
+
+def term_tokens(text: str) -> list[str]:
+    """Content tokens of ``text`` (the sparsemm.words tokenizer) in singular form."""
+    return [_stem(t) for t in tokenize(text)]
+
+
+def _contains(tokens: Sequence[str], phrase: Sequence[str]) -> bool:
+    n = len(phrase)
+    return any(list(tokens[i : i + n]) == list(phrase) for i in range(len(tokens) - n + 1))
+
+
+class CaptionIndex:
+    """Token lookup over items' captions for "does some caption of item i mention t?".
+
+    A caption mentions a term when its singular content tokens (:func:`term_tokens`) contain
+    the term's tokens as a contiguous phrase ("dining table" needs "dining table"). When fewer
+    than ``min_positives`` items match a multi-word term, its last word (the head noun,
+    "table") is matched instead. A term without content tokens matches nothing.
+    """
+
+    def __init__(self, captions: Sequence[Sequence[str]]) -> None:
+        self.n_items = len(captions)
+        self._tokens = [[term_tokens(c) for c in caps] for caps in captions]
+        self._postings: dict[str, set[int]] = {}
+        for i, caps in enumerate(self._tokens):
+            for toks in caps:
+                for tok in toks:
+                    self._postings.setdefault(tok, set()).add(i)
+
+    def _match(self, phrase: Sequence[str]) -> np.ndarray:
+        hit = np.zeros(self.n_items, dtype=bool)
+        cand = set.intersection(*(self._postings.get(t, set()) for t in phrase))
+        for i in cand:
+            if len(phrase) == 1 or any(_contains(t, phrase) for t in self._tokens[i]):
+                hit[i] = True
+        return hit
+
+    def mentions(self, term: str, min_positives: int = 5) -> np.ndarray:
+        """(n_items,) bool: some caption of item i mentions ``term``."""
+        phrase = term_tokens(term)
+        if not phrase:
+            return np.zeros(self.n_items, dtype=bool)
+        hit = self._match(phrase)
+        if len(phrase) > 1 and hit.sum() < min_positives:
+            hit = self._match(phrase[-1:])
+        return hit
+
+
+def caption_mentions(
+    captions: Sequence[Sequence[str]], term: str, min_positives: int = 5
+) -> np.ndarray:
+    """(n_items,) bool: some caption of item i mentions ``term`` (rules: :class:`CaptionIndex`)."""
+    return CaptionIndex(captions).mentions(term, min_positives)
+
+
+# ------------------------------------------------------------------------------ context
+
+
+@dataclass
+class ReferenceSet:
+    """Captioned reference items (e.g. the training split) for the detector strategies.
+
+    ``captions[i]`` lists item i's captions; ``dense`` (m, k) and/or ``codes`` (m, d) are its
+    representations in the same spaces as the evaluation items'.
+    """
+
+    captions: list[list[str]]
+    dense: np.ndarray | None = None
+    codes: sp.csr_matrix | None = None
+    _index: CaptionIndex | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        m = len(self.captions)
+        for what, arr in (("dense", self.dense), ("codes", self.codes)):
+            if arr is not None and arr.shape[0] != m:
+                raise SparsemmError(
+                    f"reference {what} has {arr.shape[0]} rows for {m} captioned items"
+                )
+
+    def mentions(self, term: str, min_positives: int = 5) -> np.ndarray:
+        """(m,) bool targets: some caption of reference item i mentions ``term``."""
+        if self._index is None:
+            self._index = CaptionIndex(self.captions)
+        return self._index.mentions(term, min_positives)
+
+
+def _normalize_dense(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def _normalize_csr(x: sp.csr_matrix) -> sp.csr_matrix:
+    x = sp.csr_matrix(x, dtype=np.float32)
+    norms = np.sqrt(np.asarray(x.multiply(x).sum(axis=1)).ravel())
+    out = sp.csr_matrix(sp.diags(1.0 / np.maximum(norms, 1e-12)).astype(np.float32) @ x)
+    out.sort_indices()
+    return out
+
+
+class ExclusionContext:
+    """What strategies need, with per-text caches (see the module docstring).
+
+    ``items_dense`` (n, k) and ``items_codes`` (n, d) describe the n evaluation items (rows
+    are what ``rank`` returns). ``text_encoder`` embeds query texts; ``query_coder`` maps
+    those embeddings (and texts) to sparse codes. ``reference`` is a captioned reference set
+    for the detector strategies, ``word_vectors`` SPINE vectors (query bias masks).
+    """
+
+    def __init__(
+        self,
+        items_dense: np.ndarray | None = None,
+        items_codes: sp.csr_matrix | None = None,
+        text_encoder: TextEncoder | None = None,
+        query_coder: QueryCoder | None = None,
+        reference: ReferenceSet | None = None,
+        word_vectors: Any = None,
+        template: str = TERM_TEMPLATE,
+    ) -> None:
+        if items_dense is None and items_codes is None:
+            raise SparsemmError("an exclusion context needs item embeddings and/or item codes")
+        n = {a.shape[0] for a in (items_dense, items_codes) if a is not None}
+        if len(n) != 1:
+            raise SparsemmError("item embeddings and item codes must have the same row count")
+        self.n_items = n.pop()
+        if "{}" not in template:
+            raise SparsemmError(f"the term template must contain '{{}}', got {template!r}")
+        self.items_dense = None if items_dense is None else _normalize_dense(items_dense)
+        self.items_codes = None if items_codes is None else sp.csr_matrix(items_codes)
+        if self.items_codes is not None and (self.items_codes.data < 0).any():
+            logger.warning("item codes have negative values; magnitudes use absolute values")
+        self.text_encoder = text_encoder
+        self.query_coder = query_coder
+        self.reference = reference
+        self.word_vectors = word_vectors
+        self.template = template
+        self._emb: dict[str, np.ndarray] = {}
+        self._code: dict[str, np.ndarray] = {}
+        self._codes_unit: sp.csr_matrix | None = None
+        self.cache: dict[Any, Any] = {}  # strategy-owned caches (keyed by strategy + params)
+
+    # -- items ---------------------------------------------------------------------------
+    def require(self, *what: str) -> None:
+        """Raise SparsemmError naming the first missing input among ``what``."""
+        have = {
+            "dense": self.items_dense is not None,
+            "codes": self.items_codes is not None,
+            "text_encoder": self.text_encoder is not None,
+            "query_coder": self.query_coder is not None,
+            "reference": self.reference is not None,
+            "word_vectors": self.word_vectors is not None,
+        }
+        for w in what:
+            if not have[w]:
+                raise SparsemmError(
+                    f"this exclusion strategy needs {w.replace('_', ' ')}, which the context "
+                    "does not have"
+                )
+
+    @property
+    def codes_unit(self) -> sp.csr_matrix:
+        """Item codes with L2-normalised rows (cosine scoring)."""
+        self.require("codes")
+        if self._codes_unit is None:
+            assert self.items_codes is not None
+            self._codes_unit = _normalize_csr(self.items_codes)
+        return self._codes_unit
+
+    # -- query texts ---------------------------------------------------------------------
+    def term_text(self, term: str) -> str:
+        return self.template.format(term)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """(len(texts), k) unit-length embeddings of ``texts`` (cached per text)."""
+        self.require("text_encoder")
+        assert self.text_encoder is not None
+        missing = [t for t in dict.fromkeys(texts) if t not in self._emb]
+        if missing:
+            emb = _normalize_dense(self.text_encoder.encode_text(missing))
+            for t, e in zip(missing, emb, strict=True):
+                self._emb[t] = e
+        return np.stack([self._emb[t] for t in texts]) if texts else np.zeros((0, 0))
+
+    def code(self, texts: Sequence[str]) -> np.ndarray:
+        """(len(texts), d) dense copies of the sparse query codes of ``texts`` (cached)."""
+        self.require("query_coder")
+        assert self.query_coder is not None
+        missing = [t for t in dict.fromkeys(texts) if t not in self._code]
+        if missing:
+            codes = self.query_coder(self.embed(missing), missing)
+            dense = np.asarray(sp.csr_matrix(codes).toarray(), dtype=np.float32)
+            for t, c in zip(missing, dense, strict=True):
+                self._code[t] = c
+        return np.stack([self._code[t] for t in texts])
+
+    def prefetch(self, terms: Iterable[str], codes: bool = False) -> None:
+        """Embed (and code) the texts of many terms in one batch."""
+        texts = [self.term_text(t) for t in dict.fromkeys(terms)]
+        if self.text_encoder is not None:
+            self.embed(texts)
+        if codes and self.query_coder is not None:
+            self.code(texts)
+
+    def term_embedding(self, term: str) -> np.ndarray:
+        return self.embed([self.term_text(term)])[0]
+
+    def term_code(self, term: str) -> np.ndarray:
+        return self.code([self.term_text(term)])[0]
+
+    def code_scores(self, query: np.ndarray) -> np.ndarray:
+        """(n,) cosine of a dense (d,) query code with every item code."""
+        q = np.asarray(query, dtype=np.float32)
+        nrm = float(np.linalg.norm(q))
+        if nrm == 0.0:
+            return np.zeros(self.n_items)
+        return np.asarray(self.codes_unit @ (q / nrm), dtype=np.float64).ravel()
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def top_rows(scores: np.ndarray, k: int) -> np.ndarray:
+    """Rows of the k best finite scores, best first; ties broken by the lower row."""
+    scores = np.asarray(scores, dtype=np.float64)
+    order = np.argsort(-scores, kind="stable")
+    order = order[np.isfinite(scores[order])]
+    return order[:k].astype(np.int64)
+
+
+def active_dims(codes: sp.csr_matrix, rows: np.ndarray, share: float) -> np.ndarray:
+    """Union over ``rows`` of each row's active dimensions (sorted int array).
+
+    A row's active dimensions are the smallest set of its dimensions whose absolute values
+    sum to at least ``share`` of the row's L1 norm (largest values first) - the SR paper's
+    selection of the dimensions an item is "about" (Sec. 4.3).
+    """
+    out: set[int] = set()
+    for r in np.asarray(rows, dtype=np.int64):
+        lo, hi = codes.indptr[r], codes.indptr[r + 1]
+        vals = np.abs(codes.data[lo:hi])
+        if not len(vals) or vals.sum() <= 0:
+            continue
+        order = np.argsort(-vals, kind="stable")
+        cum = np.cumsum(vals[order])
+        n = int(np.searchsorted(cum, share * cum[-1] - 1e-12)) + 1
+        out.update(codes.indices[lo:hi][order[:n]].tolist())
+    return np.array(sorted(out), dtype=np.int64)
+
+
+def vector_active_dims(vec: np.ndarray, share: float) -> np.ndarray:
+    """Active dimensions (mass share ``share``) of one dense (d,) vector."""
+    row = sp.csr_matrix(np.asarray(vec, dtype=np.float32)[None, :])
+    return active_dims(row, np.array([0]), share)
+
+
+def _mean_rows(codes: sp.csr_matrix, rows: np.ndarray) -> np.ndarray:
+    return np.asarray(abs(codes[rows]).mean(axis=0), dtype=np.float64).ravel()
+
+
+def _log_sigmoid(z: np.ndarray) -> np.ndarray:
+    return -np.logaddexp(0.0, -z)
+
+
+# --------------------------------------------------------------------------- strategies
+
+
+class Strategy(ABC):
+    """Base class: ``scores(a, b)`` over all items (-inf = dropped), ``rank`` = its top k."""
+
+    requires: ClassVar[tuple[str, ...]] = ()
+    kind: ClassVar[str] = "dense"  # "dense" | "sparse": which representation it ranks with
+    params: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, ctx: ExclusionContext, **params: Any) -> None:
+        unknown = set(params) - set(self.params)
+        if unknown:
+            raise SparsemmError(
+                f"{type(self).__name__} has no parameter(s) {sorted(unknown)}; it takes "
+                f"{sorted(self.params) or 'none'}"
+            )
+        ctx.require(*self.requires)
+        self.ctx = ctx
+        self.p: dict[str, Any] = {**self.params, **params}
+
+    @abstractmethod
+    def scores(self, a: str, b: str) -> np.ndarray:
+        """(n_items,) float64 scores for "a but not b"; -inf marks an item left out."""
+
+    def rank(self, a: str, b: str, k: int) -> np.ndarray:
+        """Rows of the top-``k`` items, best first (fewer when items are left out)."""
+        if k < 1:
+            raise SparsemmError(f"k must be a positive integer, got {k}")
+        return top_rows(self.scores(a, b), k)
+
+    def prepare(self, terms: Iterable[str]) -> None:
+        """Batch the text encoding of ``terms`` before many ``rank`` calls (optional)."""
+        self.ctx.prefetch(terms, codes=self.kind == "sparse")
+
+    def rank_many(self, pairs: Sequence[tuple[str, str]], k: int) -> np.ndarray:
+        """(q, k) int64 rankings for many (a, b) pairs; -1 pads short rankings."""
+        self.prepare({t for pair in pairs for t in pair})
+        out = np.full((len(pairs), k), -1, dtype=np.int64)
+        for i, (a, b) in enumerate(pairs):
+            rows = self.rank(a, b, k)
+            out[i, : len(rows)] = rows
+        return out
+
+
+class DenseA(Strategy):
+    """cos(emb(A), x): the include term alone, B ignored."""
+
+    requires = ("dense", "text_encoder")
+
+    def scores(self, a: str, b: str) -> np.ndarray:
+        assert self.ctx.items_dense is not None
+        return np.asarray(self.ctx.items_dense @ self.ctx.term_embedding(a), dtype=np.float64)
+
+
+class SingleLineQuery(Strategy):
+    """SLQ: cos(emb("a photo of a A without a B"), x) - negation left to the encoder."""
+
+    requires = ("dense", "text_encoder")
+    params: ClassVar[dict[str, Any]] = {"template": SLQ_TEMPLATE}
+
+    def prepare(self, terms: Iterable[str]) -> None:  # SLQ texts are per pair
+        pass
+
+    def rank_many(self, pairs: Sequence[tuple[str, str]], k: int) -> np.ndarray:
+        self.ctx.embed([self.p["template"].format(a=a, b=b) for a, b in pairs])
+        return super().rank_many(pairs, k)
+
+    def scores(self, a: str, b: str) -> np.ndarray:
+        assert self.ctx.items_dense is not None
+        q = self.ctx.embed([self.p["template"].format(a=a, b=b)])[0]
+        return np.asarray(self.ctx.items_dense @ q, dtype=np.float64)
+
+
+class AvgEmb(Strategy):
+    """Embedding arithmetic: cos(emb(A) - w emb(B), x)."""
+
+    requires = ("dense", "text_encoder")
+    params: ClassVar[dict[str, Any]] = {"w": 1.0}
+
+    def scores(self, a: str, b: str) -> np.ndarray:
+        assert self.ctx.items_dense is not None
+        q = self.ctx.term_embedding(a) - self.p["w"] * self.ctx.term_embedding(b)
+        return np.asarray(self.ctx.items_dense @ q, dtype=np.float64)
+
+
+class CodeA(Strategy):
+    """cos(code(A), x) over the sparse codes: A alone."""
+
+    requires = ("codes", "text_encoder", "query_coder")
+    kind = "sparse"
+
+    def scores(self, a: str, b: str) -> np.ndarray:
+        return self.ctx.code_scores(self.ctx.term_code(a))
+
+
+class CodeArith(Strategy):
+    """cos(code(A)/|code(A)| - w code(B)/|code(B)|, x) over the sparse codes."""
+
+    requires = ("codes", "text_encoder", "query_coder")
+    kind = "sparse"
+    params: ClassVar[dict[str, Any]] = {"w": 0.5}
+
+    def scores(self, a: str, b: str) -> np.ndarray:
+        qa, qb = _normalize_dense(self.ctx.term_code(a)), _normalize_dense(self.ctx.term_code(b))
+        return np.asarray(self.ctx.codes_unit @ (qa - self.p["w"] * qb), dtype=np.float64)
+
+
+class _TermDims(Strategy):
+    """Shared machinery: a term's top-K items and the dimension sets built from them."""
+
+    requires = ("codes", "text_encoder", "query_coder")
+    kind = "sparse"
+
+    def top_items(self, term: str, k: int) -> np.ndarray:
+        key = ("top_items", term, k)
+        if key not in self.ctx.cache:
+            self.ctx.cache[key] = top_rows(self.ctx.code_scores(self.ctx.term_code(term)), k)
+        rows: np.ndarray = self.ctx.cache[key]
+        return rows
+
+    def item_dims(self, term: str, k: int, share: float) -> np.ndarray:
+        """The paper's D_term: union of active dims (mass ``share``) of the term's top k."""
+        key = ("item_dims", term, k, share)
+        if key not in self.ctx.cache:
+            self.ctx.cache[key] = active_dims(self.ctx.codes_unit, self.top_items(term, k), share)
+        dims: np.ndarray = self.ctx.cache[key]
+        return dims
+
+    def b_weights(self, a: str, b: str) -> np.ndarray:
+        """(d,) non-negative weights of B's dimensions, per the ``dims`` parameter.
+
+        ``query``: B's query code restricted to its active dims (mass ``share``);
+        ``items``: 1 on the paper's D_B; ``specific``: dims whose mean value over B's top-K
+        items exceeds ``ratio`` x the mean over A's top-K items, weighted by that mean;
+        ``bias``: the SPINE sentence bias of B's text (the query's own concept dims).
+        """
+        mode, share, k = self.p["dims"], self.p["share"], self.p["top_k"]
+        d = self.ctx.codes_unit.shape[1]
+        w = np.zeros(d)
+        if mode == "query":
+            qb = np.abs(_normalize_dense(self.ctx.term_code(b)))
+            dims = vector_active_dims(qb, share)
+            w[dims] = qb[dims]
+        elif mode == "items":
+            w[self.item_dims(b, k, share)] = 1.0
+        elif mode == "specific":
+            mb = _mean_rows(self.ctx.codes_unit, self.top_items(b, k))
+            ma = _mean_rows(self.ctx.codes_unit, self.top_items(a, k))
+            sel = mb > self.p["ratio"] * ma
+            w[sel] = mb[sel]
+            w /= max(float(np.linalg.norm(w)), 1e-12)
+        elif mode == "bias":
+            self.ctx.require("word_vectors")
+            from sparsemm.words.bias import sentence_bias
+
+            bias = sentence_bias([self.ctx.term_text(b)], self.ctx.word_vectors)
+            row = np.asarray(bias.toarray(), dtype=np.float64).ravel()
+            if row.shape[0] != d:
+                raise SparsemmError(
+                    f"SPINE vectors have {row.shape[0]} dims but the codes have {d}"
+                )
+            dims = vector_active_dims(row, share)
+            w[dims] = row[dims]
+        else:
+            raise SparsemmError(f"unknown B-dimension source {mode!r}")
+        return w
+
+
+class PaperTwoStep(_TermDims):
+    """SR paper Sec. 4.3: D = D_A minus D_B; rank by mass on D (see module docstring)."""
+
+    params: ClassVar[dict[str, Any]] = {"top_k": 50, "share": 0.5, "pool": "topk"}
+
+    def scores(self, a: str, b: str) -> np.ndarray:
+        k, share = self.p["top_k"], self.p["share"]
+        da, db = self.item_dims(a, k, share), self.item_dims(b, k, share)
+        dims = np.setdiff1d(da, db)
+        codes = self.ctx.codes_unit
+        mass = np.asarray(abs(codes[:, dims]).sum(axis=1), dtype=np.float64).ravel()
+        sim = self.ctx.code_scores(self.ctx.term_code(a))
+        # Lexicographic (mass on D, then A's similarity): sim is a cosine in [-1, 1].
+        score = mass * 4.0 + (sim + 1.0) / 2.0
+        if self.p["pool"] == "topk":
+            out = np.full(self.ctx.n_items, -np.inf)
+            pool = self.top_items(a, k)
+            out[pool] = score[pool]
+            return out
+        if self.p["pool"] != "all":
+            raise SparsemmError(f"pool must be 'topk' or 'all', got {self.p['pool']!r}")
+        return score
+
+
+class HardFilter(_TermDims):
+    """cos(code(A), x), dropping items with a value > threshold on any of B's dims."""
+
+    params: ClassVar[dict[str, Any]] = {
+        "dims": "query",
+        "share": 0.3,
+        "top_k": 50,
+        "ratio": 2.0,
+        "threshold": 0.1,
+    }
+
+    def scores(self, a: str, b: str) -> np.ndarray:
+        s = self.ctx.code_scores(self.ctx.term_code(a))
+        dims = np.flatnonzero(self.b_weights(a, b) > 0)
+        if len(dims):
+            peak = np.asarray(abs(self.ctx.codes_unit[:, dims]).max(axis=1).toarray()).ravel()
+            s = np.where(peak > self.p["threshold"], -np.inf, s)
+        return s
+
+
+class SoftPenalty(_TermDims):
+    """cos(code(A), x) - lam * sum_j b_j x_j over B's dims (weights from ``b_weights``)."""
+
+    params: ClassVar[dict[str, Any]] = {
+        "dims": "specific",
+        "share": 0.5,
+        "top_k": 50,
+        "ratio": 2.0,
+        "lam": 1.0,
+    }
+
+    def scores(self, a: str, b: str) -> np.ndarray:
+        s = self.ctx.code_scores(self.ctx.term_code(a))
+        w = self.b_weights(a, b)
+        w = w / max(float(np.linalg.norm(w)), 1e-12)
+        pen = np.asarray(self.ctx.codes_unit @ w, dtype=np.float64).ravel()
+        return s - self.p["lam"] * pen
+
+
+# ----------------------------------------------------------------------- detectors
+
+
+def fit_detectors(
+    features: np.ndarray,
+    targets: np.ndarray,
+    l2: float = 1e-3,
+    max_iter: int = 200,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Independent L2-regularised logistic regressions, one per target column.
+
+    features (m, d) float, targets (m, T) {0, 1}. Minimises, per column t,
+    mean_i BCE(sigmoid(x_i . w_t + b_t), y_it) + l2 * |w_t|^2 (bias unpenalised) with
+    L-BFGS (full batch, deterministic). Returns W (d, T) float32 and b (T,) float32.
+    """
+    import torch
+
+    x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
+    y = torch.from_numpy(np.ascontiguousarray(targets, dtype=np.float32))
+    if x.shape[0] != y.shape[0]:
+        raise SparsemmError("features and targets must have the same number of rows")
+    d, t = x.shape[1], y.shape[1]
+    w = torch.zeros(d, t, requires_grad=True)
+    prior = y.mean(dim=0).clamp(1e-4, 1 - 1e-4)
+    b = torch.log(prior / (1 - prior)).clone().requires_grad_(True)
+    opt = torch.optim.LBFGS(
+        [w, b], lr=1.0, max_iter=max_iter, history_size=20, line_search_fn="strong_wolfe"
+    )
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        logits = x @ w + b
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="none")
+        total = loss.mean(dim=0).sum() + l2 * (w * w).sum()
+        total.backward()
+        return total
+
+    opt.step(closure)
+    return w.detach().numpy().astype(np.float32), b.detach().numpy().astype(np.float32)
+
+
+class Detector(Strategy):
+    """Per-term detectors: log P(A|x) + beta log(1 - P(B|x)) + alpha cos(A, x) - gamma cos(B, x).
+
+    A term's detector is a logistic regression fitted on the reference set's representations
+    with target "some caption of the item mentions the term" (captions only, no labels; see
+    :class:`CaptionIndex`). A term mentioned by fewer than ``min_positives`` reference items
+    gets its ``min_positives`` most similar reference items (by the query's similarity) as
+    pseudo-positives instead, so every term has a usable detector. ``features="codes"`` fits
+    on unit-normalised sparse codes (times ``scale``), so each weight is a concept
+    dimension's evidence for the term; ``"dense"`` on the dense embeddings (dense reference).
+    The similarity terms (``alpha``, ``gamma``) use the same representation: cosine of the
+    query code (codes) or of the query embedding (dense).
+    """
+
+    requires = ("reference",)
+    params: ClassVar[dict[str, Any]] = {
+        "features": "codes",
+        "l2": 1e-3,
+        "beta": 1.0,
+        "alpha": 0.0,
+        "gamma": 0.0,
+        "scale": 10.0,
+        "min_positives": 10,
+    }
+
+    def __init__(self, ctx: ExclusionContext, **params: Any) -> None:
+        super().__init__(ctx, **params)
+        feats = self.p["features"]
+        if feats not in ("codes", "dense"):
+            raise SparsemmError(f"detector features must be 'codes' or 'dense', not {feats!r}")
+        ref = ctx.reference
+        assert ref is not None
+        if feats == "codes":
+            ctx.require("codes", "text_encoder", "query_coder")
+            if ref.codes is None:
+                raise SparsemmError("the reference set has no sparse codes for the detector")
+        else:
+            ctx.require("dense", "text_encoder")
+            if ref.dense is None:
+                raise SparsemmError("the reference set has no dense embeddings for the detector")
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return "sparse" if self.p["features"] == "codes" else "dense"
+
+    def _features(self, which: str) -> Any:
+        """Scaled unit-normalised features of the reference set or the evaluation items."""
+        ref = self.ctx.reference
+        assert ref is not None
+        if self.p["features"] == "codes":
+            if which == "ref":
+                assert ref.codes is not None
+                return _normalize_csr(ref.codes) * self.p["scale"]
+            return self.ctx.codes_unit * self.p["scale"]
+        if which == "ref":
+            assert ref.dense is not None
+            return _normalize_dense(ref.dense) * self.p["scale"]
+        assert self.ctx.items_dense is not None
+        return self.ctx.items_dense * self.p["scale"]
+
+    def _query(self, term: str) -> np.ndarray:
+        """The term's unit query vector in the feature space (code or embedding)."""
+        if self.p["features"] == "codes":
+            return _normalize_dense(self.ctx.term_code(term))
+        return self.ctx.term_embedding(term)
+
+    def similarity(self, term: str) -> np.ndarray:
+        """(n_items,) cosine of the term's query with the evaluation items."""
+        if self.p["features"] == "codes":
+            return self.ctx.code_scores(self.ctx.term_code(term))
+        assert self.ctx.items_dense is not None
+        return np.asarray(self.ctx.items_dense @ self.ctx.term_embedding(term), dtype=np.float64)
+
+    def _key(self) -> tuple[Any, ...]:
+        p = self.p
+        return ("detector", p["features"], p["l2"], p["scale"], p["min_positives"])
+
+    def targets(self, term: str, x_ref: Any) -> np.ndarray:
+        """(m,) {0, 1} training targets of ``term`` over the reference items."""
+        ref = self.ctx.reference
+        assert ref is not None
+        need = int(self.p["min_positives"])
+        y = ref.mentions(term, need)
+        if y.sum() < need:
+            sim = np.asarray(x_ref @ self._query(term), dtype=np.float64).ravel()
+            y = np.zeros(len(y), dtype=bool)
+            y[top_rows(sim, need)] = True
+            logger.debug("term %r: too few caption mentions, using %d pseudo-positives", term, need)
+        return y
+
+    def fit(self, terms: Iterable[str]) -> None:
+        """Fit (and cache) the detectors of every term not fitted yet, in one batch."""
+        store: dict[str, tuple[np.ndarray, float]] = self.ctx.cache.setdefault(self._key(), {})
+        todo = [t for t in dict.fromkeys(terms) if t not in store]
+        if not todo:
+            return
+        x = self._features("ref")
+        y = np.stack([self.targets(t, x) for t in todo], axis=1)
+        w, b = fit_detectors(x.toarray() if sp.issparse(x) else x, y, l2=self.p["l2"])
+        for j, t in enumerate(todo):
+            store[t] = (w[:, j], float(b[j]))
+        logger.debug("fitted %d term detectors (%s)", len(todo), self.p["features"])
+
+    def prepare(self, terms: Iterable[str]) -> None:
+        terms = list(terms)
+        super().prepare(terms)
+        self.fit(terms)
+
+    def logits(self, term: str) -> np.ndarray:
+        """(n_items,) detector logits of ``term`` for the evaluation items."""
+        self.fit([term])
+        key = (*self._key(), "logits", term)
+        if key not in self.ctx.cache:
+            w, b = self.ctx.cache[self._key()][term]
+            z = self._features("items") @ w
+            self.ctx.cache[key] = np.asarray(z, dtype=np.float64).ravel() + b
+        out: np.ndarray = self.ctx.cache[key]
+        return out
+
+    def weights(self, term: str) -> tuple[np.ndarray, float]:
+        """The term detector's (d,) weights over code dims (or dense dims) and bias."""
+        self.fit([term])
+        w, b = self.ctx.cache[self._key()][term]
+        return w, b
+
+    def scores(self, a: str, b: str) -> np.ndarray:
+        s = _log_sigmoid(self.logits(a)) + self.p["beta"] * _log_sigmoid(-self.logits(b))
+        if self.p["alpha"]:
+            s = s + self.p["alpha"] * self.similarity(a)
+        if self.p["gamma"]:
+            s = s - self.p["gamma"] * self.similarity(b)
+        return s
+
+
+# ------------------------------------------------------------------------------ registry
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """A registered strategy: class, default parameters, tuning grid, one-line description."""
+
+    name: str
+    cls: type[Strategy]
+    defaults: Mapping[str, Any]
+    grid: Mapping[str, Sequence[Any]]
+    description: str
+
+    @property
+    def kind(self) -> str:
+        if self.cls is Detector:
+            return "sparse" if self.defaults.get("features", "codes") == "codes" else "dense"
+        return self.cls.kind
+
+    def build(self, ctx: ExclusionContext, **overrides: Any) -> Strategy:
+        return self.cls(ctx, **{**self.defaults, **overrides})
+
+    def grid_points(self) -> list[dict[str, Any]]:
+        """Every parameter combination of the tuning grid (one empty dict when no grid)."""
+        keys = list(self.grid)
+        return [
+            dict(zip(keys, vals, strict=True)) for vals in itertools.product(*self.grid.values())
+        ]
+
+
+STRATEGIES: dict[str, StrategySpec] = {}
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+def register_strategy(
+    name: str,
+    cls: type[Strategy],
+    description: str,
+    grid: Mapping[str, Sequence[Any]] | None = None,
+    **defaults: Any,
+) -> StrategySpec:
+    """Register ``cls`` under ``name`` with default parameters and a tuning grid."""
+    if not _NAME_RE.match(name) or "|" in name:
+        raise SparsemmError(f"bad strategy name {name!r}: use letters, digits and _ . + -")
+    for key in (*defaults, *(grid or {})):
+        if key not in cls.params:
+            raise SparsemmError(f"{cls.__name__} has no parameter {key!r}")
+    spec = StrategySpec(name, cls, dict(defaults), dict(grid or {}), description)
+    STRATEGIES[name] = spec
+    return spec
+
+
+def available_strategies() -> list[str]:
+    return list(STRATEGIES)
+
+
+def get_spec(name: str) -> StrategySpec:
+    if name not in STRATEGIES:
+        raise SparsemmError(
+            f"unknown exclusion strategy {name!r}; available: {', '.join(STRATEGIES)}"
+        )
+    return STRATEGIES[name]
+
+
+def get_strategy(name: str, ctx: ExclusionContext, **params: Any) -> Strategy:
+    """Build the registered strategy ``name`` on ``ctx`` (``params`` override defaults)."""
+    return get_spec(name).build(ctx, **params)
+
+
+register_strategy("dense_a", DenseA, "dense: cos(emb(A), x), B ignored (reference)")
+register_strategy("slq", SingleLineQuery, 'dense: "a photo of a A without a B" (SLQ)')
+register_strategy("avg_emb", AvgEmb, "dense: cos(emb(A) - emb(B), x) (Avg Emb)", w=1.0)
+register_strategy("avg_emb_0.5", AvgEmb, "dense: cos(emb(A) - 0.5 emb(B), x)", w=0.5)
+register_strategy(
+    "dense_detector",
+    Detector,
+    "dense: log P(A) + log(1 - P(B)), caption-word detectors on dense embeddings",
+    grid={"l2": [1e-4, 1e-3, 1e-2], "beta": [1.0, 2.0, 4.0], "alpha": [0.0, 5.0]},
+    features="dense",
+)
+register_strategy("code_a", CodeA, "sparse: cos(code(A), x), B ignored (reference)")
+register_strategy(
+    "paper",
+    PaperTwoStep,
+    "sparse: SR paper two-step, re-rank A's top-K by mass on D_A minus D_B",
+    grid={"top_k": [10, 25, 50, 100], "share": [0.3, 0.5, 0.7, 0.9], "pool": ["topk", "all"]},
+)
+register_strategy(
+    "code_arith",
+    CodeArith,
+    "sparse: cos(code(A) - w code(B), x)",
+    grid={"w": [0.25, 0.5, 0.75, 1.0, 1.5]},
+)
+register_strategy(
+    "filter",
+    HardFilter,
+    "sparse: cos(code(A), x), drop items active on B's dims",
+    grid={
+        "dims": ["query", "items", "specific"],
+        "share": [0.1, 0.3, 0.5],
+        "threshold": [0.05, 0.1, 0.2, 0.3],
+    },
+)
+register_strategy(
+    "penalty",
+    SoftPenalty,
+    "sparse: cos(code(A), x) - lam * (x on B-specific dims)",
+    grid={"ratio": [1.0, 2.0, 4.0], "lam": [0.25, 0.5, 1.0, 2.0], "top_k": [25, 50]},
+)
+register_strategy(
+    "detector",
+    Detector,
+    "sparse: log P(A) + log(1 - P(B)), caption-word detectors on sparse codes",
+    grid={"l2": [1e-4, 1e-3, 1e-2], "beta": [1.0, 2.0, 4.0], "alpha": [0.0, 5.0]},
+    features="codes",
+)
