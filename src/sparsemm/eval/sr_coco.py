@@ -8,15 +8,18 @@ the top concept dimensions of a few test images with each dimension's SPINE top 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+import torch
 
 from sparsemm.data.collection import Collection
 from sparsemm.data.encode import encode_source
@@ -53,6 +56,19 @@ class ProxyRunConfig:
     val_fraction: float = 0.1  # share of train images held out to choose the inference mask
     limit: int | None = None  # quick runs: only the first N images of the COCO file
     seed: int = 0
+    train_threads: int = 1  # torch threads for SPINE/SR training (see torch_threads)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run a block with ``n`` torch CPU threads. The SPINE/SR layers are small: one thread
+    avoids the synchronisation cost that makes two threads several times slower here."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def coco_json(data_dir: str | Path) -> Path:
@@ -231,7 +247,8 @@ def run_sr_coco(
             for t in collection.texts
             if collection.items[t["item"]].get("split") == "train"
         ]
-        vectors = prepare_spine(out / "spine", train_caps, cfg, progress, glove)
+        with torch_threads(cfg.train_threads):
+            vectors = prepare_spine(out / "spine", train_caps, cfg, progress, glove)
     t_spine = time.perf_counter() - t0 - t_enc
     image, text, pair_item, bias = sr_pairs_from_collection(collection, fit, vectors)
     sr_cfg = SRConfig(
@@ -243,9 +260,10 @@ def run_sr_coco(
         contrastive_weight=cfg.contrastive_weight,
     )
     tc = SRTrainConfig(epochs=cfg.sr_epochs, seed=cfg.seed)
-    model, history = train_sr(
-        image, text, pair_item, bias, sr_cfg, out / "sr", tc, resume=True, progress=progress
-    )
+    with torch_threads(cfg.train_threads):
+        model, history = train_sr(
+            image, text, pair_item, bias, sr_cfg, out / "sr", tc, resume=True, progress=progress
+        )
     t_sr = time.perf_counter() - t0 - t_enc - t_spine
     variants = mask_variants(cfg.top_k, cfg.use_bias)
     val_res = evaluate_split(model, collection, val, vectors, variants)
