@@ -271,6 +271,12 @@ def run_sr_coco(
     test = collection.split_mask("test")
     test_res = evaluate_split(model, collection, test, vectors, variants)
     kind = {n: (m, k) for n, m, k in variants}[chosen]
+    if kind[0] == "topk":
+        # Persist the validated inference k with the model, so `sparsemm index` uses it.
+        model = SRModel(dataclasses.replace(model.config, inference_top_k=kind[1]))
+        model.load_state_dict(SRModel.from_pretrained(out / "sr").state_dict())
+        model.eval()
+        model.save_pretrained(out / "sr")
     examples = concept_examples(model, collection, vectors, np.flatnonzero(test)[:4], kind[1])
     metrics = {
         "config": dataclasses.asdict(cfg),

@@ -41,6 +41,7 @@ class SRConfig:
     contrastive_weight: float = 1.0  # lambda in  L = L_rec + lambda * L_nce
     recon_weight: float = 1.0  # weight of the reconstruction term
     inference_mask: str = "topk"  # "topk" | "topk_or_bias" (text with a caption bias)
+    inference_top_k: int | None = None  # TopK at inference (None: top_k); set by validation
 
     def __post_init__(self) -> None:
         if self.activation not in ("relu", "none"):
@@ -143,7 +144,7 @@ class SRModel(PretrainedMixin, nn.Module):
         mask = mask or self.config.inference_mask
         if mask not in ("topk", "topk_or_bias", "all"):
             raise SparsemmError(f"unknown SR mask {mask!r}; use topk, topk_or_bias or all")
-        k = top_k or self.config.top_k
+        k = top_k or self.config.inference_top_k or self.config.top_k
         if not 0 < k <= self.config.latent_dim:
             raise SparsemmError(f"top_k must be in 1..{self.config.latent_dim}, got {k}")
         use_bias = bias is not None and mask == "topk_or_bias"

@@ -1,0 +1,77 @@
+"""``sparsemm search``: "A but not B" queries over an indexed collection, with explanations."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from sparsemm.query.searcher import DEFAULT_STRATEGY
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "search",
+        help='search an indexed collection: "sports but not basketball", "pizza -person"',
+        description="Parses the query into include/exclude terms and ranks the collection "
+        "with an exclusion strategy. --explain prints, per result, the concept dimensions "
+        "that matched and the excluded concepts that were checked.",
+    )
+    p.add_argument("collection", type=Path)
+    p.add_argument("query", help='e.g. "dog without cat", "kitchen, no person, no oven"')
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="TERM",
+        help="an extra term to leave out (repeatable)",
+    )
+    p.add_argument("-k", type=int, default=10, help="number of results (default 10)")
+    p.add_argument("--offset", type=int, default=0, help="skip this many results (paging)")
+    p.add_argument(
+        "--strategy",
+        default=DEFAULT_STRATEGY,
+        help=f"exclusion strategy (default {DEFAULT_STRATEGY}); see --list-strategies",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("strategy", "index"),
+        default="strategy",
+        help="'index': the inverted index's hard filter (strategy filter only)",
+    )
+    p.add_argument("--explain", action="store_true", help="show why each result came back")
+    p.add_argument("--json", action="store_true", help="print the hits as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sparsemm.errors import SparsemmError
+    from sparsemm.query.parse import parse_query
+    from sparsemm.query.searcher import Searcher
+
+    query = parse_query(args.query, exclude=tuple(args.exclude))
+    searcher = Searcher(args.collection)
+    if args.engine == "index":
+        if args.strategy != "filter" or args.offset:
+            raise SparsemmError("--engine index supports --strategy filter without --offset")
+        hits = searcher.search_index(query, k=args.k)
+    else:
+        hits = searcher.search(query, k=args.k, strategy=args.strategy, offset=args.offset)
+    if args.json:
+        print(json.dumps([h.to_dict() for h in hits], indent=1))
+        return 0
+    excl = f"  but not: {', '.join(query.exclude)}" if query.exclude else ""
+    print(f"query: {', '.join(query.include)}{excl}   [{args.strategy}]")
+    for h in hits:
+        print(f"{h.rank:>3}. {h.id}  {h.score:.3f}  {h.caption}")
+        if args.explain:
+            for c in h.matched:
+                print(f"       matched dim {c.dim} (+{c.weight:.3f}): {', '.join(c.words[:5])}")
+            for e in h.excluded:
+                print(
+                    f"       checked '{e.term}': dims {e.dims[:6]} "
+                    f"({', '.join(e.words[:4])}) item mass {e.item_mass:.3f}"
+                )
+    if not hits:
+        print("no results")
+    return 0

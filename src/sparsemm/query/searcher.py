@@ -1,0 +1,319 @@
+"""Search a collection: sparse codes in the inverted index, exclusion strategies, explanations.
+
+``build_index`` encodes a collection's items with a sparse model (SR) and stores the codes in
+an :class:`~sparsemm.index.InvertedIndex` inside the collection folder, with a label for every
+concept dimension. :class:`Searcher` answers parsed queries ("A but not B", several excluded
+terms allowed) with any registered exclusion strategy and explains each hit: the concept
+dimensions that matched the include terms (per-dimension contribution q_j x_j to the score)
+and, for every excluded term, the dimensions checked and the item's mass on them.
+
+Dimension labels: the SPINE top words of dimension j when a SPINE run is given (the SR paper's
+reading of a dimension), and a data-derived label, the caption words most over-represented
+among the items that activate j (lift = P(word | item active on j) / P(word)), which is what
+the dimension actually responds to in this collection.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from sparsemm.data.collection import Collection, open_collection
+from sparsemm.encoders.base import get_encoder
+from sparsemm.errors import SparsemmError
+from sparsemm.eval.retrieval import normalize_rows
+from sparsemm.index import Exclusion, InvertedIndex
+from sparsemm.io import read_json, write_json
+from sparsemm.models.sr import SRModel
+from sparsemm.query.parse import Query, parse_query
+from sparsemm.query.strategies import (
+    ExclusionContext,
+    HardFilter,
+    ReferenceSet,
+    available_strategies,
+    get_strategy,
+    sr_query_coder,
+    top_rows,
+    vector_active_dims,
+)
+from sparsemm.words.bias import tokenize
+
+log = logging.getLogger(__name__)
+
+INDEX_DIR = "index"
+DEFAULT_STRATEGY = "filter"
+
+
+def dimension_labels(
+    codes: sp.csr_matrix, captions: list[list[str]], top: int = 6, min_df: int = 5
+) -> list[list[str]]:
+    """Per dimension, the caption words most characteristic of the items active on it.
+
+    codes (n, d) non-negative; captions[i] the captions of item i. With
+    p(w | j) = sum_i x_ij [w in item i] / sum_i x_ij (activation-weighted share of j's items
+    mentioning w) and lift(w, j) = p(w | j) / (df(w) / n), a word scores
+    p(w | j) * log lift(w, j), its term in the mutual information of word and dimension: over-
+    represented (lift > 1) *and* common among j's items, so a rare word seen once does not win.
+    Words seen in fewer than ``min_df`` items are ignored.
+    """
+    n, d = codes.shape
+    vocab: dict[str, int] = {}
+    rows, cols = [], []
+    for i, caps in enumerate(captions):
+        for w in {t for c in caps for t in tokenize(c)}:
+            rows.append(i)
+            cols.append(vocab.setdefault(w, len(vocab)))
+    if not vocab:
+        return [[] for _ in range(d)]
+    words = np.array(sorted(vocab, key=vocab.__getitem__))
+    mention = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(n, len(vocab)))
+    df = np.asarray(mention.sum(axis=0)).ravel()
+    mass = np.asarray(abs(codes).sum(axis=0)).ravel()  # (d,)
+    joint = (abs(codes).T @ mention).toarray()  # (d, V) activation-weighted mentions
+    p_wj = joint / np.maximum(mass, 1e-12)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score = p_wj * np.log(np.maximum(p_wj / (df / n)[None, :], 1e-12))
+    score[:, df < min_df] = 0.0
+    out: list[list[str]] = []
+    for j in range(d):
+        if mass[j] <= 0:
+            out.append([])
+            continue
+        best = np.argsort(-score[j], kind="stable")[:top]
+        out.append([str(words[b]) for b in best if score[j, b] > 0.0])
+    return out
+
+
+def build_index(
+    collection_dir: str | Path,
+    model_dir: str | Path,
+    spine_dir: str | Path | None = None,
+    top_k: int | None = None,
+    overwrite: bool = True,
+) -> InvertedIndex:
+    """Encode the collection's items (image embeddings / views) with SR; index the codes.
+
+    Writes ``collection_dir/index/`` (inverted index + ``labels.json``), atomically per
+    stage: a crash leaves the previous index readable.
+    """
+    col = open_collection(collection_dir)
+    model = SRModel.from_pretrained(model_dir)
+    # Unit-length codes: the index's inner product is then the cosine the strategies use.
+    codes = normalize_rows(model.encode(col.image_embeddings(), "image", top_k=top_k))
+    spine_labels: list[list[str]] = []
+    if spine_dir is not None:
+        from sparsemm.words.evaluate import top_words
+        from sparsemm.words.spine import SparseWordVectors
+
+        vectors = SparseWordVectors.load(spine_dir)
+        if vectors.dim != codes.shape[1]:
+            raise SparsemmError(
+                f"SPINE has {vectors.dim} dims but the model's codes have {codes.shape[1]}"
+            )
+        spine_labels = [[w for w, _ in top_words(vectors, j, 6)] for j in range(vectors.dim)]
+    captions = [list(it.get("captions", [])) for it in col.items]
+    meta = {
+        "model": str(Path(model_dir).resolve()),
+        "model_type": "sr",
+        "spine": str(Path(spine_dir).resolve()) if spine_dir is not None else None,
+        "top_k": top_k or model.config.inference_top_k or model.config.top_k,
+        "collection_encoder": col.encoder_name,
+    }
+    root = Path(collection_dir) / INDEX_DIR
+    index = InvertedIndex.build(root, codes, col.ids, overwrite=overwrite, meta=meta)
+    write_json(
+        root / "labels.json",
+        {"data": dimension_labels(codes, captions), "spine": spine_labels},
+    )
+    return index
+
+
+@dataclass
+class Concept:
+    dim: int
+    weight: float  # contribution q_j * x_j to the include score
+    words: list[str]
+
+
+@dataclass
+class ExcludedCheck:
+    term: str
+    dims: list[int]  # the term's concept dimensions (active dims of its query code)
+    item_mass: float  # the item's summed value on those dims
+    words: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Hit:
+    rank: int
+    row: int
+    id: str
+    score: float
+    caption: str
+    labels: list[str]
+    matched: list[Concept] = field(default_factory=list)
+    excluded: list[ExcludedCheck] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+class Searcher:
+    """Answer queries over one indexed collection (see the module docstring)."""
+
+    def __init__(self, collection_dir: str | Path, encoder: Any = None) -> None:
+        self.collection: Collection = open_collection(collection_dir)
+        root = Path(collection_dir) / INDEX_DIR
+        if not (root / "manifest.json").is_file():
+            raise SparsemmError(
+                f"{collection_dir} has no index; build it with `sparsemm index "
+                f"{collection_dir} --model MODEL_DIR`"
+            )
+        self.index = InvertedIndex.open(root)
+        if list(self.index.ids) != self.collection.ids:
+            raise SparsemmError(
+                f"the index in {root} does not match the collection's items; rebuild it"
+            )
+        meta = self.index.meta
+        self.model = SRModel.from_pretrained(meta["model"])
+        self.top_k = int(meta["top_k"])
+        labels = read_json(root / "labels.json") if (root / "labels.json").is_file() else {}
+        self.labels_data: list[list[str]] = labels.get("data", [])
+        self.labels_spine: list[list[str]] = labels.get("spine", [])
+        self.codes = self.index.codes(np.arange(len(self.index)))
+        self._encoder = encoder
+        self._ctx: ExclusionContext | None = None
+
+    # -- context ---------------------------------------------------------------------------
+    @property
+    def encoder(self) -> Any:
+        if self._encoder is None:
+            self._encoder = get_encoder(self.collection.encoder_name)
+        return self._encoder
+
+    @property
+    def context(self) -> ExclusionContext:
+        if self._ctx is None:
+            col = self.collection
+            captions = [list(it.get("captions", [])) for it in col.items]
+            reference = None
+            if any(captions):
+                reference = ReferenceSet(
+                    captions=captions, dense=col.image_embeddings(), codes=self.codes
+                )
+            self._ctx = ExclusionContext(
+                items_dense=col.image_embeddings(),
+                items_codes=self.codes,
+                text_encoder=self.encoder,
+                query_coder=sr_query_coder(self.model, top_k=self.top_k),
+                reference=reference,
+            )
+        return self._ctx
+
+    def dim_words(self, dim: int) -> list[str]:
+        data = self.labels_data[dim] if dim < len(self.labels_data) else []
+        spine = self.labels_spine[dim] if dim < len(self.labels_spine) else []
+        return data or spine
+
+    # -- search ----------------------------------------------------------------------------
+    def search(
+        self,
+        query: str | Query,
+        k: int = 10,
+        strategy: str = DEFAULT_STRATEGY,
+        exclude: tuple[str, ...] = (),
+        offset: int = 0,
+        **params: Any,
+    ) -> list[Hit]:
+        """Top ``k`` hits (after ``offset``) for a query; several excluded terms all apply."""
+        if k < 1 or offset < 0:
+            raise SparsemmError("k must be >= 1 and offset >= 0")
+        q = query if isinstance(query, Query) else parse_query(query, exclude=exclude)
+        if strategy not in available_strategies():
+            raise SparsemmError(
+                f"unknown strategy {strategy!r}; available: {', '.join(available_strategies())}"
+            )
+        a = " and ".join(q.include)
+        ctx = self.context
+        strat = get_strategy(strategy, ctx, **params)
+        if not q.exclude:
+            plain = "code_a" if strat.kind == "sparse" else "dense_a"
+            scores = get_strategy(plain, ctx).scores(a, "")
+        else:
+            # An item must survive every exclusion: the worst score over the excluded terms.
+            scores = np.min(np.stack([strat.scores(a, b) for b in q.exclude]), axis=0)
+        if strat.kind == "sparse":
+            # A sparse score of 0 means no concept in common with the query: not a match.
+            scores = np.where(scores > 0, scores, -np.inf)
+        rows = top_rows(scores, offset + k)[offset:]
+        return [self._hit(offset + i + 1, int(r), float(scores[r]), q) for i, r in enumerate(rows)]
+
+    def _hit(self, rank: int, row: int, score: float, q: Query) -> Hit:
+        item = self.collection.items[row]
+        caps = item.get("captions") or [""]
+        hit = Hit(
+            rank=rank,
+            row=row,
+            id=str(item["id"]),
+            score=score,
+            caption=caps[0],
+            labels=list(item.get("labels", [])),
+        )
+        hit.matched, hit.excluded = self.explain(row, q)
+        return hit
+
+    def explain(
+        self, row: int, q: Query, n_dims: int = 5
+    ) -> tuple[list[Concept], list[ExcludedCheck]]:
+        """Matched concepts (top q_j x_j over the include code) and excluded-term checks."""
+        item = self.codes[row].toarray().ravel()
+        qa = self.context.term_code(" and ".join(q.include))
+        contrib = qa * item
+        order = [int(j) for j in np.argsort(-contrib)[:n_dims] if contrib[j] > 0]
+        matched = [Concept(j, float(contrib[j]), self.dim_words(j)) for j in order]
+        checks = []
+        for b in q.exclude:
+            dims = [int(j) for j in vector_active_dims(self.context.term_code(b), 0.5)]
+            words = sorted({w for j in dims[:3] for w in self.dim_words(j)[:2]})
+            checks.append(ExcludedCheck(b, dims, float(item[dims].sum()) if dims else 0.0, words))
+        return matched, checks
+
+    def search_index(
+        self,
+        query: str | Query,
+        k: int = 10,
+        exclude: tuple[str, ...] = (),
+        **params: Any,
+    ) -> list[Hit]:
+        """Scalable path for strategy ``filter``: the inverted index scores A's code and
+        applies B's dimensions as a hard :class:`~sparsemm.index.Exclusion`.
+
+        Returns the same ranking as ``search(..., strategy="filter", dims="query")``: the
+        index holds unit-length codes, so its inner product is their cosine with the query;
+        B's dims and the threshold come from the ``filter`` strategy itself.
+        """
+        q = query if isinstance(query, Query) else parse_query(query, exclude=exclude)
+        strat = get_strategy("filter", self.context, **{"dims": "query", **params})
+        assert isinstance(strat, HardFilter)
+        a = " and ".join(q.include)
+        ex = None
+        if q.exclude:
+            dims = np.unique(
+                np.concatenate([np.flatnonzero(strat.b_weights(a, b) > 0) for b in q.exclude])
+            )
+            ex = Exclusion(dims, threshold=float(strat.p["threshold"]), mode="filter")
+        qa = self.context.term_code(a)
+        qa = qa / max(float(np.linalg.norm(qa)), 1e-12)  # scores = cosine, as in `search`
+        res = self.index.search(qa, k=k, exclude=ex)
+        return [
+            self._hit(i + 1, int(r), float(s), q)
+            for i, (r, s) in enumerate(zip(res.rows, res.scores, strict=True))
+            if s > 0  # no concept in common with the query: not a match
+        ]

@@ -1,0 +1,145 @@
+"""Searcher, `sparsemm index` and `sparsemm search` on a toy corpus with known answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fakes import KeywordEncoder
+from sparsemm.cli.main import main
+from sparsemm.data.collection import write_collection
+from sparsemm.encoders.base import register_encoder
+from sparsemm.errors import SparsemmError
+from sparsemm.models.sr import SRConfig, SRModel
+from sparsemm.query.searcher import Searcher, build_index, dimension_labels
+
+WORDS = ("dog", "cat", "pizza", "car", "tree", "ball")
+
+
+class ToyEncoder(KeywordEncoder):
+    name = "toykw"
+    keywords = WORDS
+
+
+register_encoder("toykw")(ToyEncoder)
+
+# item -> objects in it (captions mention them); the right answers are read off this table.
+ITEMS = {
+    "d1": ["dog"],
+    "d2": ["dog", "ball"],
+    "d3": ["dog", "tree"],
+    "dc1": ["dog", "cat"],
+    "dc2": ["dog", "cat", "tree"],
+    "c1": ["cat"],
+    "c2": ["cat", "tree"],
+    "p1": ["pizza"],
+    "p2": ["pizza", "car"],
+    "t1": ["tree"],
+    "r1": ["car"],
+    "b1": ["ball", "tree"],
+}
+
+
+def _collection(tmp_path: Path) -> Path:
+    enc = ToyEncoder()
+    items, texts = [], []
+    for i, (iid, objs) in enumerate(ITEMS.items()):
+        caps = [" and ".join(objs), "a photo of " + " with ".join(objs)]
+        items.append({"id": iid, "captions": caps, "labels": objs, "split": "train"})
+        texts += [{"item": i, "text": c} for c in caps]
+    text_emb = enc.encode_text([t["text"] for t in texts])
+    image_emb = enc.encode_text([" ".join(objs) for objs in ITEMS.values()])
+    col = tmp_path / "col"
+    write_collection(
+        col,
+        items,
+        {"name": "toykw", "dim": len(WORDS)},
+        image_emb=image_emb,
+        text_emb=text_emb,
+        texts=texts,
+    )
+    return col
+
+
+def _identity_sr(tmp_path: Path) -> Path:
+    """An SR whose code is the keyword vector itself: dim j = keyword j (hand-made answer)."""
+    d = len(WORDS)
+    model = SRModel(SRConfig(text_dim=d, image_dim=d, latent_dim=d, top_k=3))
+    with torch.no_grad():
+        model.enc_text.weight.copy_(torch.eye(d))
+        model.enc_text.bias.zero_()
+    model.save_pretrained(tmp_path / "sr")
+    return tmp_path / "sr"
+
+
+@pytest.fixture()
+def searcher(tmp_path: Path) -> Searcher:
+    col = _collection(tmp_path)
+    build_index(col, _identity_sr(tmp_path))
+    return Searcher(col)
+
+
+def test_dog_but_not_cat_filter_and_index_agree(searcher: Searcher) -> None:
+    hits = searcher.search("dog but not cat", k=5, strategy="filter", dims="query")
+    assert {h.id for h in hits} == {"d1", "d2", "d3"}  # every dog item without a cat
+    assert hits[0].id == "d1"  # the purest dog code ranks first
+    via_index = searcher.search_index("dog but not cat", k=5)
+    assert [h.id for h in via_index] == [h.id for h in hits]
+    assert np.allclose([h.score for h in via_index], [h.score for h in hits], atol=1e-5)
+
+
+def test_several_exclusions_all_apply(searcher: Searcher) -> None:
+    hits = searcher.search("dog, no cat, no tree", k=5, strategy="filter", dims="query")
+    assert [h.id for h in hits] == ["d1", "d2"]
+    hits = searcher.search("dog", exclude=("cat", "ball"), k=5, strategy="filter", dims="query")
+    assert {h.id for h in hits} == {"d1", "d3"}
+
+
+def test_explanations_name_matched_and_checked_concepts(searcher: Searcher) -> None:
+    hit = searcher.search("dog but not cat", k=1, strategy="filter", dims="query")[0]
+    assert hit.matched[0].dim == WORDS.index("dog")
+    assert "dog" in hit.matched[0].words
+    (check,) = hit.excluded
+    assert check.term == "cat" and WORDS.index("cat") in check.dims and check.item_mass == 0.0
+
+
+def test_no_exclusion_and_paging(searcher: Searcher) -> None:
+    first = searcher.search("tree", k=2)
+    second = searcher.search("tree", k=2, offset=2)
+    assert len(first) == 2 and not {h.id for h in first} & {h.id for h in second}
+    assert all("tree" in ITEMS[h.id] for h in first + second)
+
+
+def test_bad_input(searcher: Searcher, tmp_path: Path) -> None:
+    with pytest.raises(SparsemmError, match="unknown strategy"):
+        searcher.search("dog", strategy="nope")
+    with pytest.raises(SparsemmError):
+        searcher.search("   ")
+    with pytest.raises(SparsemmError, match="no index"):
+        Searcher(_collection(tmp_path / "other"))
+
+
+def test_dimension_labels_lift() -> None:
+    import scipy.sparse as sp
+
+    codes = sp.csr_matrix(np.array([[1, 0], [1, 0], [0, 1], [0, 1], [0, 1]], np.float32))
+    caps = [["a dog"], ["dog park"], ["a cat"], ["cat sofa"], ["cat"]]
+    labels = dimension_labels(codes, caps, top=2, min_df=1)
+    assert labels[0][0] == "dog" and labels[1][0] == "cat"
+
+
+def test_cli_index_and_search(tmp_path: Path, capsys) -> None:
+    col = _collection(tmp_path)
+    sr = _identity_sr(tmp_path)
+    assert main(["index", str(col), "--model", str(sr)]) == 0
+    assert "indexed 12 items" in capsys.readouterr().out
+    assert main(["search", str(col), "pizza -car", "-k", "3", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "p1" in out and "p2" not in out and "matched dim" in out and "checked 'car'" in out
+    assert main(["search", str(col), "pizza -car", "--engine", "index", "--json"]) == 0
+    assert '"id": "p1"' in capsys.readouterr().out
+    assert main(["search", str(col), "but not car"]) == 2
+    assert capsys.readouterr().err.startswith("error:")
