@@ -74,7 +74,7 @@ def _load_builtin() -> None:
     # Importing the adapter modules registers them; heavy deps load lazily inside each.
     import importlib
 
-    for mod in ("minilm", "hf", "precomputed"):
+    for mod in ("minilm", "hf", "precomputed", "efficientnet"):
         try:
             importlib.import_module(f"sparsemm.encoders.{mod}")
         except ModuleNotFoundError as exc:  # pragma: no cover - module not written yet

