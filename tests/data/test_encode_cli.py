@@ -220,3 +220,40 @@ def test_encode_image_folder_precomputed(run, tmp_path: Path, caplog) -> None:
     assert any("cached" in r.getMessage() for r in caplog.records)
     (root / "new.png").write_bytes(b"")  # a new image changes the folder fingerprint
     assert run(*argv, "--model", str(tmp_path / "emb.npy")) == 2
+
+
+def test_two_backbones_images_and_texts(tmp_path: Path) -> None:
+    """--encoder for images, --text-encoder for captions: two dims in one collection."""
+    from sparsemm.data.encode import encode_items
+
+    class ImgOnly(KeywordEncoder):
+        name = "kwimg"
+        keywords = ("cat", "dog", "car")
+
+    img_dir = tmp_path / "imgs"
+    img_dir.mkdir()
+    items = []
+    for i, stem in enumerate(["cat_car", "dog", "red_tree"]):
+        (img_dir / f"{stem}.png").write_bytes(b"")
+        items.append(
+            {
+                "id": f"x{i}",
+                "image": str(img_dir / f"{stem}.png"),
+                "captions": [stem.replace("_", " ")],
+            }
+        )
+    col = encode_items(
+        items, ImgOnly(images=True), tmp_path / "col", progress=False, text_encoder=KeywordEncoder()
+    )
+    assert col.image_embeddings().shape == (3, 3) and col.text_embeddings().shape == (3, 5)
+    assert (col.dim, col.text_dim) == (3, 5)
+    assert (col.encoder_name, col.text_encoder_name) == ("kwimg", "kwfake")
+    assert col.manifest["image_kind"] == "pixels"
+    with pytest.raises(SparsemmError, match="every item needs an image"):
+        encode_items(
+            [{"id": "a", "captions": ["cat"]}],
+            ImgOnly(images=True),
+            tmp_path / "c2",
+            progress=False,
+            text_encoder=KeywordEncoder(),
+        )

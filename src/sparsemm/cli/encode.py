@@ -47,7 +47,13 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--encoder",
         default="minilm",
-        help="registered encoder: minilm (default, offline), clip, blip, precomputed",
+        help="registered encoder: minilm (default, offline), clip, blip, efficientnet "
+        "(images, offline), precomputed",
+    )
+    p.add_argument(
+        "--text-encoder",
+        help="a second encoder for the captions when --encoder embeds images only "
+        "(e.g. --encoder efficientnet --text-encoder minilm)",
     )
     p.add_argument(
         "--model",
@@ -77,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         progress=not args.no_progress,
         force=args.force,
+        text_encoder=args.text_encoder,
     )
     print(
         f"{len(col.items)} items, {len(col.texts)} texts, dim {col.dim}, "

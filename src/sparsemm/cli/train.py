@@ -65,7 +65,8 @@ def run_sr(args: argparse.Namespace) -> int:
         text_dim=text.shape[1],
         image_dim=image.shape[1],
         latent_dim=args.latent_dim,
-        shared=not args.per_modality,
+        # Two backbones (different dims) always need one encoder/decoder per modality.
+        shared=not args.per_modality and image.shape[1] == text.shape[1],
         top_k=args.top_k,
         activation=args.activation,
         tau=args.tau,

@@ -73,7 +73,17 @@ class Collection:
 
     @property
     def dim(self) -> int:
+        """Dimension of the image embeddings (and of the texts, with one shared encoder)."""
         return int(self.manifest["encoder"]["dim"])
+
+    @property
+    def text_encoder_name(self) -> str:
+        """The encoder of the texts: ``text_encoder`` when the modalities use two backbones."""
+        return str(self.manifest.get("text_encoder", self.manifest["encoder"])["name"])
+
+    @property
+    def text_dim(self) -> int:
+        return int(self.manifest.get("text_encoder", self.manifest["encoder"])["dim"])
 
     def has_images(self) -> bool:
         return (self.root / "image_emb.npy").is_file()
@@ -147,11 +157,14 @@ def write_collection(
     text_emb: np.ndarray | None = None,
     texts: Sequence[dict[str, Any]] | None = None,
     extra: dict[str, Any] | None = None,
+    text_encoder: dict[str, Any] | None = None,
 ) -> Collection:
     """Write a collection folder atomically (temp folder, then swap) and return it opened.
 
-    ``encoder`` must hold at least ``name`` and ``dim``. ``texts`` rows carry ``item`` (an
-    index into ``items``) and ``text``; they are required when ``text_emb`` is given.
+    ``encoder`` must hold at least ``name`` and ``dim``; ``text_encoder`` likewise when the
+    texts come from another backbone than the images (e.g. EfficientNet + MiniLM). ``texts``
+    rows carry ``item`` (an index into ``items``) and ``text``; they are required when
+    ``text_emb`` is given.
     """
     root = Path(path)
     dim = int(encoder["dim"])
@@ -165,7 +178,8 @@ def write_collection(
             )
     texts = list(texts or [])
     if text_emb is not None:
-        text_emb = check_embeddings(text_emb, dim, "text embeddings")
+        text_dim = int((text_encoder or encoder)["dim"])
+        text_emb = check_embeddings(text_emb, text_dim, "text embeddings")
         if len(text_emb) != len(texts):
             raise SparsemmError(f"{len(text_emb)} text embeddings for {len(texts)} texts")
     ids = [str(it.get("id", "")) for it in items]
@@ -186,6 +200,7 @@ def write_collection(
             "format": FORMAT,
             "version": VERSION,
             "encoder": dict(encoder),
+            **({"text_encoder": dict(text_encoder)} if text_encoder else {}),
             "counts": {"items": len(items), "texts": len(texts)},
             "checksums": {n: sha256_file(tmp / n) for n in names},
             **(extra or {}),

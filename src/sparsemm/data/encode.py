@@ -67,8 +67,12 @@ def encode_items(
     batch_size: int = 64,
     progress: bool = True,
     extra: dict[str, Any] | None = None,
+    text_encoder: Encoder | None = None,
 ) -> Collection:
     """Embed ``items`` with ``encoder`` and write the collection folder ``out``.
+
+    With ``text_encoder``, captions are embedded by it and images by ``encoder`` (two
+    unaligned backbones, e.g. EfficientNet + MiniLM; every item then needs an image).
 
     Returns the opened :class:`Collection`. ``extra`` goes into the manifest (e.g. a
     ``source`` fingerprint). Raises SparsemmError when an image embedding (real or caption
@@ -82,21 +86,28 @@ def encode_items(
 
     texts: list[dict[str, Any]] = []
     text_emb: np.ndarray | None = None
-    if "text" in modalities:
+    tenc = text_encoder or encoder
+    if text_encoder is not None:
+        if "image" not in modalities or any(not it.get("image") for it in items):
+            raise SparsemmError(
+                f"with a separate text encoder, {encoder.name} must embed images and every "
+                "item needs an image"
+            )
+    if "text" in _modalities(tenc):
         texts = [
             {"item": idx, "text": caption}
             for idx, item in enumerate(items)
             for caption in item.get("captions") or []
         ]
         if texts:
-            logger.info("encoding %d texts of %d items with %s", len(texts), n, encoder.name)
-            text_emb = encoder.encode_text(
+            logger.info("encoding %d texts of %d items with %s", len(texts), n, tenc.name)
+            text_emb = tenc.encode_text(
                 [t["text"] for t in texts],
                 batch_size=batch_size,
                 normalize=True,
                 progress=progress,
             )
-            text_emb = check_embeddings(text_emb, encoder.dim, f"{encoder.name} text embeddings")
+            text_emb = check_embeddings(text_emb, tenc.dim, f"{tenc.name} text embeddings")
 
     image_emb: np.ndarray | None = None
     image_kind: str | None = None
@@ -138,10 +149,7 @@ def encode_items(
     else:
         raise SparsemmError("the items have neither captions nor images; nothing to encode")
 
-    encoder_info: dict[str, Any] = {"name": encoder.name, "dim": int(encoder.dim)}
-    model_id = getattr(encoder, "model_id", None)
-    if model_id:
-        encoder_info["model"] = str(model_id)
+    encoder_info = _encoder_info(encoder)
     manifest_extra = {"image_kind": image_kind, **(extra or {})}
     return write_collection(
         out,
@@ -151,7 +159,16 @@ def encode_items(
         text_emb=text_emb,
         texts=texts if text_emb is not None else None,
         extra=manifest_extra,
+        text_encoder=_encoder_info(text_encoder) if text_encoder is not None else None,
     )
+
+
+def _encoder_info(encoder: Encoder) -> dict[str, Any]:
+    info: dict[str, Any] = {"name": encoder.name, "dim": int(encoder.dim)}
+    model_id = getattr(encoder, "model_id", None)
+    if model_id:
+        info["model"] = str(model_id)
+    return info
 
 
 def source_fingerprint(
@@ -220,6 +237,7 @@ def encode_source(
     batch_size: int = 64,
     progress: bool = True,
     force: bool = False,
+    text_encoder: str | Encoder | None = None,
 ) -> Collection:
     """Read ``source``, embed it and write the collection ``out``; reuse a cached one.
 
@@ -232,6 +250,10 @@ def encode_source(
     if not isinstance(encoder, str) and model is None:
         model = getattr(encoder, "model_id", None)
     fingerprint = source_fingerprint(source, fmt, split, limit, encoder_name, model)
+    if text_encoder is not None:
+        fingerprint["text_encoder"] = (
+            text_encoder if isinstance(text_encoder, str) else text_encoder.name
+        )
     if not force:
         cached = cached_collection(out, fingerprint)
         if cached is not None:
@@ -247,6 +269,13 @@ def encode_source(
         enc = get_encoder(encoder, **kwargs)
     else:
         enc = encoder
+    tenc = get_encoder(text_encoder) if isinstance(text_encoder, str) else text_encoder
     return encode_items(
-        items, enc, out, batch_size=batch_size, progress=progress, extra={"source": fingerprint}
+        items,
+        enc,
+        out,
+        batch_size=batch_size,
+        progress=progress,
+        extra={"source": fingerprint},
+        text_encoder=tenc,
     )

@@ -252,7 +252,7 @@ def run_sr_coco(
     t_spine = time.perf_counter() - t0 - t_enc
     image, text, pair_item, bias = sr_pairs_from_collection(collection, fit, vectors)
     sr_cfg = SRConfig(
-        text_dim=collection.dim,
+        text_dim=collection.text_dim,
         image_dim=collection.dim,
         latent_dim=cfg.latent_dim,
         top_k=cfg.top_k,

@@ -195,7 +195,7 @@ class Searcher:
     @property
     def encoder(self) -> Any:
         if self._encoder is None:
-            self._encoder = get_encoder(self.collection.encoder_name)
+            self._encoder = get_encoder(self.collection.text_encoder_name)
         return self._encoder
 
     @property
