@@ -461,3 +461,15 @@ def test_real_debian_data(tmp_path: Path) -> None:
             c for c in row["cells"] if c is not None
         ]
     assert len(read_captions_jsonl(path)) == 20
+
+
+def test_cli_collages(fake_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from sparsemm.cli.main import main
+
+    out = tmp_path / "coll"
+    argv = ["collages", "-o", str(out), "--train", "6", "--test", "2", "--source", str(fake_dir)]
+    assert main([*argv, "--no-progress"]) == 0
+    assert "6 train + 2 test collages" in capsys.readouterr().out
+    rows = rows_of(out / "items.jsonl")
+    assert [r["split"] for r in rows].count("test") == 2
+    assert main(["collages", "-o", str(out), "--source", str(tmp_path / "missing")]) == 2
