@@ -16,7 +16,7 @@ from sparsemm import __version__
 from sparsemm.errors import SparsemmError
 
 # Verb modules under sparsemm.cli, in the order of the pipeline.
-VERBS = ("encode", "spine", "train", "index", "search", "demo", "bench")
+VERBS = ("collages", "encode", "spine", "train", "index", "search", "serve", "demo", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

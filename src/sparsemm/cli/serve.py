@@ -1,0 +1,106 @@
+"""``sparsemm serve``: the search page and HTTP API for an indexed collection (uvicorn)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+from pathlib import Path
+
+from sparsemm.errors import SparsemmError, require_extra
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve the search page and JSON API for an indexed collection",
+        description="Starts a web server with the search page (an include box, a 'but not' "
+        "box, an image grid with concept chips and explanations) and the JSON API under "
+        "/api/. It listens on 127.0.0.1 only unless --host says otherwise; there is no "
+        "authentication, so binding another address exposes the collection's captions and "
+        "images to that network.",
+    )
+    p.add_argument("collection", type=Path, help="an indexed collection folder")
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests addressed to this host name (repeatable); by default "
+        "only the loopback names and the bound address, or any name on a wildcard bind",
+    )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let web pages from ORIGIN (e.g. http://localhost:3000) call the API "
+        "(repeatable; CORS is off by default)",
+    )
+    p.set_defaults(func=run)
+
+
+def is_loopback(host: str) -> bool:
+    """True for 'localhost' and loopback IP addresses (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_hosts(host: str, extra: list[str]) -> list[str]:
+    """Host-header names the server accepts: loopback names plus the bound address.
+
+    A wildcard bind (0.0.0.0, ::) can be reached under any name, so it accepts any
+    unless names are given with --allow-host.
+    """
+    from sparsemm.web.app import LOCAL_HOSTS
+
+    if host in _WILDCARDS:
+        return [*LOCAL_HOSTS, *extra] if extra else ["*"]
+    return list(dict.fromkeys([*LOCAL_HOSTS, host.strip("[]").lower(), *extra]))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+    except ModuleNotFoundError:
+        require_extra("uvicorn", "web")
+    from sparsemm.web.app import create_app
+
+    if not 1 <= args.port <= 65535:
+        raise SparsemmError(f"--port must be in 1..65535, got {args.port}")
+    if not is_loopback(args.host):
+        log.warning(
+            "binding %s: the search API and every image the collection references are "
+            "reachable from the network, without authentication; use --host 127.0.0.1 to "
+            "keep it local",
+            args.host or "all addresses",
+        )
+    app = create_app(
+        args.collection,
+        allowed_hosts=allowed_hosts(args.host, list(args.allow_host)),
+        cors_origins=list(args.cors_origin),
+        warm=True,
+    )
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    log.info("serving %s at http://%s:%d/ (Ctrl+C to stop)", args.collection, shown, args.port)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        server_header=False,
+        proxy_headers=False,
+    )
+    return 0

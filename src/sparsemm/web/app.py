@@ -1,0 +1,657 @@
+"""HTTP API and search page over one indexed collection (FastAPI).
+
+``create_app(collection_dir)`` wraps a :class:`~sparsemm.query.searcher.Searcher`:
+
+=========================================  =====================================================
+``GET /``                                  the search page (static HTML + vanilla JS)
+``GET /api/health``                        collection name, item/dimension counts, strategies
+``GET|POST /api/search``                   q, include[], exclude[], k (<= 100), offset, strategy
+                                           -> hits with score, caption, labels, image URL,
+                                           matched concepts and excluded-concept checks
+``GET /api/items/{id}/explain``            ?q=&include=&exclude= -> why the item matches, plus
+                                           its own strongest concepts
+``GET /api/dims/{dim}``                    ?n= -> the dimension's label words and its top items
+                                           by activation in the index codes
+``GET /images/{id}``                       the item's image file
+=========================================  =====================================================
+
+Every error is JSON ``{"error": message}``: a :class:`~sparsemm.errors.SparsemmError` or
+invalid parameters give 400, an unknown item, dimension or image 404.
+
+Safety: only image files referenced by the collection's items are served, looked up by item
+id (a request path is never joined to a folder, so ``..`` cannot escape), and only with an
+image suffix; requests whose Host header is not an allowed name are refused (a DNS-rebinding
+page cannot read a local server); CORS is off unless origins are given; the page runs under a
+strict Content-Security-Policy; query text, term lists, k, offset and request bodies are
+bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import numpy as np
+import scipy.sparse as sp
+
+from sparsemm import __version__
+from sparsemm.data.collection import Collection
+from sparsemm.errors import SparsemmError
+from sparsemm.query.parse import MAX_QUERY_CHARS, Query, parse_query
+from sparsemm.query.searcher import DEFAULT_STRATEGY, Concept, ExcludedCheck, Hit, Searcher
+from sparsemm.query.strategies import HardFilter, available_strategies
+
+try:
+    from fastapi import FastAPI, HTTPException
+    from fastapi import Query as QueryParam
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.middleware.cors import CORSMiddleware
+    from fastapi.responses import FileResponse, JSONResponse
+    from fastapi.staticfiles import StaticFiles
+    from pydantic import BaseModel, ConfigDict, Field, field_validator
+    from starlette.datastructures import Headers, MutableHeaders
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.requests import Request
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installed extras
+    raise SparsemmError(
+        f"the web server needs the '{exc.name}' package: pip install 'sparsemm[web]'"
+    ) from exc
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).parent / "static"
+# Host names a loopback server answers to; anything else is refused (DNS rebinding).
+LOCAL_HOSTS: tuple[str, ...] = ("127.0.0.1", "localhost", "::1")
+MAX_K = 100
+MAX_OFFSET = 10_000  # deep paging costs a full sort; nobody pages 100 screens of images
+MAX_TERMS = 16  # per include / exclude list
+MAX_DIM_ITEMS = 100
+MAX_BODY_BYTES = 64 * 1024  # a search request is a few hundred bytes of JSON
+EXPLAIN_DIMS = 5  # matched concepts listed per hit
+ITEM_CONCEPTS = 8  # an item's own strongest concepts in an explanation
+# Suffixes served from /images/ and their media types; any other referenced file is not served.
+IMAGE_TYPES = {
+    ".png": "image/png",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".gif": "image/gif",
+    ".webp": "image/webp",
+    ".bmp": "image/bmp",
+}
+SECURITY_HEADERS = {
+    "x-content-type-options": "nosniff",
+    "x-frame-options": "DENY",
+    "referrer-policy": "no-referrer",
+    "content-security-policy": (
+        "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+    ),
+}
+
+
+# ---------------------------------------------------------------------------- API models
+
+
+class SearchRequest(BaseModel):
+    """A search: the typed query ``q`` plus extra include / exclude terms.
+
+    ``q`` uses the query grammar of :mod:`sparsemm.query.parse` ("dog but not cat"); each
+    ``include`` / ``exclude`` value is parsed the same way and may hold several
+    comma-separated terms ("cat, ball"); a single string stands for a one-value list.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    q: str = Field("", max_length=MAX_QUERY_CHARS, description="typed query text")
+    include: list[str] = Field(default_factory=list, description="extra terms to find")
+    exclude: list[str] = Field(default_factory=list, description="terms to leave out")
+    k: int = Field(10, ge=1, le=MAX_K, description="results per page")
+    offset: int = Field(0, ge=0, le=MAX_OFFSET, description="results to skip (paging)")
+    strategy: str = Field(DEFAULT_STRATEGY, max_length=64, description="exclusion strategy")
+
+    @field_validator("include", "exclude", mode="before")
+    @classmethod
+    def _one_value(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+class ConceptOut(BaseModel):
+    dim: int
+    weight: float  # matched: contribution q_j x_j to the score; item concepts: x_j
+    words: list[str]
+
+
+class ExcludedOut(BaseModel):
+    term: str
+    dims: list[int]  # the excluded term's concept dimensions
+    item_mass: float  # the item's summed value on those dimensions
+    item_peak: float  # its largest value on one of them (the filter strategy's test)
+    words: list[str]
+
+
+class ItemOut(BaseModel):
+    id: str
+    caption: str
+    labels: list[str]
+    image: str | None  # URL of the image, None when the item has no servable image
+
+
+class HitOut(ItemOut):
+    rank: int
+    score: float
+    matched: list[ConceptOut]
+    excluded: list[ExcludedOut]
+
+
+class ItemDetailOut(ItemOut):
+    captions: list[str]
+
+
+class DimItemOut(ItemOut):
+    value: float  # the item's activation on the dimension
+
+
+class QueryOut(BaseModel):
+    include: list[str]
+    exclude: list[str]
+    text: str  # canonical form, e.g. 'dog -cat'
+
+
+class SearchOut(BaseModel):
+    query: QueryOut
+    strategy: str
+    k: int
+    offset: int
+    next_offset: int | None  # offset of the next page; None when this page was the last
+    hits: list[HitOut]
+
+
+class ExplainOut(BaseModel):
+    item: ItemDetailOut
+    query: QueryOut
+    matched: list[ConceptOut]
+    excluded: list[ExcludedOut]
+    concepts: list[ConceptOut]  # the item's strongest dimensions, query or not
+
+
+class DimOut(BaseModel):
+    dim: int
+    words: list[str]  # the label shown for the dimension
+    data_words: list[str]  # caption words over-represented among its items
+    spine_words: list[str]  # SPINE top words (when the index was built with --spine)
+    items: list[DimItemOut]
+
+
+class HealthOut(BaseModel):
+    status: str
+    version: str
+    collection: str
+    items: int
+    images: int
+    dims: int
+    strategies: list[str]
+    default_strategy: str
+    max_k: int
+    max_query_chars: int
+    filter_threshold: float  # the filter strategy drops items whose peak exceeds this
+
+
+# ------------------------------------------------------------------------------- queries
+
+
+def _terms_of(value: Any, side: str) -> Query | None:
+    if not isinstance(value, str):
+        raise SparsemmError(f"{side} terms must be text, got {type(value).__name__}")
+    return parse_query(value) if value.strip() else None
+
+
+def build_query(q: str = "", include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Query:
+    """One :class:`Query` from typed text plus include / exclude term lists.
+
+    ``q`` is parsed with the full grammar; each list value too ("cat, ball" gives two
+    terms; "dog -cat" in ``include`` adds both sides), except that an ``exclude`` value may
+    not itself exclude something. Blank values are skipped; duplicates are dropped, first
+    occurrence wins. Raises SparsemmError for malformed input or too many terms.
+    """
+    if not isinstance(q, str):
+        raise SparsemmError(f"q must be text, got {type(q).__name__}")
+    for values, side in ((include, "include"), (exclude, "exclude")):
+        if isinstance(values, str):
+            raise SparsemmError(f"{side} must be a list of terms, not one string")
+        if len(values) > MAX_TERMS:
+            raise SparsemmError(f"at most {MAX_TERMS} {side} values are accepted per query")
+    inc: list[str] = []
+    exc: list[str] = []
+    if q.strip():
+        base = parse_query(q)
+        inc += base.include
+        exc += base.exclude
+    for value in include:
+        part = _terms_of(value, "include")
+        if part is None:
+            continue
+        inc += part.include
+        exc += part.exclude
+    for value in exclude:
+        part = _terms_of(value, "exclude")
+        if part is None:
+            continue
+        if part.exclude:
+            raise SparsemmError(
+                f"the exclude value {value!r} excludes something itself; list the terms to "
+                "leave out, e.g. 'cat, ball'"
+            )
+        exc += part.include
+    if not inc:
+        raise SparsemmError("type what to search for, e.g. 'dog' (and what not to: 'cat')")
+    inc = list(dict.fromkeys(inc))
+    exc = list(dict.fromkeys(exc))
+    if len(inc) > MAX_TERMS or len(exc) > MAX_TERMS:
+        raise SparsemmError(f"a query may hold at most {MAX_TERMS} include and exclude terms")
+    return Query(tuple(inc), tuple(exc))
+
+
+def _query_out(q: Query) -> QueryOut:
+    return QueryOut(include=list(q.include), exclude=list(q.exclude), text=q.text)
+
+
+# -------------------------------------------------------------------------------- images
+
+
+class ImageStore:
+    """Item id -> image file, for the images the collection's items reference.
+
+    An item's ``image`` may be absolute or relative to the collection folder. Only existing
+    regular files with a suffix in :data:`IMAGE_TYPES` are kept; a request can name nothing
+    else, since it is looked up by id and never joined to a folder.
+    """
+
+    def __init__(self, paths: dict[str, Path]) -> None:
+        self.paths = paths
+
+    @classmethod
+    def from_collection(cls, col: Collection) -> ImageStore:
+        paths: dict[str, Path] = {}
+        skipped = 0
+        for item in col.items:
+            ref = item.get("image")
+            if not isinstance(ref, str) or not ref:
+                continue
+            path = Path(ref).expanduser()
+            if not path.is_absolute():
+                path = col.root / path
+            try:
+                path = path.resolve(strict=True)
+            except (OSError, RuntimeError):
+                skipped += 1
+                continue
+            if path.suffix.lower() in IMAGE_TYPES and path.is_file():
+                paths[str(item["id"])] = path
+            else:
+                skipped += 1
+        if skipped:
+            log.warning(
+                "%d item image(s) are missing or not image files; those items show as "
+                "caption cards",
+                skipped,
+            )
+        return cls(paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __contains__(self, item_id: object) -> bool:
+        return item_id in self.paths
+
+    def get(self, item_id: str) -> Path | None:
+        """The image file of ``item_id``; None when it has none or the file changed."""
+        path = self.paths.get(item_id)
+        if path is None:
+            return None
+        try:
+            # A file swapped for a symlink since startup resolves elsewhere: refuse it.
+            if path.resolve(strict=True) != path or not path.is_file():
+                return None
+        except (OSError, RuntimeError):
+            return None
+        return path
+
+
+# ------------------------------------------------------------------------------- service
+
+
+class SearchService:
+    """The API's operations over one :class:`Searcher`, independent of HTTP.
+
+    The searcher caches query codes in plain dicts, so calls are serialised with a lock
+    (FastAPI runs sync endpoints in a thread pool).
+    """
+
+    def __init__(self, searcher: Searcher, images: ImageStore | None = None) -> None:
+        self.searcher = searcher
+        self.collection = searcher.collection
+        self.images = (
+            images if images is not None else ImageStore.from_collection(searcher.collection)
+        )
+        self.row_of = {item_id: row for row, item_id in enumerate(self.collection.ids)}
+        self.n_dims = int(searcher.codes.shape[1])
+        self._lock = threading.Lock()
+        self._csc: sp.csc_matrix | None = None
+
+    # -- rendering ---------------------------------------------------------------------
+    def image_url(self, item_id: str, prefix: str = "") -> str | None:
+        if item_id not in self.images:
+            return None
+        return f"{prefix}/images/{quote(item_id, safe='')}"
+
+    def _item_fields(self, row: int, prefix: str) -> dict[str, Any]:
+        item = self.collection.items[row]
+        item_id = str(item["id"])
+        captions = [str(c) for c in item.get("captions") or []]
+        return {
+            "id": item_id,
+            "caption": captions[0] if captions else "",
+            "labels": [str(x) for x in item.get("labels") or []],
+            "image": self.image_url(item_id, prefix),
+        }
+
+    @staticmethod
+    def _concepts(concepts: Sequence[Concept]) -> list[ConceptOut]:
+        return [ConceptOut(dim=c.dim, weight=c.weight, words=list(c.words)) for c in concepts]
+
+    def _checks(self, checks: Sequence[ExcludedCheck], row: int) -> list[ExcludedOut]:
+        code = self.searcher.codes[row]
+        values = dict(zip(code.indices.tolist(), code.data.tolist(), strict=True))
+        return [
+            ExcludedOut(
+                term=e.term,
+                dims=list(e.dims),
+                item_mass=e.item_mass,
+                item_peak=max((abs(values.get(j, 0.0)) for j in e.dims), default=0.0),
+                words=e.words,
+            )
+            for e in checks
+        ]
+
+    def _hit(self, hit: Hit, prefix: str) -> HitOut:
+        return HitOut(
+            **self._item_fields(hit.row, prefix),
+            rank=hit.rank,
+            score=hit.score,
+            matched=self._concepts(hit.matched),
+            excluded=self._checks(hit.excluded, hit.row),
+        )
+
+    # -- operations --------------------------------------------------------------------
+    def health(self) -> HealthOut:
+        return HealthOut(
+            status="ok",
+            version=__version__,
+            collection=self.collection.root.name,
+            items=len(self.collection.items),
+            images=len(self.images),
+            dims=self.n_dims,
+            strategies=available_strategies(),
+            default_strategy=DEFAULT_STRATEGY,
+            max_k=MAX_K,
+            max_query_chars=MAX_QUERY_CHARS,
+            filter_threshold=float(HardFilter.params["threshold"]),
+        )
+
+    def search(self, req: SearchRequest, prefix: str = "") -> SearchOut:
+        query = build_query(req.q, req.include, req.exclude)
+        with self._lock:
+            hits = self.searcher.search(query, k=req.k, strategy=req.strategy, offset=req.offset)
+        hits = [h for h in hits if math.isfinite(h.score)]
+        log.debug("search %r [%s] -> %d hits", query.text, req.strategy, len(hits))
+        full = len(hits) == req.k and req.offset + req.k <= MAX_OFFSET
+        return SearchOut(
+            query=_query_out(query),
+            strategy=req.strategy,
+            k=req.k,
+            offset=req.offset,
+            next_offset=req.offset + req.k if full else None,
+            hits=[self._hit(h, prefix) for h in hits],
+        )
+
+    def row(self, item_id: str) -> int:
+        if item_id not in self.row_of:
+            raise HTTPException(404, "unknown item id")
+        return self.row_of[item_id]
+
+    def explain(self, item_id: str, query: Query, prefix: str = "") -> ExplainOut:
+        row = self.row(item_id)
+        with self._lock:
+            matched, checks = self.searcher.explain(row, query, n_dims=EXPLAIN_DIMS)
+        code = self.searcher.codes[row]
+        order = np.argsort(-code.data, kind="stable")[:ITEM_CONCEPTS]
+        own = [
+            ConceptOut(
+                dim=int(code.indices[i]),
+                weight=float(code.data[i]),
+                words=self.searcher.dim_words(int(code.indices[i])),
+            )
+            for i in order
+            if code.data[i] > 0
+        ]
+        item = self.collection.items[row]
+        return ExplainOut(
+            item=ItemDetailOut(
+                **self._item_fields(row, prefix),
+                captions=[str(c) for c in item.get("captions") or []],
+            ),
+            query=_query_out(query),
+            matched=self._concepts(matched),
+            excluded=self._checks(checks, row),
+            concepts=own,
+        )
+
+    def dim(self, dim: int, n: int = 12, prefix: str = "") -> DimOut:
+        if not 0 <= dim < self.n_dims:
+            raise HTTPException(404, f"no dimension {dim}; dimensions are 0..{self.n_dims - 1}")
+        if self._csc is None:
+            self._csc = sp.csc_matrix(self.searcher.codes)
+        lo, hi = self._csc.indptr[dim], self._csc.indptr[dim + 1]
+        rows, vals = self._csc.indices[lo:hi], self._csc.data[lo:hi]
+        # highest activation first, ties by row for a stable order
+        order = np.lexsort((rows, -vals))[:n]
+        s = self.searcher
+        return DimOut(
+            dim=dim,
+            words=s.dim_words(dim),
+            data_words=list(s.labels_data[dim]) if dim < len(s.labels_data) else [],
+            spine_words=list(s.labels_spine[dim]) if dim < len(s.labels_spine) else [],
+            items=[
+                DimItemOut(**self._item_fields(int(rows[i]), prefix), value=float(vals[i]))
+                for i in order
+                if vals[i] > 0
+            ],
+        )
+
+
+# ----------------------------------------------------------------------------- middleware
+
+
+def _host_name(host: str) -> str:
+    """The name part of a Host header: 'a.b:80' -> 'a.b', '[::1]:80' -> '::1'."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class _Guard:
+    """Host check, request-size limit and security headers (pure ASGI middleware)."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: Sequence[str], max_body: int) -> None:
+        self.app = app
+        self.any_host = "*" in allowed_hosts
+        self.allowed = {_host_name(h) for h in allowed_hosts}
+        self.max_body = max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if not self.any_host and _host_name(headers.get("host", "")) not in self.allowed:
+            await self._error(scope, receive, send, 400, "request for an unknown host name")
+            return
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+            await self._error(scope, receive, send, 413, "request body too large")
+            return
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            await self._error(scope, receive, send, 411, "send the body with a Content-Length")
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                out = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    out.setdefault(name, value)
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+    async def _error(
+        self, scope: Scope, receive: Receive, send: Send, status: int, message: str
+    ) -> None:
+        response = JSONResponse({"error": message}, status_code=status)
+        response.headers.update(SECURITY_HEADERS)
+        await response(scope, receive, send)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    """One line from pydantic's errors: 'k: Input should be less than or equal to 100'."""
+    parts = []
+    for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            parts.append("the request body is not valid JSON")
+            continue
+        loc = [str(x) for x in err.get("loc", ())]
+        # ("query", "k") -> "k"; ("body",) -> "request body"
+        where = ".".join(loc[1:]) if len(loc) > 1 else "request body" if loc else "request"
+        parts.append(f"{where}: {err.get('msg', 'invalid value')}")
+    return "; ".join(parts) or "invalid request"
+
+
+# ------------------------------------------------------------------------------------ app
+
+
+def create_app(
+    collection_dir: str | Path | None = None,
+    *,
+    searcher: Searcher | None = None,
+    encoder: Any = None,
+    allowed_hosts: Sequence[str] = LOCAL_HOSTS,
+    cors_origins: Sequence[str] = (),
+    warm: bool = False,
+) -> FastAPI:
+    """The FastAPI app serving the search page and JSON API over one indexed collection.
+
+    Give ``collection_dir`` (opened with ``Searcher(collection_dir, encoder=encoder)``) or a
+    ready ``searcher``. ``allowed_hosts``: Host-header names accepted (``"*"`` for any);
+    ``cors_origins``: origins allowed to call the API from other sites (none by default).
+    ``warm`` loads the text encoder and strategy context now instead of at the first query.
+    Raises SparsemmError when the collection has no index or it does not match.
+    """
+    if searcher is None:
+        if collection_dir is None:
+            raise SparsemmError("create_app needs a collection folder or a Searcher")
+        searcher = Searcher(collection_dir, encoder=encoder)
+    if warm:
+        _ = searcher.context
+    service = SearchService(searcher)
+
+    app = FastAPI(
+        title="sparsemm",
+        version=__version__,
+        description="Sparse concept search with exclusion queries ('dog but not cat').",
+        docs_url=None,  # the Swagger page loads scripts from a CDN: no
+        redoc_url=None,
+        openapi_url="/api/openapi.json",
+    )
+    app.state.service = service
+
+    @app.exception_handler(SparsemmError)
+    async def _user_error(request: Request, exc: SparsemmError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_params(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"error": _validation_message(exc)}, status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(
+            {"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers
+        )
+
+    def prefix(request: Request) -> str:
+        return str(request.scope.get("root_path", "")).rstrip("/")
+
+    @app.get("/api/health")
+    def health() -> HealthOut:
+        return service.health()
+
+    @app.get("/api/search")
+    def search_get(request: Request, params: Annotated[SearchRequest, QueryParam()]) -> SearchOut:
+        return service.search(params, prefix(request))
+
+    @app.post("/api/search")
+    def search_post(request: Request, body: SearchRequest) -> SearchOut:
+        return service.search(body, prefix(request))
+
+    @app.get("/api/items/{item_id:path}/explain")
+    def explain(
+        request: Request,
+        item_id: str,
+        q: Annotated[str, QueryParam(max_length=MAX_QUERY_CHARS)] = "",
+        include: Annotated[list[str] | None, QueryParam()] = None,
+        exclude: Annotated[list[str] | None, QueryParam()] = None,
+    ) -> ExplainOut:
+        service.row(item_id)  # 404 before parsing the query
+        query = build_query(q, include or [], exclude or [])
+        return service.explain(item_id, query, prefix(request))
+
+    @app.get("/api/dims/{dim}")
+    def dim(
+        request: Request,
+        dim: int,
+        n: Annotated[int, QueryParam(ge=1, le=MAX_DIM_ITEMS)] = 12,
+    ) -> DimOut:
+        return service.dim(dim, n, prefix(request))
+
+    @app.get("/images/{item_id:path}", include_in_schema=False)
+    def image(item_id: str) -> FileResponse:
+        path = service.images.get(item_id)
+        if path is None:
+            raise HTTPException(404, "no such image")
+        return FileResponse(
+            path,
+            media_type=IMAGE_TYPES[path.suffix.lower()],
+            headers={"cache-control": "private, max-age=3600"},
+        )
+
+    @app.get("/", include_in_schema=False)
+    def page() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", headers={"cache-control": "no-cache"})
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    if cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["content-type"],
+        )
+    app.add_middleware(_Guard, allowed_hosts=list(allowed_hosts), max_body=MAX_BODY_BYTES)
+    return app

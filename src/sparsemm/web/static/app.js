@@ -1,0 +1,410 @@
+// sparsemm search page: an include box, a "but not" box, an image grid with concept chips,
+// and a side panel explaining a result (matched concepts, excluded concepts checked).
+// Plain DOM code, no build step; every piece of data is inserted as text, never as HTML.
+"use strict";
+
+(() => {
+  const PAGE_SIZE = 24;
+  const $ = (id) => document.getElementById(id);
+  const form = $("search-form");
+  const includeBox = $("include");
+  const excludeBox = $("exclude");
+  const strategySelect = $("strategy");
+  const results = $("results");
+  const statusLine = $("status");
+  const errorLine = $("error");
+  const moreButton = $("more");
+  const panel = $("panel");
+  const panelBody = $("panel-body");
+
+  // request: the last successful search request; query: the server's parsed query.
+  const state = {
+    request: null,
+    query: null,
+    nextOffset: null,
+    seq: 0,
+    explained: null,
+    filterThreshold: 0.1,
+  };
+
+  /** Build an element: attributes (class, dataset, on<event>, others verbatim) + children. */
+  function el(tag, attrs = {}, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs)) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key === "class") node.className = value;
+      else if (key === "dataset") Object.assign(node.dataset, value);
+      else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+      else node.setAttribute(key, value === true ? "" : String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  /** fetch JSON; a non-2xx answer throws with the server's {"error": message}. */
+  async function api(path, options = {}) {
+    const headers = { accept: "application/json" };
+    if (options.body) headers["content-type"] = "application/json";
+    const response = await fetch(path, { ...options, headers });
+    let data = null;
+    try {
+      data = await response.json();
+    } catch (_) {
+      data = null;
+    }
+    if (!response.ok) {
+      throw new Error((data && data.error) || `${response.status} ${response.statusText}`);
+    }
+    return data;
+  }
+
+  const splitTerms = (text) => text.split(/[,;]/).map((t) => t.trim()).filter(Boolean);
+  const quoted = (terms) => terms.map((t) => `“${t}”`).join(", ");
+
+  function describe(query) {
+    const found = quoted(query.include);
+    return query.exclude.length ? `${found} but not ${quoted(query.exclude)}` : found;
+  }
+
+  function showError(message) {
+    errorLine.textContent = message || "";
+    errorLine.hidden = !message;
+  }
+
+  function conceptLabel(concept) {
+    return concept.words.length ? concept.words.slice(0, 2).join(" · ") : `dim ${concept.dim}`;
+  }
+
+  /** A concept's term for the "but not" box: its top word (none: it cannot be typed). */
+  const conceptTerm = (concept) => (concept.words.length ? concept.words[0] : null);
+
+  function isSearched(term) {
+    return !term || (state.query !== null && state.query.include.includes(term.toLowerCase()));
+  }
+
+  /** Add a term to the "but not" box (once) and search again. */
+  function addExclusion(term) {
+    const terms = splitTerms(excludeBox.value);
+    if (!terms.some((t) => t.toLowerCase() === term.toLowerCase())) terms.push(term);
+    excludeBox.value = terms.join(", ");
+    runSearch(false);
+  }
+
+  /** A clickable concept chip: click leaves the concept out. Query concepts are inert. */
+  function chip(concept) {
+    const term = conceptTerm(concept);
+    const searched = isSearched(term);
+    const title = searched
+      ? `dim ${concept.dim}: part of what you searched for`
+      : `leave out “${term}” (dim ${concept.dim}, weight ${concept.weight.toFixed(3)})`;
+    return el(
+      "button",
+      {
+        type: "button",
+        class: searched ? "chip chip-query" : "chip",
+        title,
+        disabled: searched,
+        dataset: { dim: String(concept.dim), term: term || "" },
+        onclick: (event) => {
+          event.stopPropagation();
+          addExclusion(term);
+        },
+      },
+      conceptLabel(concept),
+    );
+  }
+
+  function thumbnail(item, size) {
+    if (item.image) {
+      return el("img", {
+        src: item.image,
+        alt: item.caption || item.id,
+        loading: "lazy",
+        width: size,
+        height: size,
+      });
+    }
+    return el("div", { class: "caption-card" }, el("span", {}, item.caption || item.id));
+  }
+
+  function renderHit(hit) {
+    return el(
+      "figure",
+      { class: "card", dataset: { id: hit.id } },
+      el(
+        "button",
+        {
+          type: "button",
+          class: "thumb",
+          title: "Why this result?",
+          onclick: () => explain(hit.id),
+        },
+        thumbnail(hit, 256),
+      ),
+      el(
+        "figcaption",
+        {},
+        el("span", { class: "caption" }, hit.caption || hit.id),
+        el("span", { class: "score", title: "score" }, hit.score.toFixed(3)),
+      ),
+      el("div", { class: "chips", "aria-label": "matched concepts" }, hit.matched.map(chip)),
+    );
+  }
+
+  function syncUrl() {
+    const params = new URLSearchParams();
+    params.set("q", includeBox.value.trim());
+    if (excludeBox.value.trim()) params.set("not", excludeBox.value.trim());
+    if (strategySelect.value && strategySelect.value !== strategySelect.dataset.default) {
+      params.set("strategy", strategySelect.value);
+    }
+    history.replaceState(null, "", `?${params}`);
+  }
+
+  /** Search with the boxes' contents (append: fetch the next page of the last search). */
+  async function runSearch(append) {
+    const q = includeBox.value.trim();
+    if (!q) {
+      showError("Type what to search for.");
+      return;
+    }
+    const request = append
+      ? { ...state.request, offset: state.nextOffset }
+      : {
+          q,
+          exclude: splitTerms(excludeBox.value),
+          k: PAGE_SIZE,
+          offset: 0,
+          strategy: strategySelect.value || undefined,
+        };
+    const seq = ++state.seq; // answers to older searches are dropped
+    showError("");
+    statusLine.textContent = "searching…";
+    results.setAttribute("aria-busy", "true");
+    try {
+      const data = await api("api/search", { method: "POST", body: JSON.stringify(request) });
+      if (seq !== state.seq) return;
+      state.request = request;
+      state.query = data.query;
+      state.nextOffset = data.next_offset;
+      if (!append) {
+        results.replaceChildren();
+        closePanel();
+      }
+      results.append(...data.hits.map(renderHit));
+      const n = results.children.length;
+      statusLine.textContent = n
+        ? `${n} result${n === 1 ? "" : "s"} for ${describe(data.query)}`
+        : `No results for ${describe(data.query)}.`;
+      moreButton.hidden = data.next_offset === null;
+      results.dataset.query = data.query.text;
+      syncUrl();
+    } catch (error) {
+      if (seq !== state.seq) return;
+      statusLine.textContent = "";
+      showError(error.message);
+    } finally {
+      if (seq === state.seq) results.removeAttribute("aria-busy");
+    }
+  }
+
+  // ------------------------------------------------------------------ side panel
+
+  function openPanel(children) {
+    panelBody.replaceChildren(...children);
+    panel.hidden = false;
+    document.body.classList.add("panel-open");
+  }
+
+  function closePanel() {
+    panel.hidden = true;
+    document.body.classList.remove("panel-open");
+    panelBody.replaceChildren();
+    state.explained = null;
+    for (const card of results.querySelectorAll(".card.selected")) card.classList.remove("selected");
+  }
+
+  function selectCard(id) {
+    for (const card of results.querySelectorAll(".card")) {
+      card.classList.toggle("selected", card.dataset.id === id);
+    }
+  }
+
+  function dimButton(dim) {
+    return el(
+      "button",
+      { type: "button", class: "link", title: "show this concept's top items", onclick: () => showDim(dim) },
+      `dim ${dim}`,
+    );
+  }
+
+  function excludeButton(concept) {
+    const term = conceptTerm(concept);
+    if (isSearched(term)) return el("span", { class: "muted" }, "searched");
+    return el(
+      "button",
+      { type: "button", class: "small", dataset: { term }, onclick: () => addExclusion(term) },
+      `but not “${term}”`,
+    );
+  }
+
+  function conceptTable(concepts, weightTitle) {
+    const top = Math.max(...concepts.map((c) => c.weight), 1e-9);
+    const rows = concepts.map((c) => {
+      const bar = el("span", { class: "bar" });
+      bar.style.width = `${Math.round((100 * c.weight) / top)}%`;
+      return el(
+        "tr",
+        { dataset: { dim: String(c.dim) } },
+        el("td", {}, dimButton(c.dim)),
+        el("td", { class: "weight", title: weightTitle }, el("span", { class: "bar-box" }, bar), c.weight.toFixed(3)),
+        el("td", {}, c.words.slice(0, 5).join(", ") || "(no label)"),
+        el("td", {}, excludeButton(c)),
+      );
+    });
+    return el("table", { class: "concepts" }, el("tbody", {}, rows));
+  }
+
+  /** An excluded term's check: absent (nothing on its dims), faint (every value at most the
+   *  filter threshold) or present. */
+  function checkRow(check) {
+    const peak = check.item_peak;
+    const [cls, verdict] =
+      peak === 0
+        ? ["ok", "✓ absent"]
+        : peak <= state.filterThreshold
+          ? ["ok", "✓ faint"]
+          : ["bad", "✗ present"];
+    const dims = check.dims.length ? check.dims.slice(0, 8).join(", ") : "none";
+    const more = check.dims.length > 8 ? ` +${check.dims.length - 8}` : "";
+    return el(
+      "li",
+      { class: `check ${cls}`, dataset: { term: check.term } },
+      el("strong", {}, `“${check.term}”`),
+      ` dims ${dims}${more}`,
+      check.words.length ? ` (${check.words.join(", ")})` : "",
+      el(
+        "span",
+        {
+          class: "verdict",
+          title:
+            "peak: this item's largest value on the term's concept dims; mass: their sum. " +
+            `The filter strategy drops items above ${state.filterThreshold} on the dims it selects.`,
+        },
+        `${verdict} · peak ${peak.toFixed(3)} · mass ${check.item_mass.toFixed(3)}`,
+      ),
+    );
+  }
+
+  function renderExplanation(data) {
+    const item = data.item;
+    const others = item.captions.slice(1);
+    return [
+      el("div", { class: "panel-image" }, thumbnail(item, 320)),
+      el("h2", {}, item.caption || item.id),
+      el("p", { class: "muted" }, `id ${item.id}`, item.labels.length ? ` · labels: ${item.labels.join(", ")}` : ""),
+      others.length ? el("ul", { class: "captions" }, others.map((c) => el("li", {}, c))) : null,
+      el("h3", {}, "Matched concepts"),
+      el("p", { class: "note" }, `Concept dimensions shared by ${describe(data.query)} and this item; weight = contribution to the score.`),
+      data.matched.length
+        ? conceptTable(data.matched, "contribution to the score")
+        : el("p", { class: "muted" }, "No concept in common with the query."),
+      el("h3", {}, "Excluded concepts checked"),
+      data.excluded.length
+        ? el("ul", { class: "checks" }, data.excluded.map(checkRow))
+        : el("p", { class: "muted" }, "Nothing excluded yet: type terms in “but not” or click a concept."),
+      el("h3", {}, "Strongest concepts in this item"),
+      data.concepts.length
+        ? el("div", { class: "chips" }, data.concepts.map(chip))
+        : el("p", { class: "muted" }, "This item has no active concept."),
+    ];
+  }
+
+  async function explain(id) {
+    if (!state.request) return;
+    const params = new URLSearchParams({ q: state.request.q });
+    for (const term of state.request.exclude) params.append("exclude", term);
+    state.explained = id;
+    selectCard(id);
+    openPanel([el("p", { class: "muted" }, "loading…")]);
+    try {
+      const data = await api(`api/items/${encodeURIComponent(id)}/explain?${params}`);
+      if (state.explained === id) openPanel(renderExplanation(data));
+    } catch (error) {
+      openPanel([el("p", { class: "error" }, error.message)]);
+    }
+  }
+
+  async function showDim(dim) {
+    const back = state.explained;
+    try {
+      const data = await api(`api/dims/${dim}?n=12`);
+      const concept = { dim: data.dim, words: data.words, weight: 0 };
+      openPanel([
+        back ? el("button", { type: "button", class: "link", onclick: () => explain(back) }, "← back to the result") : null,
+        el("h2", {}, `Concept dim ${data.dim}`),
+        el("p", {}, data.words.length ? data.words.join(", ") : "(no label words)"),
+        data.spine_words.length && data.spine_words.join() !== data.words.join()
+          ? el("p", { class: "muted" }, `SPINE words: ${data.spine_words.join(", ")}`)
+          : null,
+        el("p", {}, excludeButton(concept)),
+        el("h3", {}, "Top items on this dimension"),
+        el(
+          "div",
+          { class: "mini-grid" },
+          data.items.map((it) =>
+            el(
+              "figure",
+              { class: "mini", dataset: { id: it.id } },
+              thumbnail(it, 96),
+              el("figcaption", {}, `${it.value.toFixed(2)} · ${it.caption || it.id}`),
+            ),
+          ),
+        ),
+      ]);
+    } catch (error) {
+      openPanel([el("p", { class: "error" }, error.message)]);
+    }
+  }
+
+  // ------------------------------------------------------------------------ start
+
+  async function loadInfo() {
+    try {
+      const info = await api("api/health");
+      $("collection-info").textContent =
+        `${info.collection}: ${info.items} items, ${info.images} images, ${info.dims} concept dimensions`;
+      strategySelect.replaceChildren(
+        ...info.strategies.map((s) => el("option", { value: s, selected: s === info.default_strategy }, s)),
+      );
+      strategySelect.dataset.default = info.default_strategy;
+      state.filterThreshold = info.filter_threshold;
+    } catch (error) {
+      showError(`The search service is not answering: ${error.message}`);
+    }
+  }
+
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    runSearch(false);
+  });
+  moreButton.addEventListener("click", () => runSearch(true));
+  $("panel-close").addEventListener("click", closePanel);
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape" && !panel.hidden) closePanel();
+  });
+
+  loadInfo().then(() => {
+    const params = new URLSearchParams(location.search);
+    if (params.get("strategy")) strategySelect.value = params.get("strategy");
+    if (params.get("not")) excludeBox.value = params.get("not");
+    if (params.get("q")) {
+      includeBox.value = params.get("q");
+      runSearch(false);
+    }
+    document.body.dataset.ready = "true";
+  });
+})();

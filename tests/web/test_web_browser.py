@@ -1,0 +1,187 @@
+"""End to end in a real browser: Playwright drives the system Chromium against uvicorn.
+
+Types a query, sees the image grid, leaves out a concept through the "but not" box and then
+through a concept chip, and checks that the items carrying it disappear. A screenshot goes to
+the test's tmp folder and to ``runs/web-screenshot.png`` at the repository root.
+
+Needs ``pip install playwright`` (no ``playwright install``: the Debian ``chromium`` package
+is used). Skipped when either is missing; ``SPARSEMM_CHROMIUM`` overrides the browser path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from webtoy import ITEMS, NO_IMAGE, WebKeywordEncoder
+
+from sparsemm.query.searcher import Searcher
+from sparsemm.web.app import create_app
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TIMEOUT_MS = 15_000
+
+
+def chromium_path() -> str | None:
+    path = os.environ.get("SPARSEMM_CHROMIUM")
+    if path:
+        return path if Path(path).is_file() else None
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return "/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else None
+
+
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
+)
+uvicorn = pytest.importorskip("uvicorn", reason="the web extra (uvicorn) is not installed")
+CHROMIUM = chromium_path()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="no Chromium found (apt-get install chromium, or set SPARSEMM_CHROMIUM)",
+    ),
+]
+
+
+@pytest.fixture()
+def server(web_collection: Path) -> Iterator[str]:
+    """uvicorn on a free 127.0.0.1 port in a thread; yields the base URL."""
+    app = create_app(searcher=Searcher(web_collection, encoder=WebKeywordEncoder()))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not srv.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def shown_ids(page: Any) -> set[str]:
+    return set(page.eval_on_selector_all("#results .card", "cards => cards.map(c => c.dataset.id)"))
+
+
+def wait_for_query(page: Any, text: str) -> None:
+    page.wait_for_selector(f"#results[data-query='{text}']:not([aria-busy])", state="attached")
+
+
+def with_(obj: str, without: tuple[str, ...] = ()) -> set[str]:
+    return {i for i, o in ITEMS.items() if obj in o and not set(without) & set(o)}
+
+
+def test_search_page_end_to_end(server: str, tmp_path: Path) -> None:
+    with sync_api.sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile"),  # a fresh user-data dir
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 900},
+        )
+        try:
+            page = context.new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on(
+                "console",
+                lambda msg: errors.append(msg.text) if msg.type == "error" else None,
+            )
+            page.goto(server + "/")
+            page.wait_for_selector("body[data-ready='true']", state="attached")
+            assert "24 items" in page.inner_text("#collection-info")
+
+            # 1. a query: the dog images come back as a grid of loaded images
+            page.fill("#include", "dog")
+            page.click("#search-button")
+            wait_for_query(page, "dog")
+            first = shown_ids(page)
+            assert with_("dog") <= first
+            assert with_("dog", without=("cat",)) and with_("dog") & with_("cat")
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('#results img')]"
+                ".every(i => i.complete && i.naturalWidth > 0)"
+            )
+            n_images = page.locator("#results .card img").count()
+            assert n_images >= len(with_("dog") - set(NO_IMAGE))
+            # an item without an image is a caption card
+            card = page.locator(f".card[data-id='{NO_IMAGE[0]}'] .caption-card")
+            assert card.inner_text() == ITEMS[NO_IMAGE[0]][0]
+
+            # 2. leave out cat through the "but not" box
+            page.fill("#exclude", "cat")
+            page.press("#exclude", "Enter")
+            wait_for_query(page, "dog -cat")
+            after_box = shown_ids(page)
+            assert with_("dog", without=("cat",)) <= after_box
+            assert not after_box & with_("cat")
+
+            # 3. leave out ball by clicking its concept chip on a dog-with-ball result
+            chip = page.locator(".card[data-id='db1'] .chip[data-term='ball']")
+            assert chip.is_enabled()
+            assert page.locator(".card[data-id='db1'] .chip[data-term='dog']").is_disabled()
+            chip.click()
+            wait_for_query(page, "dog -cat -ball")
+            assert page.input_value("#exclude") == "cat, ball"
+            after_chip = shown_ids(page)
+            assert after_chip == with_("dog", without=("cat", "ball"))
+            assert "but not" in page.inner_text("#status")
+
+            # 4. the explanation of a result: matched concepts and the excluded checks
+            page.click(".card[data-id='d3'] .thumb")
+            page.wait_for_selector("#panel .checks li[data-term='ball']")
+            panel = page.inner_text("#panel")
+            assert "Matched concepts" in panel and "dog" in panel
+            assert page.locator("#panel .check.ok").count() == 2  # cat and ball: absent
+            assert page.url.endswith("?q=dog&not=cat%2C+ball")
+
+            shot = tmp_path / "web-screenshot.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 10_000
+            runs = REPO / "runs"
+            runs.mkdir(exist_ok=True)
+            shutil.copyfile(shot, runs / "web-screenshot.png")
+
+            # 5. a concept's own page: its words and top items; back to the explanation
+            page.click("#panel tr[data-dim='0'] button.link")
+            page.wait_for_selector("#panel .mini-grid .mini")
+            assert "Concept dim 0" in page.inner_text("#panel")
+            top = page.eval_on_selector_all("#panel .mini", "m => m.map(x => x.dataset.id)")
+            assert top and all("dog" in ITEMS[i] for i in top)
+            page.click("#panel button.link >> text=back")
+            page.wait_for_selector("#panel .checks")
+            assert not errors, errors
+        finally:
+            context.close()
