@@ -70,7 +70,10 @@ def test_train_sr_cli_end_to_end_and_resume(tmp_path: Path, capsys) -> None:
     assert model.config.latent_dim == 20 and model.config.top_k == 4
     # A resumed run at the same settings finds the finished checkpoint and keeps the weights.
     before = model.encode(np.eye(16, dtype=np.float32), "image")
+    state = tmp_path / "m" / "checkpoint" / "state.json"
+    stamp = state.stat().st_mtime_ns
     assert main([*args, "--resume"]) == 0
+    assert state.stat().st_mtime_ns == stamp  # the finished run was not trained again
     after = SRModel.from_pretrained(tmp_path / "m").encode(np.eye(16, dtype=np.float32), "image")
     assert (before != after).nnz == 0
 

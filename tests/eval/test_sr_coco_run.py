@@ -58,8 +58,15 @@ def test_proxy_run_end_to_end(tmp_path: Path) -> None:
             assert res["nnz_image"] <= 24
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["test"] == test
     assert (tmp_path / "run" / "report.md").read_text() == render_report(m)
-    # Every stage is cached: a second run reuses the collection, SPINE and SR.
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["encoder"]["dim"] == 8
+    # Every stage is cached: a second run re-encodes nothing and trains no further epoch.
+    calls = KeywordEncoder.calls
+    state = tmp_path / "run" / "sr" / "checkpoint" / "state.json"
+    spine_state = tmp_path / "run" / "spine" / "checkpoint" / "state.json"
+    stamps = (state.stat().st_mtime_ns, spine_state.stat().st_mtime_ns)
     again = run_sr_coco(
         tmp_path / "data", tmp_path / "run", cfg, progress=False, encoder=enc, glove=_toy_glove()
     )
     assert again["test"] == test
+    assert KeywordEncoder.calls == calls
+    assert (state.stat().st_mtime_ns, spine_state.stat().st_mtime_ns) == stamps

@@ -74,3 +74,18 @@ def test_bad_inputs_raise_clear_errors(tmp_path) -> None:
         SRConfig(top_k=0)
     with pytest.raises(SparsemmError, match="not a saved"):
         SRModel.from_pretrained(tmp_path)
+
+
+def test_corrupt_or_mismatched_weights_are_clear_errors(tmp_path) -> None:
+    model = _model()
+    model.save_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(SparsemmError, match="corrupt or does not match"):
+        SRModel.from_pretrained(tmp_path / "m")
+    model.save_pretrained(tmp_path / "m2")
+    _model(shared=False).save_pretrained(tmp_path / "other")
+    (tmp_path / "m2" / "model.safetensors").write_bytes(
+        (tmp_path / "other" / "model.safetensors").read_bytes()
+    )
+    with pytest.raises(SparsemmError, match="corrupt or does not match"):
+        SRModel.from_pretrained(tmp_path / "m2")

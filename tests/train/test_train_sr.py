@@ -91,3 +91,19 @@ def test_no_bias_ablation_trains(tmp_path) -> None:
         img, txt, pi, None, CFG, tmp_path, SRTrainConfig(epochs=3, batch_size=32), progress=False
     )
     assert hist[-1]["loss"] < hist[0]["loss"]
+
+
+def test_resume_on_other_data_is_refused(tmp_path) -> None:
+    img, txt, pi, bias = _data()
+    train_sr(img, txt, pi, bias, CFG, tmp_path, SRTrainConfig(epochs=1), progress=False)
+    with pytest.raises(SparsemmError, match="other settings or data"):
+        train_sr(
+            img, txt, pi, None, CFG, tmp_path, SRTrainConfig(epochs=1), resume=True, progress=False
+        )
+
+
+def test_train_config_validation() -> None:
+    with pytest.raises(SparsemmError, match="batch_size"):
+        SRTrainConfig(batch_size=1)
+    with pytest.raises(SparsemmError):
+        SRTrainConfig(epochs=0)

@@ -22,7 +22,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="folder holding coco/val2017.json (default $SPARSEMM_DATA or ../shared/data)",
     )
-    p.add_argument("-o", "--out", type=Path, default=Path("runs/demo"))
+    p.add_argument(
+        "-o",
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default runs/demo, runs/demo-quick with --quick, -nobias suffix "
+        "with --no-bias), so runs with other settings never share cached stages",
+    )
     p.add_argument(
         "--quick",
         action="store_true",
@@ -52,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
         }
     )
     data = args.data or default_data_dir()
+    if args.out is None:
+        args.out = Path(
+            "runs/demo" + ("-quick" if args.quick else "") + ("-nobias" if args.no_bias else "")
+        )
     m = run_sr_coco(data, args.out, cfg, progress=not args.no_progress)
     t = m["test"]
     ch = m["chosen_inference_mask"]

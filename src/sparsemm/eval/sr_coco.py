@@ -25,6 +25,7 @@ from sparsemm.data.collection import Collection
 from sparsemm.data.encode import encode_source
 from sparsemm.encoders.base import Encoder
 from sparsemm.errors import SparsemmError
+from sparsemm.eval.exclusion import git_commit
 from sparsemm.eval.retrieval import recall_at_ks, target_ranks
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.sr import SRConfig, SRModel
@@ -93,12 +94,11 @@ def prepare_spine(
     ``vectors/``), so ``sparsemm spine inspect|eval`` work on it.
     """
     vec_dir, in_dir = out / "vectors", out / "input_vectors"
-    if (vec_dir / "manifest.json").is_file() and (in_dir / "manifest.json").is_file():
-        return SparseWordVectors.load(vec_dir)
     glove = glove if glove is not None else load_packaged_glove()
     vocab = training_vocabulary(glove, train_captions, top_n=cfg.spine_top_words)
     save_word_vectors(vocab, in_dir)
-    # resume=True: a finished run only reloads its last checkpoint; an interrupted one continues.
+    # resume=True: a finished run reloads its last checkpoint (train_spine refuses one made
+    # with other settings or words); an interrupted one continues.
     spine = train_spine(
         vocab,
         SpineConfig(input_dim=vocab.dim, hidden_dim=cfg.latent_dim),
@@ -169,8 +169,11 @@ def evaluate_split(
     return res
 
 
-def mask_variants(top_k: int, use_bias: bool) -> list[tuple[str, str, int]]:
-    out = [(f"topk{k}", "topk", k) for k in sorted({top_k // 2, top_k, 2 * top_k, 4 * top_k})]
+def mask_variants(top_k: int, use_bias: bool, latent_dim: int) -> list[tuple[str, str, int]]:
+    """Inference masks compared on validation: top-k at k/2, k, 2k, 4k (within 1..d), top-k
+    OR the query's sentence bias, and no mask."""
+    ks = sorted({k for k in (top_k // 2, top_k, 2 * top_k, 4 * top_k) if 1 <= k <= latent_dim})
+    out = [(f"topk{k}", "topk", k) for k in ks]
     if use_bias:
         out.append((f"topk{top_k}+bias", "topk_or_bias", top_k))
     out.append(("relu_all", "all", top_k))
@@ -265,7 +268,7 @@ def run_sr_coco(
             image, text, pair_item, bias, sr_cfg, out / "sr", tc, resume=True, progress=progress
         )
     t_sr = time.perf_counter() - t0 - t_enc - t_spine
-    variants = mask_variants(cfg.top_k, cfg.use_bias)
+    variants = mask_variants(cfg.top_k, cfg.use_bias, cfg.latent_dim)
     val_res = evaluate_split(model, collection, val, vectors, variants)
     chosen = choose_mask(val_res, variants, cfg.top_k)
     test = collection.split_mask("test")
@@ -273,13 +276,13 @@ def run_sr_coco(
     kind = {n: (m, k) for n, m, k in variants}[chosen]
     if kind[0] == "topk":
         # Persist the validated inference k with the model, so `sparsemm index` uses it.
-        model = SRModel(dataclasses.replace(model.config, inference_top_k=kind[1]))
-        model.load_state_dict(SRModel.from_pretrained(out / "sr").state_dict())
-        model.eval()
+        model.config = dataclasses.replace(model.config, inference_top_k=kind[1])
         model.save_pretrained(out / "sr")
     examples = concept_examples(model, collection, vectors, np.flatnonzero(test)[:4], kind[1])
+    encoder_info = {"name": collection.text_encoder_name, "dim": collection.text_dim}
     metrics = {
         "config": dataclasses.asdict(cfg),
+        "encoder": encoder_info,
         "chosen_inference_mask": chosen,
         "validation": val_res,
         "test": test_res,
@@ -292,6 +295,10 @@ def run_sr_coco(
             "total": time.perf_counter() - t0,
         },
     }
+    write_json(
+        out / "config.json",
+        {**dataclasses.asdict(cfg), "encoder": encoder_info, "git_commit": git_commit()},
+    )
     write_json(out / "metrics.json", metrics)
     with atomic_open(out / "report.md", "w") as fh:
         fh.write(render_report(metrics))
@@ -301,6 +308,7 @@ def run_sr_coco(
 def render_report(m: dict[str, Any]) -> str:
     """Markdown tables generated from metrics.json."""
     chosen = m["chosen_inference_mask"]
+    enc = m["encoder"]
     lines = [f"# SR on the COCO caption-proxy (chosen inference mask: {chosen})", ""]
     head = "| method | R@1 | R@5 | R@10 | nnz image | nnz text | recon image | recon text |"
     for split in ("validation", "test"):
@@ -309,8 +317,8 @@ def render_report(m: dict[str, Any]) -> str:
         lines += [title, "", head, "|---|---|---|---|---|---|---|---|"]
         d = r["dense"]
         lines.append(
-            f"| dense MiniLM | {d['R@1']:.3f} | {d['R@5']:.3f} | {d['R@10']:.3f} "
-            "| 384 (dense) | 384 (dense) | - | - |"
+            f"| dense {enc['name']} | {d['R@1']:.3f} | {d['R@5']:.3f} | {d['R@10']:.3f} "
+            f"| {enc['dim']} (dense) | {enc['dim']} (dense) | - | - |"
         )
         for name, v in r.items():
             if not isinstance(v, dict) or name == "dense":

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from safetensors.torch import save as save_bytes
 
@@ -62,6 +63,12 @@ class PretrainedMixin:
         config = cls.config_class(**raw)
         model = cls(config)  # type: ignore[call-arg]
         assert isinstance(model, torch.nn.Module)
-        model.load_state_dict(load_file(str(d / "model.safetensors")))
+        try:
+            model.load_state_dict(load_file(str(d / "model.safetensors")))
+        except (RuntimeError, OSError, ValueError, SafetensorError) as exc:
+            raise SparsemmError(
+                f"{d}/model.safetensors is corrupt or does not match config.json ({exc}); "
+                "re-create the model"
+            ) from exc
         model.eval()
         return model

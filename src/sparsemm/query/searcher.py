@@ -39,7 +39,6 @@ from sparsemm.query.strategies import (
     get_strategy,
     sr_query_coder,
     top_rows,
-    vector_active_dims,
 )
 from sparsemm.words.bias import tokenize
 
@@ -182,6 +181,10 @@ class Searcher:
                 f"the index in {root} does not match the collection's items; rebuild it"
             )
         meta = self.index.meta
+        if not meta or "model" not in meta:
+            raise SparsemmError(
+                f"the index in {root} does not name its model; rebuild it with `sparsemm index`"
+            )
         self.model = SRModel.from_pretrained(meta["model"])
         self.top_k = int(meta["top_k"])
         labels = read_json(root / "labels.json") if (root / "labels.json").is_file() else {}
@@ -194,8 +197,17 @@ class Searcher:
     # -- context ---------------------------------------------------------------------------
     @property
     def encoder(self) -> Any:
+        """The collection's own text encoder (same name and model), for query texts."""
         if self._encoder is None:
-            self._encoder = get_encoder(self.collection.text_encoder_name)
+            info = self.collection.manifest.get("text_encoder", self.collection.manifest["encoder"])
+            kwargs = {"model": info["model"]} if info.get("model") else {}
+            enc = get_encoder(str(info["name"]), **kwargs)
+            if int(enc.dim) != self.collection.text_dim:
+                raise SparsemmError(
+                    f"the {info['name']} encoder gives {enc.dim}-d vectors but the collection's "
+                    f"texts are {self.collection.text_dim}-d; re-encode the collection"
+                )
+            self._encoder = enc
         return self._encoder
 
     @property
@@ -279,8 +291,12 @@ class Searcher:
         order = [int(j) for j in np.argsort(-contrib)[:n_dims] if contrib[j] > 0]
         matched = [Concept(j, float(contrib[j]), self.dim_words(j)) for j in order]
         checks = []
+        # The same dims the `filter` strategy drops items on (B's query code, active share).
+        filt = get_strategy("filter", self.context, dims="query")
+        assert isinstance(filt, HardFilter)
+        a = " and ".join(q.include)
         for b in q.exclude:
-            dims = [int(j) for j in vector_active_dims(self.context.term_code(b), 0.5)]
+            dims = [int(j) for j in np.flatnonzero(filt.b_weights(a, b) > 0)]
             words = sorted({w for j in dims[:3] for w in self.dim_words(j)[:2]})
             checks.append(ExcludedCheck(b, dims, float(item[dims].sum()) if dims else 0.0, words))
         return matched, checks

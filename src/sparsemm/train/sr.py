@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,30 @@ class SRTrainConfig:
     weight_decay: float = 0.0
     seed: int = 0  # weights init and per-epoch shuffles
     checkpoint_every: int = 1  # epochs between checkpoints
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.checkpoint_every < 1:
+            raise SparsemmError("epochs and checkpoint_every must be at least 1")
+        if self.batch_size < 2:
+            raise SparsemmError("batch_size must be at least 2 (InfoNCE needs in-batch negatives)")
+        if self.lr <= 0 or self.weight_decay < 0:
+            raise SparsemmError("lr must be positive and weight_decay non-negative")
+
+
+def data_fingerprint(*arrays: np.ndarray | sp.csr_matrix | None) -> str:
+    """sha256 over the training inputs, so a resume on other data is refused."""
+    h = hashlib.sha256()
+    for a in arrays:
+        if a is None:
+            h.update(b"none")
+        elif sp.issparse(a):
+            m = sp.csr_matrix(a)
+            for part in (m.data, m.indices, m.indptr):
+                h.update(np.ascontiguousarray(part).tobytes())
+        else:
+            h.update(str(a.shape).encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
 
 
 def train_sr(
@@ -77,14 +102,17 @@ def train_sr(
     model = SRModel(config)
     opt = torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
     start_epoch, history = 0, []
+    fingerprint = data_fingerprint(image_emb, text_emb, np.asarray(pair_item), bias)
     if resume and has_checkpoint(out):
         state = load_checkpoint(out, model, opt)
-        if state.get("config") != dataclasses.asdict(config) or state.get(
-            "train"
-        ) != dataclasses.asdict(train):
+        if (
+            state.get("config") != dataclasses.asdict(config)
+            or state.get("train") != dataclasses.asdict(train)
+            or state.get("data") != fingerprint
+        ):
             raise SparsemmError(
-                f"the checkpoint in {out} was made with other settings; rerun with the same "
-                "settings or without --resume"
+                f"the checkpoint in {out} was made with other settings or data; use the same "
+                "ones, another output folder, or start over without --resume"
             )
         start_epoch, history = int(state["epoch"]), list(state["history"])
         log.info("resuming SR training at epoch %d/%d", start_epoch + 1, train.epochs)
@@ -145,6 +173,7 @@ def train_sr(
                     "history": history,
                     "config": dataclasses.asdict(config),
                     "train": dataclasses.asdict(train),
+                    "data": fingerprint,
                 },
             )
         if on_epoch_end is not None:
