@@ -14,9 +14,7 @@ half-written collection where a good one stood.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -27,7 +25,15 @@ from typing import Any
 import numpy as np
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import load_npy, read_json, read_jsonl, save_npy, write_json, write_jsonl
+from sparsemm.io import (
+    load_npy,
+    read_json,
+    read_jsonl,
+    replace_dir,
+    save_npy,
+    write_json,
+    write_jsonl,
+)
 
 FORMAT = "sparsemm.collection"
 VERSION = 1
@@ -214,16 +220,13 @@ def write_collection(
 
 
 def _swap_dir(new: Path, target: Path) -> None:
-    """Move ``new`` to ``target``; an existing ``target`` is moved aside first, then deleted."""
-    old = None
+    """Move ``new`` to ``target`` (see :func:`sparsemm.io.replace_dir`); only an empty folder
+    or a sparsemm folder (one with a ``manifest.json``) at ``target`` is replaced."""
     if target.exists():
+        if not target.is_dir():
+            raise SparsemmError(f"{target} exists and is not a folder; choose another output path")
         if not (target / "manifest.json").is_file() and any(target.iterdir()):
             raise SparsemmError(
                 f"{target} exists and is not a sparsemm folder; choose another output path"
             )
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        os.replace(target, old)
-    os.replace(new, target)
-    if old is not None:
-        with contextlib.suppress(OSError):
-            shutil.rmtree(old)
+    replace_dir(new, target)

@@ -58,7 +58,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import atomic_open, write_json, write_jsonl
+from sparsemm.io import atomic_open, replace_dir, write_json, write_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -574,15 +574,10 @@ def _check_target(target: Path) -> None:
 
 
 def _swap_in(new: Path, target: Path) -> None:
-    """Rename ``new`` to ``target``; an old collage folder there is moved aside, then deleted."""
+    """Rename ``new`` to ``target``; an old collage folder there is replaced (see
+    :func:`sparsemm.io.replace_dir`)."""
     _check_target(target)
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        os.replace(target, old)
-    os.replace(new, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    replace_dir(new, target)
 
 
 def build_collages(

@@ -26,13 +26,17 @@ removed by the next writer. After the commit, while the segment before the newes
 larger than the newest, the two are merged into one new segment (same commit protocol), so
 segment sizes grow geometrically: at most ~log2(n / batch) segments and each item rewritten
 O(log n) times. ``compact()`` merges everything into one segment. Rows are numbered in
-insertion order and never change (there are no deletes).
+insertion order and never change (there are no deletes). ``build(..., overwrite=True)``
+replaces an index the same way: under the lock it writes the new segment beside the old
+ones, commits one manifest naming only it, then deletes the old segments, so the old index
+stays readable in full until the commit and a crash before it leaves it unchanged.
 
 Readers memory-map the arrays (``np.load(mmap_mode="r", allow_pickle=False)``) and check
 their layout once (O(nnz)), so a damaged file raises SparsemmError instead of reaching the
 unchecked kernels; ``warm()`` faults all pages in. An opened index is a snapshot;
 ``reload()`` picks up later commits (the writing object is updated in place). Old segment
-files deleted by a merge stay readable through existing maps (POSIX).
+files deleted by a merge stay readable through existing maps (POSIX); a reader that finds a
+segment file gone while opening re-reads the manifest and retries.
 
 Scoring (per query): scores live in a small per-thread block accumulator (``BLOCK`` rows).
 For each block of rows, the query dims' posting-list cursors advance through the block
@@ -58,12 +62,11 @@ import errno
 import fcntl
 import json
 import logging
-import os
 import re
 import secrets
 import shutil
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -73,7 +76,7 @@ import scipy.sparse as sp
 from numba import njit, uint64
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import load_npy, read_json, save_npy, write_json
+from sparsemm.io import fsync_dir, load_npy, read_json, save_npy, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -423,14 +426,6 @@ class _Segment:
         return sum(int(getattr(self, a).nbytes) for a in _ARRAYS)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_segment(
     folder: Path,
     dim: int,
@@ -458,20 +453,38 @@ def _write_segment(
     for name, arr in arrays.items():
         save_npy(folder / f"{name}.npy", arr)
     write_json(folder / "ids.json", ids)
-    _fsync_dir(folder)
+    fsync_dir(folder)
+
+
+def _read_segment_file(path: Path, read: Callable[[Path], Any]) -> Any:
+    """``read(path)``; raise FileNotFoundError if the file is (or went) missing.
+
+    A concurrent merge or rebuild may delete a segment between a reader's manifest read and
+    its file reads; the readers in ``sparsemm.io`` report that as SparsemmError, but
+    ``_read_index`` retries only on FileNotFoundError.
+    """
+    try:
+        return read(path)
+    except FileNotFoundError:
+        raise
+    except (SparsemmError, OSError) as exc:
+        if not path.is_file():
+            raise FileNotFoundError(path) from exc
+        raise
 
 
 def _load_segment(root: Path, meta: dict[str, Any], start: int, dim: int) -> _Segment:
+    """Map one segment and check its layout; FileNotFoundError if any of its files is gone."""
     folder = root / str(meta["name"])
     if not folder.is_dir():
         raise FileNotFoundError(folder)
     arrs = {}
     for name in _ARRAYS:
-        path = folder / f"{name}.npy"
-        if not path.is_file():
-            raise FileNotFoundError(path)
-        arrs[name] = np.asarray(load_npy(path, mmap=True))  # plain read-only ndarray view
-    ids = read_json(folder / "ids.json")
+        # plain read-only ndarray view of the memory map
+        arrs[name] = np.asarray(
+            _read_segment_file(folder / f"{name}.npy", lambda p: load_npy(p, mmap=True))
+        )
+    ids = _read_segment_file(folder / "ids.json", read_json)
     count, nnz = int(meta["count"]), int(meta["nnz"])
     ok = (
         arrs["post_indptr"].shape == (dim + 1,)
@@ -742,48 +755,7 @@ class InvertedIndex:
         ``meta`` (JSON-able, e.g. the model that produced the codes) is kept in the manifest.
         An existing index is replaced only with ``overwrite=True``.
         """
-        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
-            raise SparsemmError(f"index dimension must be a positive integer, got {dim!r}")
-        root = Path(path)
-        try:
-            json.dumps(meta or {})
-        except (TypeError, ValueError) as exc:
-            raise SparsemmError(f"index meta must be JSON-serialisable ({exc})") from exc
-        manifest = {
-            "format": FORMAT,
-            "version": VERSION,
-            "dim": int(dim),
-            "count": 0,
-            "nnz": 0,
-            "meta": dict(meta or {}),
-            "next_segment": 1,
-            "segments": [],
-        }
-        if root.exists() and not root.is_dir():
-            raise SparsemmError(f"{root} exists and is not a folder; choose another index path")
-        if (root / MANIFEST).is_file():
-            if not overwrite:
-                raise SparsemmError(
-                    f"an index already exists at {root}; open it, or pass overwrite=True "
-                    "(--overwrite) to replace it"
-                )
-            old = read_json(root / MANIFEST)
-            if old.get("format") != FORMAT:
-                raise SparsemmError(f"{root} holds something other than an index; not replacing it")
-            with _writer_lock(root):
-                write_json(root / MANIFEST, manifest)
-                _fsync_dir(root)
-                _remove_unreferenced(root, set())
-        else:
-            if root.is_dir() and any(root.iterdir()):
-                raise SparsemmError(
-                    f"{root} exists and is not an empty folder; choose another index path"
-                )
-            root.mkdir(parents=True, exist_ok=True)
-            write_json(root / MANIFEST, manifest)
-            _fsync_dir(root)
-        logger.info("created index %s (dim %d)", root, dim)
-        return cls(root, manifest, [])
+        return cls._write_new(Path(path), dim, overwrite, meta, None)
 
     @classmethod
     def build(
@@ -795,16 +767,81 @@ class InvertedIndex:
         overwrite: bool = False,
         meta: dict[str, Any] | None = None,
     ) -> InvertedIndex:
-        """Create an index from ``codes`` (n, dim) and ``ids`` in one go (one segment)."""
+        """Create an index from ``codes`` (n, dim) and ``ids`` in one go (one segment).
+
+        With ``overwrite=True`` an existing index is replaced atomically: it stays readable
+        in full until one manifest swap commits the new index (see the module docstring).
+        """
         if dim is None:
             shape = getattr(codes, "shape", None)
             if shape is None or len(shape) != 2:
                 raise SparsemmError("codes: expected a 2-D (n, dim) matrix")
             dim = int(shape[1])
-        csr, id_list = _check_items(codes, ids, dim)  # before create: bad input wipes nothing
-        index = cls.create(path, dim, overwrite=overwrite, meta=meta)
-        index._add_checked(csr, id_list)
-        return index
+        _check_dim(dim)
+        csr, id_list = _check_items(codes, ids, dim)  # before touching the folder
+        return cls._write_new(Path(path), dim, overwrite, meta, (csr, id_list))
+
+    @classmethod
+    def _write_new(
+        cls,
+        root: Path,
+        dim: int,
+        overwrite: bool,
+        meta: dict[str, Any] | None,
+        items: tuple[sp.csr_matrix, list[str]] | None,
+    ) -> InvertedIndex:
+        """Commit a new index at ``root`` holding ``items`` (checked) or nothing.
+
+        Under the writer lock: write the segment, swap in one manifest naming only it (the
+        commit point), then delete every other segment. A crash before the commit leaves the
+        previous index (or, in a fresh folder, no manifest and leftovers the next call
+        clears); a crash after it leaves orphaned segments the next writer sweeps.
+        """
+        _check_dim(dim)
+        try:
+            json.dumps(meta or {})
+        except (TypeError, ValueError) as exc:
+            raise SparsemmError(f"index meta must be JSON-serialisable ({exc})") from exc
+        if items is not None and len(items[1]) > _MAX_ROWS:
+            raise SparsemmError(f"an index holds at most {_MAX_ROWS} items")
+        if root.exists() and not root.is_dir():
+            raise SparsemmError(f"{root} exists and is not a folder; choose another index path")
+        if not (root / MANIFEST).is_file():
+            if root.is_dir() and not _only_leftovers(root):
+                raise SparsemmError(
+                    f"{root} exists and is not an empty folder; choose another index path"
+                )
+            root.mkdir(parents=True, exist_ok=True)
+        else:
+            _check_replaceable(root, overwrite)
+        with _writer_lock(root):
+            seq = 1
+            if (root / MANIFEST).is_file():  # again under the lock: another writer may race
+                seq = _check_replaceable(root, overwrite)
+            manifest: dict[str, Any] = {
+                "format": FORMAT,
+                "version": VERSION,
+                "dim": int(dim),
+                "count": 0,
+                "nnz": 0,
+                "meta": dict(meta or {}),
+                "next_segment": seq,
+                "segments": [],
+            }
+            if items is not None and items[1]:
+                csr, id_list = items
+                name = f"seg-{seq:06d}-{secrets.token_hex(4)}"
+                _write_segment(root / name, int(dim), csr.indptr, csr.indices, csr.data, id_list)
+                seg = {"name": name, "count": len(id_list), "nnz": int(csr.nnz)}
+                manifest.update(
+                    count=seg["count"], nnz=seg["nnz"], next_segment=seq + 1, segments=[seg]
+                )
+            write_json(root / MANIFEST, manifest)
+            fsync_dir(root)
+            _remove_unreferenced(root, {str(s["name"]) for s in manifest["segments"]})
+            segments = [_load_segment(root, m, 0, int(dim)) for m in manifest["segments"]]
+        logger.info("created index %s (dim %d, %d items)", root, dim, manifest["count"])
+        return cls(root, manifest, segments)
 
     @classmethod
     def open(cls, path: str | Path, *, block_rows: int = BLOCK) -> InvertedIndex:
@@ -955,6 +992,10 @@ class InvertedIndex:
             on_disk = read_json(self._root / MANIFEST)
             if on_disk != self._manifest:  # another writer committed since we loaded
                 self.reload()
+                if csr.shape[1] != self._dim:  # the index was rebuilt with another dim
+                    raise SparsemmError(
+                        f"codes: the index has dimension {self._dim}, got {csr.shape[1]}"
+                    )
             if self._count + len(id_list) > _MAX_ROWS:
                 raise SparsemmError(f"an index holds at most {_MAX_ROWS} items")
             if self._id_to_row is None:
@@ -1017,7 +1058,7 @@ class InvertedIndex:
         manifest["nnz"] = sum(int(s["nnz"]) for s in segments)
         manifest["next_segment"] = int(self._manifest.get("next_segment", 1)) + 1
         write_json(self._root / MANIFEST, manifest)
-        _fsync_dir(self._root)
+        fsync_dir(self._root)
         # Reuse the maps of unchanged segments; map the new one.
         kept = {s.name: s for s in self._segments}
         loaded, start = [], 0
@@ -1185,7 +1226,8 @@ def _read_index(root: Path, attempts: int = 5) -> tuple[dict[str, Any], list[_Se
                 segments.append(seg)
                 start += seg.count
         except FileNotFoundError as exc:
-            last_missing = Path(str(exc.args[0])) if exc.args else None
+            missing = exc.filename or (exc.args[0] if exc.args else None)
+            last_missing = Path(str(missing)) if missing is not None else None
             if read_json(root / MANIFEST) != manifest:
                 continue  # a writer committed meanwhile: read the new manifest
             break
@@ -1205,6 +1247,39 @@ def _check_manifest(root: Path, manifest: Any) -> None:
         )
     if not isinstance(manifest.get("segments"), list) or int(manifest.get("dim", 0)) < 1:
         raise SparsemmError(f"{root}/{MANIFEST} is malformed; rebuild the index")
+
+
+def _check_dim(dim: Any) -> None:
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+        raise SparsemmError(f"index dimension must be a positive integer, got {dim!r}")
+
+
+def _check_replaceable(root: Path, overwrite: bool) -> int:
+    """Check that the index at ``root`` may be replaced; return its next segment number."""
+    if not overwrite:
+        raise SparsemmError(
+            f"an index already exists at {root}; open it, or pass overwrite=True "
+            "(--overwrite) to replace it"
+        )
+    old = read_json(root / MANIFEST)
+    if not isinstance(old, dict) or old.get("format") != FORMAT:
+        raise SparsemmError(f"{root} holds something other than an index; not replacing it")
+    seq = old.get("next_segment", 1)
+    return seq if type(seq) is int and seq >= 1 else 1
+
+
+def _is_leftover(p: Path) -> bool:
+    """The lock file, a segment folder or a manifest temp file: what an index writer makes."""
+    if p.name == LOCK_FILE:
+        return p.is_file()
+    if _SEG_RE.match(p.name):
+        return p.is_dir()
+    return p.is_file() and p.name.startswith(f".{MANIFEST}.") and p.name.endswith(".tmp")
+
+
+def _only_leftovers(root: Path) -> bool:
+    """True if ``root`` holds nothing but what a build interrupted before its commit left."""
+    return all(_is_leftover(p) for p in root.iterdir())
 
 
 def _remove_unreferenced(root: Path, keep: set[str]) -> None:

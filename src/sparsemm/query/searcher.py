@@ -15,6 +15,7 @@ the dimension actually responds to in this collection.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from sparsemm.encoders.base import get_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.retrieval import normalize_rows
 from sparsemm.index import Exclusion, InvertedIndex
-from sparsemm.io import read_json, write_json
+from sparsemm.io import read_json
 from sparsemm.models.sr import SRModel
 from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.strategies import (
@@ -45,6 +46,7 @@ from sparsemm.words.bias import tokenize
 log = logging.getLogger(__name__)
 
 INDEX_DIR = "index"
+LEGACY_LABELS = "labels.json"
 DEFAULT_STRATEGY = "filter"
 
 
@@ -97,8 +99,9 @@ def build_index(
 ) -> InvertedIndex:
     """Encode the collection's items (image embeddings / views) with SR; index the codes.
 
-    Writes ``collection_dir/index/`` (inverted index + ``labels.json``), atomically per
-    stage: a crash leaves the previous index readable.
+    Writes ``collection_dir/index/``: the inverted index with the dimension labels in its
+    manifest's ``meta["labels"]``, so codes and labels are committed together in one atomic
+    step; a crash leaves the previous index (and its labels) readable.
     """
     col = open_collection(collection_dir)
     model = SRModel.from_pretrained(model_dir)
@@ -122,13 +125,13 @@ def build_index(
         "spine": str(Path(spine_dir).resolve()) if spine_dir is not None else None,
         "top_k": top_k or model.config.inference_top_k or model.config.top_k,
         "collection_encoder": col.encoder_name,
+        "labels": {"data": dimension_labels(codes, captions), "spine": spine_labels},
     }
     root = Path(collection_dir) / INDEX_DIR
     index = InvertedIndex.build(root, codes, col.ids, overwrite=overwrite, meta=meta)
-    write_json(
-        root / "labels.json",
-        {"data": dimension_labels(codes, captions), "spine": spine_labels},
-    )
+    # Indexes built before labels moved into the manifest kept them in labels.json.
+    with contextlib.suppress(FileNotFoundError):
+        (root / LEGACY_LABELS).unlink()
     return index
 
 
@@ -187,7 +190,10 @@ class Searcher:
             )
         self.model = SRModel.from_pretrained(meta["model"])
         self.top_k = int(meta["top_k"])
-        labels = read_json(root / "labels.json") if (root / "labels.json").is_file() else {}
+        labels = meta.get("labels")
+        if not isinstance(labels, dict):  # an index built before labels lived in its meta
+            legacy = root / LEGACY_LABELS
+            labels = read_json(legacy) if legacy.is_file() else {}
         self.labels_data: list[list[str]] = labels.get("data", [])
         self.labels_spine: list[list[str]] = labels.get("spine", [])
         self.codes = self.index.codes(np.arange(len(self.index)))

@@ -9,7 +9,6 @@ at epoch e replays exactly what an uninterrupted run would have done.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import read_json, write_json
+from sparsemm.io import find_dir, read_json, replace_dir, write_json
 
 CKPT_DIR = "checkpoint"
 
@@ -58,6 +57,8 @@ def save_checkpoint(
 ) -> Path:
     """Write ``out_dir/checkpoint`` atomically; ``state`` must be JSON-serialisable."""
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise SparsemmError(f"{out} exists and is not a folder; choose another output folder")
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".checkpoint.", dir=out))
     try:
@@ -71,21 +72,20 @@ def save_checkpoint(
         if scheduler is not None:
             full["scheduler"] = scheduler.state_dict()
         write_json(tmp / "state.json", full)
-        target = out / CKPT_DIR
-        old = out / f".{CKPT_DIR}.old"
-        if target.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
-        os.replace(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_dir(tmp, out / CKPT_DIR)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out / CKPT_DIR
 
 
+def _checkpoint_dir(out_dir: str | Path) -> Path:
+    """The checkpoint folder, or the previous one a crash mid-swap left parked aside."""
+    return find_dir(Path(out_dir) / CKPT_DIR)
+
+
 def has_checkpoint(out_dir: str | Path) -> bool:
-    return (Path(out_dir) / CKPT_DIR / "state.json").is_file()
+    return (_checkpoint_dir(out_dir) / "state.json").is_file()
 
 
 def load_checkpoint(
@@ -95,7 +95,7 @@ def load_checkpoint(
     scheduler: Any = None,
 ) -> dict[str, Any]:
     """Restore model/optimizer(/scheduler) in place from ``out_dir/checkpoint``; return state."""
-    ck = Path(out_dir) / CKPT_DIR
+    ck = _checkpoint_dir(out_dir)
     if not (ck / "state.json").is_file():
         raise SparsemmError(f"no checkpoint to resume from in {out_dir}; drop --resume")
     full = read_json(ck / "state.json")
