@@ -22,8 +22,8 @@ from sparsemm.errors import SparsemmError
 
 log = logging.getLogger(__name__)
 
-QUICK_ITEMS = 400  # images read from the COCO file in --quick mode
-QUICK_EVAL_ITEMS = 150  # evaluation / tune items per split in --quick mode
+QUICK_ITEMS = 250  # images read from the COCO file in --quick mode
+QUICK_EVAL_ITEMS = 120  # evaluation / tune items per split in --quick mode
 QUICK_GRID = 2  # grid points per strategy in --quick mode
 
 
@@ -75,6 +75,12 @@ def register(sub: Any) -> None:
         choices=("topk", "topk_or_bias"),
         default="topk",
         help="SR mask for query texts: top-k, or top-k OR the query's SPINE bias (--spine)",
+    )
+    ex.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        help="SR top-k for item and query codes (default: the model's top_k)",
     )
     ex.add_argument("-o", "--out", type=Path, required=True, help="report folder")
     ex.add_argument(
@@ -132,21 +138,22 @@ def run_exclusion(args: argparse.Namespace) -> int:
     tune = None if str(args.tune_split).lower() == "none" else args.tune_split
     if args.collection is not None:
         col = open_collection(args.collection)
+        model_id = col.manifest.get("encoder", {}).get("model")
+        kwargs = {}
+        if model_id and Path(str(model_id)).expanduser().is_dir():
+            kwargs["model"] = model_id
+        encoder = get_encoder(col.encoder_name, **kwargs)
     else:
         src = coco_json(args.data or _default_data_dir())
+        encoder = get_encoder("minilm")
         col = encode_source(
             src,
             out / "collection",
             format="coco",
-            encoder="minilm",
+            encoder=encoder,
             limit=QUICK_ITEMS if args.quick else None,
             progress=not args.no_progress,
         )
-    model_id = col.manifest.get("encoder", {}).get("model")
-    kwargs = {}
-    if model_id and Path(str(model_id)).expanduser().is_dir():
-        kwargs["model"] = model_id
-    encoder = get_encoder(col.encoder_name, **kwargs)
     vectors = _load_vectors(args.spine) if args.spine is not None else None
     if args.sr is not None:
         model = SRModel.from_pretrained(args.sr)
@@ -175,15 +182,17 @@ def run_exclusion(args: argparse.Namespace) -> int:
         "sr_config": {k: v for k, v in vars(model.config).items()},
         "spine": str(args.spine) if args.spine is not None else None,
         "query_mask": args.query_mask,
+        "top_k": args.top_k or model.config.top_k,
         "quick": bool(args.quick),
-        "sparse_model_name": f"SR (top-{model.config.top_k} of {model.config.latent_dim})",
+        "sparse_model_name": f"SR (top-{args.top_k or model.config.top_k} of "
+        f"{model.config.latent_dim})",
     }
     content = run_exclusion_bench(
         col,
         out,
         encoder,
-        item_coder=lambda x: model.encode(x, "image"),
-        query_coder=sr_query_coder(model, vectors, mask=args.query_mask),
+        item_coder=lambda x: model.encode(x, "image", top_k=args.top_k),
+        query_coder=sr_query_coder(model, vectors, mask=args.query_mask, top_k=args.top_k),
         word_vectors=vectors,
         config=cfg,
         run_info=info,

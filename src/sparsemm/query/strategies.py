@@ -12,9 +12,8 @@ Lightweight Sparse Disentangled Representations", Prachi, Bhatia, Bedathur, ICTI
 * ``dense_a`` - cos(emb(A), x): the include term alone (reference point).
 * ``slq`` - single-line query: cos(emb("a photo of a A without a B"), x).
 * ``avg_emb`` / ``avg_emb_0.5`` - embedding arithmetic cos(emb(A) - w emb(B), x), w = 1, 0.5.
-* ``dense_detector`` - per-term logistic-regression detectors on the dense embeddings of a
-  captioned reference set (target: "a caption of the item mentions the term"), scored
-  log P(A | x) + beta log(1 - P(B | x)). Not in the paper; a strong dense reference.
+* ``dense_detector`` - the ``detector`` strategy below on the dense embeddings (not in the
+  paper; a strong dense reference that uses the same caption supervision).
 
 Sparse strategies, generic over any non-negative sparse codes (SR, VDR, SpLiCE, ...):
 
@@ -28,16 +27,24 @@ Sparse strategies, generic over any non-negative sparse codes (SR, VDR, SpLiCE, 
 * ``code_arith`` - cos(code(A) - w code(B), x): arithmetic on the sparse codes.
 * ``filter`` - cos(code(A), x) with a hard filter: items whose value on any of B's
   dimensions exceeds ``threshold`` are dropped. B's dimensions are the active dimensions of
-  B's query code (``dims="query"``), the paper's D_B (``"items"``) or the B-specific dims
+  B's query code (``dims="query"``), the paper's D_B (``"items"``), the B-specific dims
   (``"specific"``: dims whose mean value over B's top-K items is ``ratio`` times larger than
-  over A's top-K items).
+  over A's top-K items) or the dims of B's own SPINE sentence bias (``"bias"``).
 * ``penalty`` - the soft version: cos(code(A), x) - lam * sum_{j in B-dims} b_j x_j with b_j
   B's (unit-normalised) per-dimension weight, so items are demoted by how strongly they
   carry B rather than dropped.
-* ``detector`` - per-term logistic-regression detectors over the sparse codes of the
-  reference set (same target as ``dense_detector``): score = log P(A | x) + beta
-  log(1 - P(B | x)) + alpha cos(code(A), x). The detector's weights live on code dimensions,
-  so each result is explained by the few concept dimensions with the largest w_j x_j.
+* ``detector`` - concept detectors learned from captions' words. For a term t, a
+  logistic regression over the reference set's unit-normalised sparse codes predicts "some
+  caption of the item mentions t" (captions only, no labels; :class:`CaptionIndex`), so
+  its weights say which concept dimensions signal t. Score:
+
+      log P(A|x) + beta log(1 - P(B|x) / c_B) + alpha cos(code(A), x) - gamma cos(code(B), x)
+
+  Captions name only some of the objects present, so mentions are positive-unlabelled
+  presence labels: with c_B the chance that a present B is mentioned, P(B present | x) =
+  P(mention | x) / c_B (Elkan & Noto, KDD 2008). c_B is estimated per term from the
+  reference set (mean fitted P(mention) over mentioning items) times ``mention_rate``. The
+  similarity terms keep the ranking anchored on the query code where a detector is weak.
 
 Strategies are registered by name with their default parameters and a tuning grid
 (:data:`STRATEGIES`); :func:`get_strategy` builds one. Parameters are chosen on a tuning split
@@ -135,9 +142,11 @@ class CaptionIndex:
     """Token lookup over items' captions for "does some caption of item i mention t?".
 
     A caption mentions a term when its singular content tokens (:func:`term_tokens`) contain
-    the term's tokens as a contiguous phrase ("dining table" needs "dining table"). When fewer
-    than ``min_positives`` items match a multi-word term, its last word (the head noun,
-    "table") is matched instead. A term without content tokens matches nothing.
+    the term's tokens as a contiguous phrase ("dining table" needs "dining table"). A
+    multi-word term matched by fewer than ``min_positives`` items, or by fewer than
+    ``head_ratio`` times the items its last word (the head noun) matches - a rare
+    specification of a common head, "dining table" vs "table" - also matches its head noun.
+    A term without content tokens matches nothing.
     """
 
     def __init__(self, captions: Sequence[Sequence[str]]) -> None:
@@ -157,22 +166,24 @@ class CaptionIndex:
                 hit[i] = True
         return hit
 
-    def mentions(self, term: str, min_positives: int = 5) -> np.ndarray:
+    def mentions(self, term: str, min_positives: int = 5, head_ratio: float = 0.1) -> np.ndarray:
         """(n_items,) bool: some caption of item i mentions ``term``."""
         phrase = term_tokens(term)
         if not phrase:
             return np.zeros(self.n_items, dtype=bool)
         hit = self._match(phrase)
-        if len(phrase) > 1 and hit.sum() < min_positives:
-            hit = self._match(phrase[-1:])
+        if len(phrase) > 1:
+            head = self._match(phrase[-1:])
+            if hit.sum() < max(min_positives, head_ratio * head.sum()):
+                hit = hit | head
         return hit
 
 
 def caption_mentions(
-    captions: Sequence[Sequence[str]], term: str, min_positives: int = 5
+    captions: Sequence[Sequence[str]], term: str, min_positives: int = 5, head_ratio: float = 0.1
 ) -> np.ndarray:
     """(n_items,) bool: some caption of item i mentions ``term`` (rules: :class:`CaptionIndex`)."""
-    return CaptionIndex(captions).mentions(term, min_positives)
+    return CaptionIndex(captions).mentions(term, min_positives, head_ratio)
 
 
 # ------------------------------------------------------------------------------ context
@@ -199,11 +210,11 @@ class ReferenceSet:
                     f"reference {what} has {arr.shape[0]} rows for {m} captioned items"
                 )
 
-    def mentions(self, term: str, min_positives: int = 5) -> np.ndarray:
+    def mentions(self, term: str, min_positives: int = 5, head_ratio: float = 0.1) -> np.ndarray:
         """(m,) bool targets: some caption of reference item i mentions ``term``."""
         if self._index is None:
             self._index = CaptionIndex(self.captions)
-        return self._index.mentions(term, min_positives)
+        return self._index.mentions(term, min_positives, head_ratio)
 
 
 def _normalize_dense(x: np.ndarray) -> np.ndarray:
@@ -676,8 +687,11 @@ class Detector(Strategy):
         "beta": 1.0,
         "alpha": 0.0,
         "gamma": 0.0,
+        "mention_rate": 1.0,
+        "rate": "global",
         "scale": 10.0,
         "min_positives": 10,
+        "head_ratio": 0.1,
     }
 
     def __init__(self, ctx: ExclusionContext, **params: Any) -> None:
@@ -722,22 +736,28 @@ class Detector(Strategy):
         return self.ctx.term_embedding(term)
 
     def similarity(self, term: str) -> np.ndarray:
-        """(n_items,) cosine of the term's query with the evaluation items."""
-        if self.p["features"] == "codes":
-            return self.ctx.code_scores(self.ctx.term_code(term))
-        assert self.ctx.items_dense is not None
-        return np.asarray(self.ctx.items_dense @ self.ctx.term_embedding(term), dtype=np.float64)
+        """(n_items,) cosine of the term's query with the evaluation items (cached)."""
+        key = ("similarity", self.p["features"], term)
+        if key not in self.ctx.cache:
+            if self.p["features"] == "codes":
+                sim = self.ctx.code_scores(self.ctx.term_code(term))
+            else:
+                assert self.ctx.items_dense is not None
+                sim = self.ctx.items_dense @ self.ctx.term_embedding(term)
+            self.ctx.cache[key] = np.asarray(sim, dtype=np.float64)
+        out: np.ndarray = self.ctx.cache[key]
+        return out
 
     def _key(self) -> tuple[Any, ...]:
         p = self.p
-        return ("detector", p["features"], p["l2"], p["scale"], p["min_positives"])
+        return ("detector", p["features"], p["l2"], p["scale"], p["min_positives"], p["head_ratio"])
 
     def targets(self, term: str, x_ref: Any) -> np.ndarray:
         """(m,) {0, 1} training targets of ``term`` over the reference items."""
         ref = self.ctx.reference
         assert ref is not None
         need = int(self.p["min_positives"])
-        y = ref.mentions(term, need)
+        y = ref.mentions(term, need, self.p["head_ratio"])
         if y.sum() < need:
             sim = np.asarray(x_ref @ self._query(term), dtype=np.float64).ravel()
             y = np.zeros(len(y), dtype=bool)
@@ -746,16 +766,27 @@ class Detector(Strategy):
         return y
 
     def fit(self, terms: Iterable[str]) -> None:
-        """Fit (and cache) the detectors of every term not fitted yet, in one batch."""
-        store: dict[str, tuple[np.ndarray, float]] = self.ctx.cache.setdefault(self._key(), {})
+        """Fit (and cache) the detectors of every term not fitted yet, in one batch.
+
+        Stores per term (weights, bias, c_hat) with c_hat the Elkan-Noto estimate of the
+        term's mention rate: the mean fitted P(mention | x) over the mentioned reference
+        items (Elkan & Noto 2008, "Learning classifiers from only positive and unlabeled
+        data", KDD).
+        """
+        store: dict[str, tuple[np.ndarray, float, float]] = self.ctx.cache.setdefault(
+            self._key(), {}
+        )
         todo = [t for t in dict.fromkeys(terms) if t not in store]
         if not todo:
             return
         x = self._features("ref")
+        xd = x.toarray() if sp.issparse(x) else x
         y = np.stack([self.targets(t, x) for t in todo], axis=1)
-        w, b = fit_detectors(x.toarray() if sp.issparse(x) else x, y, l2=self.p["l2"])
+        w, b = fit_detectors(xd, y, l2=self.p["l2"])
+        prob = 1.0 / (1.0 + np.exp(-(xd @ w + b)))  # (m, T)
         for j, t in enumerate(todo):
-            store[t] = (w[:, j], float(b[j]))
+            c_hat = float(prob[y[:, j], j].mean()) if y[:, j].any() else 1.0
+            store[t] = (w[:, j], float(b[j]), c_hat)
         logger.debug("fitted %d term detectors (%s)", len(todo), self.p["features"])
 
     def prepare(self, terms: Iterable[str]) -> None:
@@ -768,7 +799,7 @@ class Detector(Strategy):
         self.fit([term])
         key = (*self._key(), "logits", term)
         if key not in self.ctx.cache:
-            w, b = self.ctx.cache[self._key()][term]
+            w, b, _ = self.ctx.cache[self._key()][term]
             z = self._features("items") @ w
             self.ctx.cache[key] = np.asarray(z, dtype=np.float64).ravel() + b
         out: np.ndarray = self.ctx.cache[key]
@@ -777,11 +808,37 @@ class Detector(Strategy):
     def weights(self, term: str) -> tuple[np.ndarray, float]:
         """The term detector's (d,) weights over code dims (or dense dims) and bias."""
         self.fit([term])
-        w, b = self.ctx.cache[self._key()][term]
+        w, b, _ = self.ctx.cache[self._key()][term]
         return w, b
 
+    def log_absent(self, term: str) -> np.ndarray:
+        """(n_items,) log P(term absent | x) = log(1 - P(mention | x) / c).
+
+        Captions mention only some of the objects present (positive-unlabelled targets): if
+        a present term is mentioned with probability c independently of x, then
+        P(present | x) = P(mention | x) / c. ``rate="global"``: c = ``mention_rate`` for
+        every term (1 trusts mentions as presence); ``rate="pu"``: c = ``mention_rate`` x
+        the term's Elkan-Noto estimate (see :meth:`fit`).
+        """
+        c = float(self.p["mention_rate"])
+        if self.p["rate"] == "pu":
+            self.fit([term])
+            c *= self.ctx.cache[self._key()][term][2]
+        elif self.p["rate"] != "global":
+            raise SparsemmError(f"detector rate must be 'global' or 'pu', not {self.p['rate']!r}")
+        key = (*self._key(), "log_absent", term, c)
+        if key not in self.ctx.cache:
+            if c >= 1.0:
+                val = _log_sigmoid(-self.logits(term))
+            else:
+                present = np.exp(_log_sigmoid(self.logits(term))) / max(c, 1e-3)
+                val = np.log(np.clip(1.0 - present, 1e-6, 1.0))
+            self.ctx.cache[key] = val
+        out: np.ndarray = self.ctx.cache[key]
+        return out
+
     def scores(self, a: str, b: str) -> np.ndarray:
-        s = _log_sigmoid(self.logits(a)) + self.p["beta"] * _log_sigmoid(-self.logits(b))
+        s = _log_sigmoid(self.logits(a)) + self.p["beta"] * self.log_absent(b)
         if self.p["alpha"]:
             s = s + self.p["alpha"] * self.similarity(a)
         if self.p["gamma"]:
@@ -858,6 +915,15 @@ def get_strategy(name: str, ctx: ExclusionContext, **params: Any) -> Strategy:
     return get_spec(name).build(ctx, **params)
 
 
+_DETECTOR_GRID: dict[str, Sequence[Any]] = {
+    "beta": [1.0, 2.0, 4.0],
+    "alpha": [0.0, 5.0],
+    "gamma": [0.0, 3.0, 6.0, 10.0],
+    "rate": ["pu"],
+    "mention_rate": [1.0, 0.7, 0.5],
+    "head_ratio": [0.0, 0.1],
+}
+
 register_strategy("dense_a", DenseA, "dense: cos(emb(A), x), B ignored (reference)")
 register_strategy("slq", SingleLineQuery, 'dense: "a photo of a A without a B" (SLQ)')
 register_strategy("avg_emb", AvgEmb, "dense: cos(emb(A) - emb(B), x) (Avg Emb)", w=1.0)
@@ -865,8 +931,8 @@ register_strategy("avg_emb_0.5", AvgEmb, "dense: cos(emb(A) - 0.5 emb(B), x)", w
 register_strategy(
     "dense_detector",
     Detector,
-    "dense: log P(A) + log(1 - P(B)), caption-word detectors on dense embeddings",
-    grid={"l2": [1e-4, 1e-3, 1e-2], "beta": [1.0, 2.0, 4.0], "alpha": [0.0, 5.0]},
+    "dense: caption-word detectors on dense embeddings, log P(A) + beta log(1 - P(B)) + ...",
+    grid={"l2": [1e-3, 1e-2], **_DETECTOR_GRID},
     features="dense",
 )
 register_strategy("code_a", CodeA, "sparse: cos(code(A), x), B ignored (reference)")
@@ -887,7 +953,7 @@ register_strategy(
     HardFilter,
     "sparse: cos(code(A), x), drop items active on B's dims",
     grid={
-        "dims": ["query", "items", "specific"],
+        "dims": ["query", "items", "specific", "bias"],
         "share": [0.1, 0.3, 0.5],
         "threshold": [0.05, 0.1, 0.2, 0.3],
     },
@@ -895,13 +961,17 @@ register_strategy(
 register_strategy(
     "penalty",
     SoftPenalty,
-    "sparse: cos(code(A), x) - lam * (x on B-specific dims)",
-    grid={"ratio": [1.0, 2.0, 4.0], "lam": [0.25, 0.5, 1.0, 2.0], "top_k": [25, 50]},
+    "sparse: cos(code(A), x) - lam * (x on B's dims)",
+    grid={
+        "dims": ["specific", "query", "bias"],
+        "ratio": [1.0, 2.0, 4.0],
+        "lam": [0.25, 0.5, 1.0, 2.0],
+    },
 )
 register_strategy(
     "detector",
     Detector,
-    "sparse: log P(A) + log(1 - P(B)), caption-word detectors on sparse codes",
-    grid={"l2": [1e-4, 1e-3, 1e-2], "beta": [1.0, 2.0, 4.0], "alpha": [0.0, 5.0]},
+    "sparse: caption-word detectors on sparse codes, log P(A) + beta log(1 - P(B)) + ...",
+    grid={"l2": [1e-2, 3e-2], **_DETECTOR_GRID},
     features="codes",
 )

@@ -1,0 +1,186 @@
+"""The exclusion benchmark end to end on a tiny fixture collection (fake encoder, tiny SR)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from sparsemm.cli import bench as bench_cli
+from sparsemm.data.collection import write_collection
+from sparsemm.encoders.base import register_encoder
+from sparsemm.errors import SparsemmError
+from sparsemm.eval.bench import METRICS, BenchConfig, run_exclusion_bench
+from sparsemm.models.sr import SRConfig
+from sparsemm.query.strategies import available_strategies, sr_query_coder, term_tokens
+from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
+from sparsemm.words.spine import SparseWordVectors
+
+WORDS = ["dog", "cat", "car", "tree", "person", "ball", "bench", "kite"]
+FILLER = ["park", "street", "grass", "sky"]
+DIM = len(WORDS) + len(FILLER)
+
+
+@register_encoder("keyword-bench-test")
+class KeywordEncoder:
+    """Fake text encoder: one dimension per known word, 1 if the text contains it."""
+
+    name = "keyword-bench-test"
+    dim = DIM
+    modalities = ("text",)
+
+    def __init__(self, model: str | None = None) -> None:
+        self.vocab = {w: j for j, w in enumerate(WORDS + FILLER)}
+
+    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
+        out = np.zeros((len(texts), DIM), dtype=np.float32)
+        for i, t in enumerate(texts):
+            for tok in term_tokens(t):
+                if tok in self.vocab:
+                    out[i, self.vocab[tok]] = 1.0
+        out[out.sum(axis=1) == 0, -1] = 1.0  # never an all-zero embedding
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+    def encode_image(self, images, batch_size=32, normalize=True, progress=False):
+        raise SparsemmError("text only")
+
+
+def _collection(path, n_train: int = 60, n_test: int = 40):
+    """Items with 1-3 labels; captions mention most labels (some are left unmentioned)."""
+    rng = np.random.default_rng(0)
+    enc = KeywordEncoder()
+    items, texts = [], []
+    for i in range(n_train + n_test):
+        labels = sorted(rng.choice(WORDS, size=int(rng.integers(1, 4)), replace=False).tolist())
+        caps = []
+        for _ in range(3):
+            said = [w for w in labels if rng.random() < 0.8] or labels[:1]
+            caps.append(f"a {' and a '.join(said)} in the {rng.choice(FILLER)}")
+        items.append(
+            {
+                "id": str(i),
+                "labels": labels,
+                "captions": caps,
+                "split": "train" if i < n_train else "test",
+            }
+        )
+        texts += [{"item": i, "text": c} for c in caps]
+    text_emb = enc.encode_text([t["text"] for t in texts])
+    owner = np.array([t["item"] for t in texts])
+    views = np.stack([text_emb[owner == i].mean(axis=0) for i in range(len(items))])
+    views /= np.linalg.norm(views, axis=1, keepdims=True)
+    return write_collection(
+        path,
+        items,
+        {"name": "keyword-bench-test", "dim": DIM},
+        image_emb=views,
+        text_emb=text_emb,
+        texts=texts,
+    )
+
+
+def _vectors(latent: int) -> SparseWordVectors:
+    rng = np.random.default_rng(1)
+    mat = sp.random(len(WORDS), latent, density=0.2, random_state=rng, format="csr")
+    return SparseWordVectors(WORDS, mat.astype(np.float32))
+
+
+@pytest.fixture(scope="module")
+def fixture(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    col = _collection(root / "collection")
+    vectors = _vectors(24)
+    vectors.save(root / "spine" / "vectors")
+    image, text, pair_item, bias = sr_pairs_from_collection(col, col.split_mask("train"), vectors)
+    cfg = SRConfig(text_dim=DIM, image_dim=DIM, latent_dim=24, top_k=6)
+    model, _ = train_sr(
+        image,
+        text,
+        pair_item,
+        bias,
+        cfg,
+        root / "sr",
+        SRTrainConfig(epochs=2, batch_size=32),
+        progress=False,
+    )
+    return root, col, model, vectors
+
+
+def _run_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    bench_cli.register(parser.add_subparsers(dest="verb"))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+def test_bench_cli_end_to_end(fixture, capsys) -> None:
+    root, _, _, _ = fixture
+    out = root / "report"
+    argv = ["bench", "exclusion", "--collection", str(root / "collection")]
+    argv += ["--sr", str(root / "sr"), "--spine", str(root / "spine"), "-o", str(out), "--quick"]
+    assert _run_cli(argv) == 0
+    assert "report:" in capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["subsets"]) == {"all", "hard"}
+    means = metrics["subsets"]["all"]["means"]
+    assert set(means) == set(available_strategies())
+    for m in means.values():
+        assert set(m) == set(METRICS)
+        assert 0.0 <= m["ap@10"] <= 1.0
+    assert metrics["baselines"] == ["avg_emb_0.5", "dense_a", "dense_detector"]
+    assert set(metrics["retrieval"]) == {"dense", "sparse"}
+    assert 0.0 < metrics["retrieval"]["dense"]["t2i_AP@1"] <= 1.0
+    assert metrics["tuning"]["split"] == "train"
+    report = (out / "report.md").read_text()
+    assert "## all" in report and "## hard" in report and "Standard retrieval" in report
+    assert (out / "plot_all.png").read_bytes()[:4] == b"\x89PNG"
+    config = json.loads((out / "config.json").read_text())
+    assert config["methods"]["avg_emb_0.5"]["params"] == {"w": 0.5}
+
+
+def test_bench_cli_trains_sr_when_missing(fixture) -> None:
+    root, _, _, _ = fixture
+    out = root / "report-nosr"
+    argv = ["bench", "exclusion", "--collection", str(root / "collection"), "-o", str(out)]
+    argv += ["--quick", "--methods", "avg_emb_0.5", "code_arith"]
+    assert _run_cli(argv) == 0
+    assert (out / "sr" / "model.safetensors").is_file()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["subsets"]["all"]["means"]) == {"avg_emb_0.5", "code_arith"}
+
+
+def test_library_run_dense_only_and_tuning(fixture, tmp_path) -> None:
+    _, col, model, vectors = fixture
+    cfg = BenchConfig(methods=("dense_a", "avg_emb", "avg_emb_0.5", "code_a"))
+    content = run_exclusion_bench(col, tmp_path, KeywordEncoder(), config=cfg)
+    # No sparse model: the sparse strategy is skipped, the dense ones run.
+    assert set(content["methods"]) == {"dense_a", "avg_emb", "avg_emb_0.5"}
+    assert "sparse" not in content["retrieval"]
+    cfg = BenchConfig(methods=("avg_emb_0.5", "code_arith", "paper"), max_grid=3)
+    content = run_exclusion_bench(
+        col,
+        tmp_path / "sparse",
+        KeywordEncoder(),
+        item_coder=lambda x: model.encode(x, "image"),
+        query_coder=sr_query_coder(model, vectors, mask="topk_or_bias"),
+        word_vectors=vectors,
+        config=cfg,
+    )
+    grid = content["tuning"]["grid"]["code_arith"]
+    assert len(grid) == 3 and sum(bool(r.get("chosen")) for r in grid) == 1
+    assert content["tuning"]["chosen"]["avg_emb_0.5"] == {}
+
+
+def test_bench_config_errors(fixture, tmp_path) -> None:
+    _, col, _, _ = fixture
+    with pytest.raises(SparsemmError, match="tune split"):
+        BenchConfig(split="train", tune_split="train")
+    with pytest.raises(SparsemmError, match="unknown exclusion strategy"):
+        run_exclusion_bench(col, tmp_path, KeywordEncoder(), config=BenchConfig(methods=("x",)))
+    with pytest.raises(SparsemmError, match="no strategy left"):
+        run_exclusion_bench(
+            col, tmp_path, KeywordEncoder(), config=BenchConfig(methods=("code_a",))
+        )

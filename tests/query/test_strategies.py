@@ -1,0 +1,265 @@
+"""Exclusion strategies on toy corpora whose right answers are worked out by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from sparsemm.errors import SparsemmError
+from sparsemm.models.sr import SRConfig, SRModel
+from sparsemm.query.strategies import (
+    STRATEGIES,
+    CaptionIndex,
+    ExclusionContext,
+    ReferenceSet,
+    active_dims,
+    available_strategies,
+    caption_mentions,
+    fit_detectors,
+    get_strategy,
+    register_strategy,
+    sr_query_coder,
+    term_tokens,
+    top_rows,
+)
+
+WORDS = ["dog", "cat", "car", "tree"]
+
+
+class KeywordEncoder:
+    """Fake text encoder: one dimension per keyword, 1 if the text contains it."""
+
+    name = "keyword"
+    dim = len(WORDS)
+
+    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, t in enumerate(texts):
+            toks = set(term_tokens(t))
+            for j, w in enumerate(WORDS):
+                out[i, j] = float(w in toks)
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        return out / np.maximum(norms, 1e-12) if normalize else out
+
+
+def identity_coder(emb: np.ndarray, texts) -> sp.csr_matrix:
+    """Query codes = the keyword one-hot itself (codes share the keyword dimensions)."""
+    return sp.csr_matrix(np.maximum(emb, 0.0))
+
+
+# Items as keyword weights (dims: dog, cat, car, tree); worked examples below use these.
+ITEMS = np.array(
+    [
+        [1.0, 0.0, 0.0, 0.0],  # 0: dog
+        [1.0, 0.8, 0.0, 0.0],  # 1: dog + cat
+        [0.0, 1.0, 0.0, 0.0],  # 2: cat
+        [0.0, 0.0, 1.0, 0.0],  # 3: car
+        [0.9, 0.0, 0.0, 0.5],  # 4: dog + tree
+        [0.0, 1.0, 0.0, 0.4],  # 5: cat + tree
+    ],
+    dtype=np.float32,
+)
+
+
+@pytest.fixture
+def ctx() -> ExclusionContext:
+    return ExclusionContext(
+        items_dense=ITEMS,
+        items_codes=sp.csr_matrix(ITEMS),
+        text_encoder=KeywordEncoder(),
+        query_coder=identity_coder,
+    )
+
+
+def test_dense_a_ranks_by_a_only(ctx) -> None:
+    # cos(dog, x): 1.0 (0), 0.87 (4), 0.78 (1), then zeros in row order.
+    assert get_strategy("dense_a", ctx).rank("dog", "cat", 6).tolist() == [0, 4, 1, 2, 3, 5]
+
+
+def test_slq_keyword_encoder_ignores_negation(ctx) -> None:
+    # The fake encoder reads "without a cat" as cat: the item with both ranks first.
+    assert get_strategy("slq", ctx).rank("dog", "cat", 1).tolist() == [1]
+
+
+def test_avg_emb_subtracts_b(ctx) -> None:
+    # w=1: dog 1.0, dog+tree .87, dog+cat (1-.8)/1.28=.16, car 0, cat+tree -.93, cat -1.
+    assert get_strategy("avg_emb", ctx).rank("dog", "cat", 6).tolist() == [0, 4, 1, 3, 5, 2]
+    # w=0.5 keeps dog+cat above car too; the order of the ends is the same.
+    assert get_strategy("avg_emb_0.5", ctx).rank("dog", "cat", 3).tolist() == [0, 4, 1]
+
+
+def test_code_strategies(ctx) -> None:
+    assert get_strategy("code_a", ctx).rank("dog", "cat", 3).tolist() == [0, 4, 1]
+    arith = get_strategy("code_arith", ctx, w=1.0).rank("dog", "cat", 6).tolist()
+    assert arith == [0, 4, 1, 3, 5, 2]
+
+
+def test_paper_two_step(ctx) -> None:
+    # Top-2 for dog: items 0, 4 -> D_A = {dog, tree} (share 1: every non-zero dim);
+    # top-2 for cat: items 2, 5 -> D_B = {cat, tree}; D = {dog}.
+    s = get_strategy("paper", ctx, top_k=2, share=1.0, pool="topk")
+    assert s.rank("dog", "cat", 10).tolist() == [0, 4]  # only A's pool is re-ranked
+    s = get_strategy("paper", ctx, top_k=2, share=1.0, pool="all")
+    # Mass on dog: 1.0 (0), .87 (4), .78 (1); the rest have none (ties: A's similarity).
+    assert s.rank("dog", "cat", 3).tolist() == [0, 4, 1]
+
+
+def test_paper_mass_on_d_reorders_the_pool() -> None:
+    # Item 1 is more similar to "dog" (cosine) but item 0 has more mass on the A-only dim.
+    items = np.array([[0.6, 0.0, 0.0, 0.8], [1.0, 0.0, 0.0, 0.05], [0.0, 0.0, 0.0, 1.0]])
+    c = ExclusionContext(
+        items_codes=sp.csr_matrix(items),
+        text_encoder=KeywordEncoder(),
+        query_coder=identity_coder,
+    )
+    # dog: top-2 = (1, 0); D_A (share .5) = {dog (item 1), tree (item 0)}.
+    # tree: top-2 = (2, 0); D_B = {tree}. D = {dog}: item 1 (1.0) before item 0 (0.6).
+    s = get_strategy("paper", c, top_k=2, share=0.5)
+    assert s.rank("dog", "tree", 2).tolist() == [1, 0]
+
+
+def test_filter_drops_items_carrying_b(ctx) -> None:
+    s = get_strategy("filter", ctx, dims="query", share=1.0, threshold=0.1)
+    ranking = s.rank("dog", "cat", 10).tolist()
+    assert ranking == [0, 4, 3]  # 1, 2, 5 carry cat and are gone
+    # "items": D_B from cat's top-2 items (2, 5) = {cat, tree}: dog+tree goes too.
+    s = get_strategy("filter", ctx, dims="items", top_k=2, share=1.0, threshold=0.1)
+    assert s.rank("dog", "cat", 10).tolist() == [0, 3]
+
+
+def test_filter_specific_dims_keep_shared_ones(ctx) -> None:
+    # B-specific dims: mean over cat's top-2 (2, 5) vs dog's top-2 (0, 4). tree is active in
+    # both pools (5 and 4) with similar means, so ratio 2 keeps only cat as B-specific.
+    s = get_strategy("filter", ctx, dims="specific", top_k=2, ratio=2.0, threshold=0.1)
+    assert s.rank("dog", "cat", 10).tolist() == [0, 4, 3]
+
+
+def test_penalty_demotes_instead_of_dropping(ctx) -> None:
+    s = get_strategy("penalty", ctx, dims="query", share=1.0, lam=1.0)
+    # Same as code arithmetic restricted to cat: dog+cat stays, below dog and dog+tree.
+    assert s.rank("dog", "cat", 6).tolist() == [0, 4, 1, 3, 5, 2]
+
+
+def _reference() -> ReferenceSet:
+    rng = np.random.default_rng(0)
+    rows, caps = [], []
+    for _ in range(60):
+        present = rng.random(4) < 0.4
+        vec = present * rng.uniform(0.5, 1.0, 4)
+        rows.append(vec)
+        caps.append([" and ".join(f"a {w}" for w, p in zip(WORDS, present, strict=True) if p)])
+    codes = sp.csr_matrix(np.array(rows, dtype=np.float32))
+    return ReferenceSet(captions=caps, dense=codes.toarray(), codes=codes)
+
+
+@pytest.mark.parametrize("name", ["detector", "dense_detector"])
+def test_detector_learns_terms_from_captions(name) -> None:
+    c = ExclusionContext(
+        items_dense=ITEMS,
+        items_codes=sp.csr_matrix(ITEMS),
+        text_encoder=KeywordEncoder(),
+        query_coder=identity_coder,
+        reference=_reference(),
+    )
+    s = get_strategy(name, c, l2=1e-3, beta=1.0, min_positives=3)
+    ranking = s.rank("dog", "cat", 6).tolist()
+    assert set(ranking[:2]) == {0, 4}  # dog without cat
+    assert ranking.index(1) > 1  # dog with cat demoted below both
+    assert set(ranking[-2:]) == {2, 5}  # cat without dog last
+    w, _ = s.weights("dog")  # type: ignore[attr-defined]
+    assert int(np.argmax(w)) == 0  # the dog detector weighs the dog dimension most
+    # The Elkan-Noto rate correction only sharpens the penalty on B.
+    pu = get_strategy(name, c, l2=1e-3, rate="pu", mention_rate=0.7, min_positives=3)
+    assert set(pu.rank("dog", "cat", 2).tolist()) == {0, 4}
+
+
+def test_detector_needs_a_reference(ctx) -> None:
+    with pytest.raises(SparsemmError, match="reference"):
+        get_strategy("detector", ctx)
+
+
+def test_sparse_strategy_needs_codes() -> None:
+    c = ExclusionContext(items_dense=ITEMS, text_encoder=KeywordEncoder())
+    with pytest.raises(SparsemmError, match="codes"):
+        get_strategy("code_a", c)
+
+
+def test_registry() -> None:
+    names = available_strategies()
+    for n in ("slq", "avg_emb", "avg_emb_0.5", "dense_a", "paper", "filter", "detector"):
+        assert n in names
+    with pytest.raises(SparsemmError, match="unknown exclusion strategy"):
+        get_strategy("nope", ExclusionContext(items_dense=ITEMS))
+    with pytest.raises(SparsemmError, match="no parameter"):
+        get_strategy("avg_emb", ExclusionContext(items_dense=ITEMS), bogus=1)
+    with pytest.raises(SparsemmError, match="bad strategy name"):
+        register_strategy("a|b", STRATEGIES["avg_emb"].cls, "x")
+    assert STRATEGIES["filter"].kind == "sparse"
+    assert STRATEGIES["dense_detector"].kind == "dense"
+    assert len(STRATEGIES["code_arith"].grid_points()) == 5
+
+
+def test_rank_many_pads_short_rankings(ctx) -> None:
+    s = get_strategy("filter", ctx, dims="query", share=1.0, threshold=0.1)
+    out = s.rank_many([("dog", "cat"), ("cat", "dog")], 4)
+    assert out.shape == (2, 4)
+    assert out[0].tolist() == [0, 4, 3, -1]
+
+
+def test_helpers() -> None:
+    assert top_rows(np.array([0.1, -np.inf, 0.5, 0.5]), 3).tolist() == [2, 3, 0]
+    codes = sp.csr_matrix(np.array([[0.6, 0.3, 0.1, 0.0], [0.0, 0.0, 0.5, 0.5]]))
+    assert active_dims(codes, np.array([0]), 0.5).tolist() == [0]
+    assert active_dims(codes, np.array([0]), 0.8).tolist() == [0, 1]
+    assert active_dims(codes, np.array([0, 1]), 0.5).tolist() == [0, 2]
+    assert term_tokens("Two dogs and the buses") == ["two", "dog", "bus"]
+
+
+def test_caption_mentions() -> None:
+    caps = [
+        ["Two dogs on a couch."],
+        ["A table set for dinner."],
+        ["A dining table with plates."],
+        ["A hot dog stand."],
+        ["A cat."],
+    ]
+    assert caption_mentions(caps, "dog").tolist() == [True, False, False, True, False]
+    # "dining table" is one item but "table" two: rarer than head_ratio x head -> head too.
+    assert caption_mentions(caps, "dining table", min_positives=1, head_ratio=0.6).tolist() == [
+        False,
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert caption_mentions(caps, "dining table", min_positives=1, head_ratio=0.0).tolist() == [
+        False,
+        False,
+        True,
+        False,
+        False,
+    ]
+    assert not CaptionIndex(caps).mentions("the").any()  # no content token
+
+
+def test_fit_detectors_separates() -> None:
+    x = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.8]], dtype=np.float32)
+    y = np.array([[1], [1], [0], [0]])
+    w, b = fit_detectors(x * 5, y, l2=1e-3)
+    z = (x * 5) @ w[:, 0] + b[0]
+    assert (z[:2] > 0).all() and (z[2:] < 0).all()
+
+
+def test_sr_query_coder_shapes() -> None:
+    import torch
+
+    torch.manual_seed(0)
+    model = SRModel(SRConfig(text_dim=4, image_dim=4, latent_dim=8, top_k=3))
+    coder = sr_query_coder(model)
+    emb = KeywordEncoder().encode_text(["a dog", "a cat"])
+    codes = coder(emb, ["a dog", "a cat"])
+    assert codes.shape == (2, 8)
+    assert codes.getnnz(axis=1).max() <= 3
+    with pytest.raises(SparsemmError, match="SPINE"):
+        sr_query_coder(model, None, mask="topk_or_bias")
