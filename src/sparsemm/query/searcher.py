@@ -268,8 +268,10 @@ class Searcher:
             # An item must survive every exclusion: the worst score over the excluded terms.
             scores = np.min(np.stack([strat.scores(a, b) for b in q.exclude]), axis=0)
         if strat.kind == "sparse":
-            # A sparse score of 0 means no concept in common with the query: not a match.
-            scores = np.where(scores > 0, scores, -np.inf)
+            # An item sharing no concept dimension with the include code is not a match,
+            # whatever the strategy's score scale (cosines, log-probabilities, ...).
+            overlap = ctx.code_scores(ctx.term_code(a)) > 0
+            scores = np.where(overlap, scores, -np.inf)
         rows = top_rows(scores, offset + k)[offset:]
         return [self._hit(offset + i + 1, int(r), float(scores[r]), q) for i, r in enumerate(rows)]
 
