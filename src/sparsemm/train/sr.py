@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +60,13 @@ def data_fingerprint(*arrays: np.ndarray | sp.csr_matrix | None) -> str:
     return h.hexdigest()
 
 
+# extra_loss(sr_out, idx, items) -> (named parts to log, weighted term added to the loss)
+ExtraLoss = Callable[
+    [dict[str, torch.Tensor], np.ndarray, torch.Tensor],
+    tuple[dict[str, torch.Tensor], torch.Tensor],
+]
+
+
 def train_sr(
     image_emb: np.ndarray,
     text_emb: np.ndarray,
@@ -81,6 +88,53 @@ def train_sr(
     ``on_epoch_end(epoch, record)`` is called after each epoch's checkpoint.
     """
     train = train or SRTrainConfig()
+    torch.manual_seed(train.seed)
+    model = SRModel(config)
+    history = fit_sr(
+        model,
+        model,
+        image_emb,
+        text_emb,
+        pair_item,
+        bias,
+        out_dir,
+        train,
+        settings={"config": dataclasses.asdict(config), "train": dataclasses.asdict(train)},
+        resume=resume,
+        progress=progress,
+        on_epoch_end=on_epoch_end,
+    )
+    model.save_pretrained(out_dir)
+    write_json(
+        Path(out_dir) / "history.json", {"train": dataclasses.asdict(train), "history": history}
+    )
+    return model, history
+
+
+def fit_sr(
+    model: torch.nn.Module,
+    sr: SRModel,
+    image_emb: np.ndarray,
+    text_emb: np.ndarray,
+    pair_item: np.ndarray,
+    bias: sp.csr_matrix | None,
+    out_dir: str | Path,
+    train: SRTrainConfig,
+    settings: Mapping[str, object],
+    resume: bool = False,
+    progress: bool = True,
+    on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
+    extra_loss: ExtraLoss | None = None,
+    desc: str = "SR",
+) -> list[dict[str, float]]:
+    """The SR training loop shared by :func:`train_sr` and its variants; returns the history.
+
+    ``model`` holds every trained parameter (``sr`` itself, or ``sr`` plus extra heads);
+    ``settings`` (JSON) and a fingerprint of the inputs are stored in each checkpoint and
+    must match on resume. ``extra_loss`` adds a weighted term to the SR objective; its parts
+    and the ``total`` are logged. Leaves ``model`` in eval mode; the caller saves it.
+    """
+    config: SRConfig = sr.config
     out = Path(out_dir)
     n_pairs = len(text_emb)
     if len(pair_item) != n_pairs:
@@ -98,24 +152,18 @@ def train_sr(
             f"config ({config.image_dim}, {config.text_dim})"
         )
 
-    torch.manual_seed(train.seed)
-    model = SRModel(config)
     opt = torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
     start_epoch, history = 0, []
     fingerprint = data_fingerprint(image_emb, text_emb, np.asarray(pair_item), bias)
     if resume and has_checkpoint(out):
         state = load_checkpoint(out, model, opt)
-        if (
-            state.get("config") != dataclasses.asdict(config)
-            or state.get("train") != dataclasses.asdict(train)
-            or state.get("data") != fingerprint
-        ):
+        if any(state.get(k) != v for k, v in settings.items()) or state.get("data") != fingerprint:
             raise SparsemmError(
                 f"the checkpoint in {out} was made with other settings or data; use the same "
                 "ones, another output folder, or start over without --resume"
             )
         start_epoch, history = int(state["epoch"]), list(state["history"])
-        log.info("resuming SR training at epoch %d/%d", start_epoch + 1, train.epochs)
+        log.info("resuming %s training at epoch %d/%d", desc, start_epoch + 1, train.epochs)
     elif resume:
         log.info("no checkpoint in %s; starting from scratch", out)
 
@@ -131,7 +179,10 @@ def train_sr(
         n_batches = 0
         batches = range(0, n_pairs, train.batch_size)
         bar = tqdm(
-            batches, desc=f"SR epoch {epoch + 1}/{train.epochs}", disable=not progress, leave=False
+            batches,
+            desc=f"{desc} epoch {epoch + 1}/{train.epochs}",
+            disable=not progress,
+            leave=False,
         )
         for s in bar:
             idx = perm[s : s + train.batch_size]
@@ -139,7 +190,7 @@ def train_sr(
                 continue
             items = item_t[idx]
             b = torch.from_numpy(bias_csr[idx].toarray()) if bias_csr is not None else None
-            out_b = model(img_t[items], txt_t[idx], b)
+            out_b = sr(img_t[items], txt_t[idx], b)
             losses = sr_loss(
                 out_b,
                 img_t[items],
@@ -149,39 +200,33 @@ def train_sr(
                 config.recon_weight,
                 groups=items,
             )
+            objective = losses["loss"]
+            if extra_loss is not None:
+                parts, added = extra_loss(out_b, idx, items)
+                objective = objective + added
+                losses = {**losses, **parts, "total": objective}
             opt.zero_grad()
-            losses["loss"].backward()
+            objective.backward()
             opt.step()
             for k, v in losses.items():
                 sums[k] = sums.get(k, 0.0) + float(v.detach())
             n_batches += 1
-            bar.set_postfix(loss=f"{float(losses['loss'].detach()):.3f}")
+            bar.set_postfix(loss=f"{float(objective.detach()):.3f}")
         record = {"epoch": epoch + 1, **{k: v / max(n_batches, 1) for k, v in sums.items()}}
         history.append(record)
         log.info(
-            "SR epoch %d: %s",
+            "%s epoch %d: %s",
+            desc,
             epoch + 1,
             ", ".join(f"{k}={v:.4f}" for k, v in record.items() if k != "epoch"),
         )
         if (epoch + 1) % train.checkpoint_every == 0 or epoch + 1 == train.epochs:
-            save_checkpoint(
-                out,
-                model,
-                opt,
-                {
-                    "epoch": epoch + 1,
-                    "history": history,
-                    "config": dataclasses.asdict(config),
-                    "train": dataclasses.asdict(train),
-                    "data": fingerprint,
-                },
-            )
+            state = {"epoch": epoch + 1, "history": history, **settings, "data": fingerprint}
+            save_checkpoint(out, model, opt, state)
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, record)
     model.eval()
-    model.save_pretrained(out)
-    write_json(out / "history.json", {"train": dataclasses.asdict(train), "history": history})
-    return model, history
+    return history
 
 
 def sr_pairs_from_collection(

@@ -30,15 +30,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
-from tqdm.auto import tqdm
 
 from sparsemm.errors import SparsemmError
 from sparsemm.io import write_json
 from sparsemm.models.sr import SRConfig, SRModel
 from sparsemm.query.strategies import term_tokens
-from sparsemm.train.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
-from sparsemm.train.losses import sr_loss
-from sparsemm.train.sr import SRTrainConfig
+from sparsemm.train.sr import SRTrainConfig, fit_sr
 from sparsemm.words.vectors import write_words
 
 log = logging.getLogger(__name__)
@@ -109,8 +106,6 @@ def train_sr_words(
     n = len(text_emb)
     if len(pair_item) != n or len(captions) != n:
         raise SparsemmError("pair_item and captions need one entry per text embedding")
-    if bias is not None and bias.shape != (n, config.latent_dim):
-        raise SparsemmError(f"bias has shape {bias.shape}, expected ({n}, {config.latent_dim})")
     vocab = caption_vocabulary(captions, words.vocab_size, words.min_count)
     y_cap = word_targets(captions, vocab)
     # Item targets: any caption of the image names the word.
@@ -122,76 +117,39 @@ def train_sr_words(
 
     torch.manual_seed(train.seed)
     model = _SRWithHead(config, len(vocab))
-    opt = torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
     settings = {
         "config": dataclasses.asdict(config),
         "train": dataclasses.asdict(train),
         "words": dataclasses.asdict(words),
     }
-    start, history = 0, []
-    if resume and has_checkpoint(out):
-        state = load_checkpoint(out, model, opt)
-        if any(state.get(k) != v for k, v in settings.items()):
-            raise SparsemmError(
-                f"the checkpoint in {out} was made with other settings; rerun with the same "
-                "settings or without --resume"
-            )
-        start, history = int(state["epoch"]), list(state["history"])
 
-    img = torch.from_numpy(np.ascontiguousarray(image_emb, dtype=np.float32))
-    txt = torch.from_numpy(np.ascontiguousarray(text_emb, dtype=np.float32))
-    item_t = torch.from_numpy(np.asarray(pair_item, dtype=np.int64))
-    bias_csr = sp.csr_matrix(bias, dtype=np.float32) if bias is not None else None
-    model.train()
-    for epoch in range(start, train.epochs):
-        perm = np.random.default_rng([train.seed, epoch]).permutation(n)
-        sums: dict[str, float] = {}
-        n_batches = 0
-        bar = tqdm(
-            range(0, n, train.batch_size),
-            desc=f"SR-BoW epoch {epoch + 1}/{train.epochs}",
-            disable=not progress,
-            leave=False,
-        )
-        for s in bar:
-            idx = perm[s : s + train.batch_size]
-            if len(idx) < 2:
-                continue
-            items = item_t[idx]
-            b = torch.from_numpy(bias_csr[idx].toarray()) if bias_csr is not None else None
-            o = model.sr(img[items], txt[idx], b)
-            losses = sr_loss(
-                o,
-                img[items],
-                txt[idx],
-                config.tau,
-                config.contrastive_weight,
-                config.recon_weight,
-                groups=items,
-            )
-            yi = torch.from_numpy(y_item[items.numpy()].toarray())
-            yt = torch.from_numpy(y_cap[idx].toarray())
-            bce = F.binary_cross_entropy_with_logits(
-                model.head(o["sr_image"]), yi
-            ) + F.binary_cross_entropy_with_logits(model.head(o["sr_text"]), yt)
-            # BCE is a mean over |V| outputs; scale by |V| / 100 so mu ~ 1 is a fair weight.
-            words_loss = bce * (len(vocab) / 100.0)
-            total = losses["loss"] + words.weight * words_loss
-            opt.zero_grad()
-            total.backward()
-            opt.step()
-            for k, v in {**losses, "words": words_loss, "total": total}.items():
-                sums[k] = sums.get(k, 0.0) + float(v.detach())
-            n_batches += 1
-        record = {"epoch": epoch + 1, **{k: v / max(n_batches, 1) for k, v in sums.items()}}
-        history.append(record)
-        log.info(
-            "SR-BoW epoch %d: %s",
-            epoch + 1,
-            ", ".join(f"{k}={v:.4f}" for k, v in record.items() if k != "epoch"),
-        )
-        save_checkpoint(out, model, opt, {"epoch": epoch + 1, "history": history, **settings})
-    model.eval()
+    def word_loss(
+        o: dict[str, torch.Tensor], idx: np.ndarray, items: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        yi = torch.from_numpy(y_item[items.numpy()].toarray())
+        yt = torch.from_numpy(y_cap[idx].toarray())
+        bce = F.binary_cross_entropy_with_logits(
+            model.head(o["sr_image"]), yi
+        ) + F.binary_cross_entropy_with_logits(model.head(o["sr_text"]), yt)
+        # BCE is a mean over |V| outputs; scale by |V| / 100 so mu ~ 1 is a fair weight.
+        words_loss = bce * (len(vocab) / 100.0)
+        return {"words": words_loss}, words.weight * words_loss
+
+    history = fit_sr(
+        model,
+        model.sr,
+        image_emb,
+        text_emb,
+        pair_item,
+        bias,
+        out,
+        train,
+        settings,
+        resume=resume,
+        progress=progress,
+        extra_loss=word_loss,
+        desc="SR-BoW",
+    )
     model.sr.save_pretrained(out)
     save_file(
         {k: v.detach().contiguous() for k, v in model.head.state_dict().items()},
