@@ -111,6 +111,16 @@ class Collection:
         """(n_texts,) int array: the item each text row belongs to."""
         return np.asarray([int(t["item"]) for t in self.texts], dtype=np.int64)
 
+    def caption_rows(self, item_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Texts of the items in ``item_mask``: (text rows, index of each text's item among
+        the selected items, in item order)."""
+        items = np.flatnonzero(item_mask)
+        pos = np.full(len(item_mask), -1, dtype=np.int64)
+        pos[items] = np.arange(len(items))
+        text_item = self.text_item_index()
+        rows = np.flatnonzero(pos[text_item] >= 0)
+        return rows, pos[text_item[rows]]
+
     def split_mask(self, split: str) -> np.ndarray:
         """(n_items,) bool: items whose ``split`` field equals ``split``."""
         mask = np.asarray([it.get("split") == split for it in self.items], dtype=bool)

@@ -123,16 +123,6 @@ def split_train_val(
     return train & ~val, val
 
 
-def caption_queries(collection: Collection, item_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(text rows, target position within the masked items) for every caption of the items."""
-    items = np.flatnonzero(item_mask)
-    pos = np.full(len(item_mask), -1)
-    pos[items] = np.arange(len(items))
-    text_item = collection.text_item_index()
-    rows = np.flatnonzero(pos[text_item] >= 0)
-    return rows, pos[text_item[rows]]
-
-
 def _nnz(codes: sp.csr_matrix) -> float:
     return float(codes.getnnz(axis=1).mean()) if codes.shape[0] else 0.0
 
@@ -146,7 +136,7 @@ def evaluate_split(
 ) -> dict[str, Any]:
     """Dense vs SR (each inference-mask variant) text-to-image-view retrieval on the items."""
     image = collection.image_embeddings()[item_mask]
-    text_rows, targets = caption_queries(collection, item_mask)
+    text_rows, targets = collection.caption_rows(item_mask)
     text = collection.text_embeddings()[text_rows]
     res: dict[str, Any] = {"n_images": int(item_mask.sum()), "n_queries": len(text_rows)}
     res["dense"] = recall_at_ks(target_ranks(text, image, targets))

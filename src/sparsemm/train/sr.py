@@ -245,10 +245,7 @@ def sr_pairs_from_collection(
     items = np.flatnonzero(item_mask)
     if len(items) == 0:
         raise SparsemmError("no items selected for SR training")
-    remap = np.full(len(image_all), -1, dtype=np.int64)
-    remap[items] = np.arange(len(items))
-    text_item = collection.text_item_index()
-    rows = np.flatnonzero(remap[text_item] >= 0)
+    rows, pair_item = collection.caption_rows(item_mask)
     if len(rows) < 2:
         raise SparsemmError("SR training needs captions: the selected items have fewer than 2")
     bias = None
@@ -257,6 +254,6 @@ def sr_pairs_from_collection(
     return (
         np.ascontiguousarray(image_all[items]),
         np.ascontiguousarray(text_all[rows]),
-        remap[text_item[rows]],
+        pair_item,
         bias,
     )
