@@ -118,12 +118,15 @@ def _captions_by_item(collection: Collection) -> list[list[str]]:
 def _item_set(
     collection: Collection,
     rows: np.ndarray,
-    item_coder: ItemCoder | None,
+    item_coder: ItemCoder | sp.csr_matrix | None,
     captions: list[list[str]],
     dense_all: np.ndarray,
 ) -> ItemSet:
     dense = np.ascontiguousarray(dense_all[rows])
-    codes = sp.csr_matrix(item_coder(dense)) if item_coder is not None else None
+    if isinstance(item_coder, sp.spmatrix):  # precomputed codes of every collection item
+        codes: sp.csr_matrix | None = sp.csr_matrix(item_coder[rows])
+    else:
+        codes = sp.csr_matrix(item_coder(dense)) if item_coder is not None else None
     labels = [list(collection.items[r].get("labels") or []) for r in rows]
     return ItemSet(rows, dense, codes, labels, [captions[r] for r in rows])
 
@@ -231,6 +234,7 @@ def retrieval_table(
     codes_items: sp.csr_matrix | None,
     text_codes: Callable[[np.ndarray, list[str]], sp.csr_matrix] | None,
     ks: Sequence[int] = (1, 5, 10),
+    dense_texts: np.ndarray | None = None,
 ) -> dict[str, dict[str, float]]:
     """Image-to-text and text-to-image AP@k of dense embeddings vs sparse codes.
 
@@ -245,17 +249,19 @@ def retrieval_table(
     if not len(trows):
         raise SparsemmError("the evaluation items have no captions for the retrieval table")
     texts = collection.text_embeddings()[trows]
+    # Dense scoring uses the texts in the items' dense space (the same as texts when the
+    # collection has one backbone; an aligned projection otherwise).
+    dtexts = texts if dense_texts is None else dense_texts[trows]
     owner = pos[text_item[trows]]
     caps_of = [np.flatnonzero(owner == i) for i in range(len(rows))]
     keep = [i for i, c in enumerate(caps_of) if len(c)]
     img_rel = [caps_of[i] for i in keep]
     txt_rel = [np.array([o]) for o in owner]
     out: dict[str, dict[str, float]] = {}
+    i2t = multi_target_ap(dense_items[keep], dtexts, img_rel, ks)
     out["dense"] = {
-        **{
-            f"i2t_{k}": v for k, v in multi_target_ap(dense_items[keep], texts, img_rel, ks).items()
-        },
-        **{f"t2i_{k}": v for k, v in multi_target_ap(texts, dense_items, txt_rel, ks).items()},
+        **{f"i2t_{k}": v for k, v in i2t.items()},
+        **{f"t2i_{k}": v for k, v in multi_target_ap(dtexts, dense_items, txt_rel, ks).items()},
     }
     if codes_items is not None and text_codes is not None:
         tc = text_codes(texts, [collection.texts[r]["text"] for r in trows])
@@ -316,20 +322,37 @@ def run_exclusion_bench(
     word_vectors: Any = None,
     config: BenchConfig | None = None,
     run_info: Mapping[str, Any] | None = None,
+    item_codes: sp.csr_matrix | None = None,
+    dense_items: np.ndarray | None = None,
+    dense_texts: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Run the exclusion benchmark and write the report folder ``out_dir``.
 
     ``item_coder`` maps dense item embeddings to sparse codes and ``query_coder`` query text
     embeddings to codes (e.g. an SR model, :func:`~sparsemm.query.strategies.sr_query_coder`);
-    without them only the dense strategies run. ``run_info`` (model paths, settings) is
-    stored in ``config.json``. Returns the ``metrics.json`` content.
+    without them only the dense strategies run. Models whose item input is not the
+    collection's dense embedding (VDR, LexLIP, SpLiCE...) pass ``item_codes`` instead: the
+    codes of every collection item, row i = item i. ``dense_items`` (n_items, k) replaces the
+    collection's image embeddings for the dense strategies, e.g. with an aligned projection
+    when the image and text backbones differ (:mod:`sparsemm.models.lit`); it must live in
+    the same space as ``text_encoder``'s output, and ``dense_texts`` (n_texts, k) then gives
+    the collection's captions in that space for the retrieval table. ``run_info`` (model
+    paths, settings) is stored in ``config.json``. Returns the ``metrics.json`` content.
     """
     cfg = config or BenchConfig()
+    if item_codes is not None:
+        if item_coder is not None:
+            raise SparsemmError("pass either item_coder or item_codes, not both")
+        if item_codes.shape[0] != len(collection.items):
+            raise SparsemmError(
+                f"item_codes has {item_codes.shape[0]} rows for {len(collection.items)} items"
+            )
+    coder: ItemCoder | sp.csr_matrix | None = item_codes if item_codes is not None else item_coder
     t_start = time.perf_counter()
     methods = list(cfg.methods or STRATEGIES)
     for m in methods:
         get_spec(m)
-    if item_coder is None or query_coder is None:
+    if coder is None or query_coder is None:
         dropped = [m for m in methods if get_spec(m).kind == "sparse"]
         if dropped:
             logger.warning("no sparse model given: skipping %s", ", ".join(dropped))
@@ -338,13 +361,17 @@ def run_exclusion_bench(
         raise SparsemmError("no strategy left to run; pass a sparse model (--sr) or dense methods")
 
     captions = _captions_by_item(collection)
-    dense_all = collection.image_embeddings()
+    dense_all = collection.image_embeddings() if dense_items is None else dense_items
+    if dense_all.shape[0] != len(collection.items):
+        raise SparsemmError(
+            f"dense_items has {dense_all.shape[0]} rows for {len(collection.items)} items"
+        )
 
     def rows_of(split: str) -> np.ndarray:
         rows = np.flatnonzero(collection.split_mask(split))
         return rows[: cfg.limit_items] if cfg.limit_items else rows
 
-    eval_set = _item_set(collection, rows_of(cfg.split), item_coder, captions, dense_all)
+    eval_set = _item_set(collection, rows_of(cfg.split), coder, captions, dense_all)
     queries = build_exclusion_queries(eval_set.labels)
     if not queries:
         raise SparsemmError(
@@ -361,10 +388,10 @@ def run_exclusion_bench(
         perm = np.random.default_rng(cfg.seed).permutation(len(tune_rows))
         n_eval = max(1, round(cfg.tune_fraction * len(tune_rows)))
         tune_eval = _item_set(
-            collection, np.sort(tune_rows[perm[:n_eval]]), item_coder, captions, dense_all
+            collection, np.sort(tune_rows[perm[:n_eval]]), coder, captions, dense_all
         )
         tune_ref = _item_set(
-            collection, np.sort(tune_rows[perm[n_eval:]]), item_coder, captions, dense_all
+            collection, np.sort(tune_rows[perm[n_eval:]]), coder, captions, dense_all
         )
         tune_queries = build_exclusion_queries(tune_eval.labels)
         n_tune_queries, n_tune_items = len(tune_queries), len(tune_eval.rows)
@@ -383,7 +410,7 @@ def run_exclusion_bench(
             )
         else:
             logger.warning("no queries on the tuning items; using default parameters")
-        full_ref = _item_set(collection, np.sort(tune_rows), item_coder, captions, dense_all)
+        full_ref = _item_set(collection, np.sort(tune_rows), coder, captions, dense_all)
         reference = ReferenceSet(full_ref.captions, full_ref.dense, full_ref.codes)
     needs_ref = [m for m in methods if "reference" in get_spec(m).cls.requires]
     if reference is None and needs_ref:
@@ -415,7 +442,12 @@ def run_exclusion_bench(
         )
 
     retrieval = retrieval_table(
-        collection, eval_set.rows, eval_set.dense, eval_set.codes, query_coder
+        collection,
+        eval_set.rows,
+        eval_set.dense,
+        eval_set.codes,
+        query_coder,
+        dense_texts=dense_texts,
     )
     baselines = [b for b in BASELINES if b in per_query]
     run_config = {
