@@ -22,13 +22,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="non-zeros per code (default: the model's validated inference k)",
     )
+    p.add_argument(
+        "--dense-model",
+        type=Path,
+        default=None,
+        help="aligner folder (sparsemm train align): the dense space for dense strategies when "
+        "images and texts come from different backbones",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from sparsemm.query.searcher import build_index
 
-    index = build_index(args.collection, args.model, spine_dir=args.spine, top_k=args.top_k)
+    index = build_index(
+        args.collection,
+        args.model,
+        spine_dir=args.spine,
+        top_k=args.top_k,
+        dense_model=args.dense_model,
+    )
     print(
         f"indexed {len(index)} items ({index.nnz / max(len(index), 1):.1f} non-zeros each, "
         f"{index.dim} dims) -> {args.collection / 'index'}"
