@@ -83,7 +83,11 @@ class EfficientNetEncoder:
 
         source = weights if weights is not None else model
         self.device = torch.device(device or "cpu")
-        self.model_: EfficientNetLite = build_model(source).to(self.device)
+        # channels_last: the depthwise and 1x1 convolutions take oneDNN's fast paths (about
+        # 2x faster on CPU than the default NCHW layout; same outputs up to float rounding).
+        self.model_: EfficientNetLite = build_model(source).to(
+            self.device, memory_format=torch.channels_last
+        )
         self.model_id = DEFAULT_MODEL_ID if source is None else str(source)
         self.dim = int(self.model_.config.head_channels)
         self.image_size = int(image_size)
@@ -114,7 +118,9 @@ class EfficientNetEncoder:
             stop = min(len(images), start + step)
             # Opened per batch so a large folder never sits in memory at once.
             pil = [load_image(images[i]) for i in range(start, stop)]
-            pixels = preprocess(pil, self.image_size, self.crop_fraction).to(self.device)
+            pixels = preprocess(pil, self.image_size, self.crop_fraction).to(
+                self.device, memory_format=torch.channels_last
+            )
             with torch.inference_mode():
                 out[start:stop] = head(self.model_.feature_map(pixels)).float().cpu().numpy()
         return out
