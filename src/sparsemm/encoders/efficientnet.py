@@ -85,9 +85,8 @@ class EfficientNetEncoder:
         self.device = torch.device(device or "cpu")
         # channels_last: the depthwise and 1x1 convolutions take oneDNN's fast paths (about
         # 2x faster on CPU than the default NCHW layout; same outputs up to float rounding).
-        self.model_: EfficientNetLite = build_model(source).to(
-            self.device, memory_format=torch.channels_last
-        )
+        self.model_: EfficientNetLite = build_model(source).to(self.device)
+        self.model_.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self.model_id = DEFAULT_MODEL_ID if source is None else str(source)
         self.dim = int(self.model_.config.head_channels)
         self.image_size = int(image_size)

@@ -34,6 +34,9 @@ Rules, in the order they matter:
   typed (``cats`` stays ``cats``): matching them to a vocabulary is the searcher's job.
 * ``exclude=`` values (the CLI's ``--exclude``) are added to the excluded terms; a value may
   hold several comma-separated terms. Duplicates are dropped, first occurrence wins.
+* Control characters count as spaces and invisible format characters (zero-width spaces,
+  bidirectional overrides) are dropped, so a query of only such characters is empty and no
+  term carries them into an error message or a terminal.
 
 Malformed input raises :class:`~sparsemm.errors.SparsemmError`: an empty query, a query with
 nothing to include, a term both included and excluded, a ``-`` or keyword with no term after
@@ -143,6 +146,7 @@ def parse_query(text: str, exclude: Sequence[str] = ()) -> Query:
             f"query is {len(text)} characters long; the limit is {MAX_QUERY_CHARS}. "
             "Shorten it to the few concepts you want and don't want"
         )
+    text = _clean(text)
     if not text.strip():
         raise SparsemmError(f"empty query: type what to search for, {_EXAMPLE}")
     include, excluded = _Parser(_tokenize(text.translate(_QUOTES).lower())).run()
@@ -165,6 +169,18 @@ def parse_query(text: str, exclude: Sequence[str] = ()) -> Query:
 
 
 # --------------------------------------------------------------------------------- helpers
+
+
+def _clean(text: str) -> str:
+    """Control characters (Unicode Cc) -> spaces; format characters (Cf: zero-width
+    spaces, bidi overrides, soft hyphens) dropped."""
+    if text.isprintable():
+        return text
+    out = []
+    for c in text:
+        cat = unicodedata.category(c)
+        out.append(" " if cat == "Cc" else "" if cat == "Cf" else c)
+    return "".join(out)
 
 
 def _strip_edges(s: str) -> str:
@@ -342,7 +358,7 @@ def _exclude_values(values: Sequence[str] | str) -> list[str]:
             )
         # Quotes have no meaning here (the value is already one argument); they would
         # break the rendered text, so they become spaces.
-        text = value.translate(_QUOTES).replace('"', " ").lower()
+        text = _clean(value).translate(_QUOTES).replace('"', " ").lower()
         terms = [_strip_filler(_normalize(part)) for part in _VALUE_SPLIT_RE.split(text)]
         terms = [t for t in terms if t]
         if not terms:

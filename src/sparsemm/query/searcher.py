@@ -30,6 +30,7 @@ from sparsemm.errors import SparsemmError
 from sparsemm.eval.retrieval import normalize_rows
 from sparsemm.index import Exclusion, InvertedIndex
 from sparsemm.io import read_json
+from sparsemm.models.lit import AlignedTextEncoder, LinearAligner
 from sparsemm.models.sr import SRModel
 from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.strategies import (
@@ -37,6 +38,7 @@ from sparsemm.query.strategies import (
     HardFilter,
     ReferenceSet,
     available_strategies,
+    get_spec,
     get_strategy,
     sr_query_coder,
     top_rows,
@@ -50,17 +52,18 @@ LEGACY_LABELS = "labels.json"
 DEFAULT_STRATEGY = "filter"
 
 
-def dimension_labels(
-    codes: sp.csr_matrix, captions: list[list[str]], top: int = 6, min_df: int = 5
-) -> list[list[str]]:
-    """Per dimension, the caption words most characteristic of the items active on it.
+def dimension_word_scores(
+    codes: sp.csr_matrix, captions: list[list[str]], min_df: int = 5
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """How characteristic each caption word is of each dimension's items.
 
     codes (n, d) non-negative; captions[i] the captions of item i. With
     p(w | j) = sum_i x_ij [w in item i] / sum_i x_ij (activation-weighted share of j's items
     mentioning w) and lift(w, j) = p(w | j) / (df(w) / n), a word scores
     p(w | j) * log lift(w, j), its term in the mutual information of word and dimension: over-
     represented (lift > 1) *and* common among j's items, so a rare word seen once does not win.
-    Words seen in fewer than ``min_df`` items are ignored.
+    Words seen in fewer than ``min_df`` items score 0. Returns (words (V,), score (d, V),
+    mass (d,)), mass being each dimension's total activation.
     """
     n, d = codes.shape
     vocab: dict[str, int] = {}
@@ -69,23 +72,30 @@ def dimension_labels(
         for w in {t for c in caps for t in tokenize(c)}:
             rows.append(i)
             cols.append(vocab.setdefault(w, len(vocab)))
+    mass = np.asarray(abs(codes).sum(axis=0)).ravel()  # (d,)
     if not vocab:
-        return [[] for _ in range(d)]
+        return np.array([], dtype=str), np.zeros((d, 0)), mass
     words = np.array(sorted(vocab, key=vocab.__getitem__))
     mention = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(n, len(vocab)))
     df = np.asarray(mention.sum(axis=0)).ravel()
-    mass = np.asarray(abs(codes).sum(axis=0)).ravel()  # (d,)
     joint = (abs(codes).T @ mention).toarray()  # (d, V) activation-weighted mentions
     p_wj = joint / np.maximum(mass, 1e-12)[:, None]
     with np.errstate(divide="ignore", invalid="ignore"):
         score = p_wj * np.log(np.maximum(p_wj / (df / n)[None, :], 1e-12))
     score[:, df < min_df] = 0.0
+    score[mass <= 0] = 0.0
+    return words, score, mass
+
+
+def dimension_labels(
+    codes: sp.csr_matrix, captions: list[list[str]], top: int = 6, min_df: int = 5
+) -> list[list[str]]:
+    """Per dimension, the ``top`` caption words most characteristic of the items active on
+    it (scores: :func:`dimension_word_scores`)."""
+    words, score, _ = dimension_word_scores(codes, captions, min_df)
     out: list[list[str]] = []
-    for j in range(d):
-        if mass[j] <= 0:
-            out.append([])
-            continue
-        best = np.argsort(-score[j], kind="stable")[:top]
+    for j in range(codes.shape[1]):
+        best: Any = np.argsort(-score[j], kind="stable")[:top] if len(words) else []
         out.append([str(words[b]) for b in best if score[j, b] > 0.0])
     return out
 
@@ -96,15 +106,26 @@ def build_index(
     spine_dir: str | Path | None = None,
     top_k: int | None = None,
     overwrite: bool = True,
+    dense_model: str | Path | None = None,
 ) -> InvertedIndex:
     """Encode the collection's items (image embeddings / views) with SR; index the codes.
 
     Writes ``collection_dir/index/``: the inverted index with the dimension labels in its
     manifest's ``meta["labels"]``, so codes and labels are committed together in one atomic
-    step; a crash leaves the previous index (and its labels) readable.
+    step; a crash leaves the previous index (and its labels) readable. ``dense_model`` names
+    a :class:`~sparsemm.models.lit.LinearAligner` that puts images and query texts in one
+    dense space, for the dense strategies when the collection has two unaligned backbones.
     """
     col = open_collection(collection_dir)
     model = SRModel.from_pretrained(model_dir)
+    if dense_model is not None:
+        aligner = LinearAligner.from_pretrained(dense_model)
+        if (aligner.config.image_dim, aligner.config.text_dim) != (col.dim, col.text_dim):
+            raise SparsemmError(
+                f"the dense model {dense_model} aligns {aligner.config.image_dim}-d images "
+                f"with {aligner.config.text_dim}-d texts, but the collection has "
+                f"{col.dim}-d images and {col.text_dim}-d texts"
+            )
     # Unit-length codes: the index's inner product is then the cosine the strategies use.
     codes = normalize_rows(model.encode(col.image_embeddings(), "image", top_k=top_k))
     spine_labels: list[list[str]] = []
@@ -125,6 +146,7 @@ def build_index(
         "spine": str(Path(spine_dir).resolve()) if spine_dir is not None else None,
         "top_k": top_k or model.config.inference_top_k or model.config.top_k,
         "collection_encoder": col.encoder_name,
+        "dense_model": str(Path(dense_model).resolve()) if dense_model is not None else None,
         "labels": {"data": dimension_labels(codes, captions), "spine": spine_labels},
     }
     root = Path(collection_dir) / INDEX_DIR
@@ -197,8 +219,12 @@ class Searcher:
         self.labels_data: list[list[str]] = labels.get("data", [])
         self.labels_spine: list[list[str]] = labels.get("spine", [])
         self.codes = self.index.codes(np.arange(len(self.index)))
+        self.aligner = (
+            LinearAligner.from_pretrained(meta["dense_model"]) if meta.get("dense_model") else None
+        )
         self._encoder = encoder
         self._ctx: ExclusionContext | None = None
+        self._dense: np.ndarray | None = None
 
     # -- context ---------------------------------------------------------------------------
     @property
@@ -217,20 +243,37 @@ class Searcher:
         return self._encoder
 
     @property
+    def dense(self) -> np.ndarray | None:
+        """Items in the query texts' dense space: the aligned projection of the image
+        embeddings with a dense model, the embeddings themselves for one backbone, None for
+        two unaligned backbones without a dense model (dense strategies unavailable)."""
+        if self._dense is None:
+            col = self.collection
+            if self.aligner is not None:
+                self._dense = self.aligner.encode_image(col.image_embeddings())
+            elif col.dim == col.text_dim:
+                self._dense = col.image_embeddings()
+        return self._dense
+
+    @property
     def context(self) -> ExclusionContext:
         if self._ctx is None:
             col = self.collection
             captions = [list(it.get("captions", [])) for it in col.items]
             reference = None
             if any(captions):
-                reference = ReferenceSet(
-                    captions=captions, dense=col.image_embeddings(), codes=self.codes
-                )
+                reference = ReferenceSet(captions=captions, dense=self.dense, codes=self.codes)
+            text_encoder: Any = self.encoder
+            coder = sr_query_coder(self.model, top_k=self.top_k)
+            if self.aligner is not None:
+                # Dense strategies score in the aligned space; SR reads the raw text backbone.
+                text_encoder = AlignedTextEncoder(self.encoder, self.aligner)
+                coder = sr_query_coder(self.model, top_k=self.top_k, text_encoder=self.encoder)
             self._ctx = ExclusionContext(
-                items_dense=col.image_embeddings(),
+                items_dense=self.dense,
                 items_codes=self.codes,
-                text_encoder=self.encoder,
-                query_coder=sr_query_coder(self.model, top_k=self.top_k),
+                text_encoder=text_encoder,
+                query_coder=coder,
                 reference=reference,
             )
         return self._ctx
@@ -259,6 +302,12 @@ class Searcher:
                 f"unknown strategy {strategy!r}; available: {', '.join(available_strategies())}"
             )
         a = " and ".join(q.include)
+        if get_spec(strategy).kind == "dense" and self.dense is None:
+            raise SparsemmError(
+                f"strategy {strategy!r} is dense, but this collection's images and texts come "
+                "from different backbones with no shared space; rebuild the index with "
+                "`sparsemm index ... --dense-model ALIGNER` or use a sparse strategy"
+            )
         ctx = self.context
         strat = get_strategy(strategy, ctx, **params)
         if not q.exclude:

@@ -94,16 +94,21 @@ def sr_query_coder(
     word_vectors: Any = None,
     mask: str = "topk",
     top_k: int | None = None,
+    text_encoder: TextEncoder | None = None,
 ) -> QueryCoder:
     """A :data:`QueryCoder` for an SR model (``sparsemm.models.sr.SRModel``).
 
     ``mask="topk_or_bias"`` ORs the query text's own SPINE sentence bias into its mask
-    (needs ``word_vectors``); ``"topk"`` uses the TopK mask alone.
+    (needs ``word_vectors``); ``"topk"`` uses the TopK mask alone. With ``text_encoder`` the
+    texts are embedded by it rather than taken from the context's embeddings: SR reads the
+    raw text backbone while the context's dense space may be an aligned projection.
     """
     if mask == "topk_or_bias" and word_vectors is None:
         raise SparsemmError("the topk_or_bias query mask needs SPINE word vectors (--spine)")
 
     def code(emb: np.ndarray, texts: Sequence[str]) -> sp.csr_matrix:
+        if text_encoder is not None:
+            emb = text_encoder.encode_text(list(texts))
         bias = None
         if mask == "topk_or_bias":
             from sparsemm.words.bias import sentence_bias
