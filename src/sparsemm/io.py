@@ -5,16 +5,25 @@ target (``os.replace`` is atomic on POSIX), so a crash mid-write leaves the old 
 Whole folders are written under a temporary name and swapped in with :func:`replace_dir`;
 :func:`find_dir` finds the folder even after a crash in the middle of that swap.
 Only pickle-free formats are read: ``np.load(..., allow_pickle=False)``, JSON, safetensors.
+
+Errors a user can fix are reported as :class:`~sparsemm.errors.SparsemmError`: a full disk,
+a file-size limit, a read-only or forbidden folder (:class:`WriteError`, also an ``OSError``),
+and unreadable or damaged files. :func:`exclusive_lock` keeps a second writer off an output
+folder.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import logging
 import os
 import shutil
 import tempfile
+import threading
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -26,22 +35,67 @@ from sparsemm.errors import SparsemmError
 
 logger = logging.getLogger(__name__)
 
+# errno values of write failures a user can fix (space, quota, size limit, permissions).
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+_USER_WRITE_ERRORS = _DISK_FULL | {errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+class WriteError(SparsemmError, OSError):
+    """A write failed for a reason the user can fix (disk full, permissions, size limit).
+
+    Both a SparsemmError (the CLI prints it on one line) and an OSError (``errno`` is set),
+    so code that catches either keeps working.
+    """
+
+    def __str__(self) -> str:  # the message, not OSError's "[Errno N] ..." form
+        return str(self.args[0]) if self.args else ""
+
+
+def write_error(exc: OSError, path: str | Path) -> OSError:
+    """``exc`` as a :class:`WriteError` naming ``path`` and saying what to do, when its errno
+    is one a user can fix (ENOSPC, EDQUOT, EFBIG, EACCES, EPERM, EROFS); else ``exc`` itself.
+    A WriteError is re-targeted, e.g. from a temp file to the folder the user asked for."""
+    if exc.errno not in _USER_WRITE_ERRORS:
+        return exc
+    if exc.errno in _DISK_FULL:
+        what = "no space left on the device (or the disk quota is used up)"
+        fix = "free some space or write to another disk, then run again"
+    elif exc.errno == errno.EFBIG:
+        what = "file too large for the file system or the file-size limit (ulimit -f)"
+        fix = "raise the limit or write to another file system"
+    else:
+        what = "permission denied" if exc.errno != errno.EROFS else "read-only file system"
+        fix = "choose an output folder you can write to"
+    err = WriteError(f"cannot write {path}: {what}; {fix}")
+    err.errno = exc.errno
+    err.strerror = exc.strerror
+    return err
+
 
 @contextlib.contextmanager
 def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
-    """Open a temp file beside ``path``; on clean exit fsync and rename it over ``path``."""
+    """Open a temp file beside ``path``; on clean exit fsync and rename it over ``path``.
+
+    On any failure the temp file is removed and ``path`` is left as it was; a full disk or a
+    permission problem raises :class:`WriteError`.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise write_error(exc, path) from exc
     try:
         with os.fdopen(fd, mode) as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise write_error(exc, path) from exc
         raise
 
 
@@ -56,14 +110,30 @@ def read_json(path: str | Path) -> Any:
     if not path.is_file():
         raise SparsemmError(f"file not found: {path}")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for binary junk
         raise SparsemmError(f"{path} is not valid JSON ({exc}); re-create it") from exc
 
 
+# Bytes per write call when saving arrays (bounded temporary memory, no copies).
+_WRITE_CHUNK = 16 * 2**20
+
+
 def save_npy(path: str | Path, arr: np.ndarray) -> None:
+    """Write ``arr`` as a ``.npy`` file atomically (format 1.0, C order, no pickle).
+
+    The data goes through Python-level writes rather than ``ndarray.tofile``, whose short
+    writes lose the errno: a full disk is reported as such (:class:`WriteError`).
+    """
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype.hasobject:
+        raise SparsemmError(f"cannot save an object array to {path}; artefacts hold numbers")
+    fmt = np.lib.format
     with atomic_open(path, "wb") as fh:
-        np.save(fh, np.ascontiguousarray(arr), allow_pickle=False)
+        fmt.write_array_header_1_0(fh, fmt.header_data_from_array_1_0(arr))
+        data = arr.reshape(-1).view(np.uint8)  # the raw bytes, no copy
+        for start in range(0, len(data), _WRITE_CHUNK):
+            fh.write(data[start : start + _WRITE_CHUNK])
 
 
 def load_npy(path: str | Path, mmap: bool = False) -> np.ndarray:
@@ -72,8 +142,12 @@ def load_npy(path: str | Path, mmap: bool = False) -> np.ndarray:
         raise SparsemmError(f"file not found: {path}")
     try:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except ValueError as exc:
-        raise SparsemmError(f"{path} is not a plain .npy array ({exc})") from exc
+    except FileNotFoundError:
+        raise SparsemmError(f"file not found: {path}") from None
+    except (ValueError, EOFError, OSError) as exc:  # truncated, not .npy, object arrays
+        raise SparsemmError(
+            f"{path} is not a plain .npy array or is damaged ({exc}); re-create it"
+        ) from exc
 
 
 def save_csr(path: str | Path, mat: sp.csr_matrix) -> None:
@@ -85,7 +159,12 @@ def load_csr(path: str | Path) -> sp.csr_matrix:
     path = Path(path)
     if not path.is_file():
         raise SparsemmError(f"file not found: {path}")
-    return sp.csr_matrix(sp.load_npz(path))
+    try:
+        return sp.csr_matrix(sp.load_npz(path))  # load_npz reads with allow_pickle=False
+    except (ValueError, EOFError, KeyError, OSError, zipfile.BadZipFile) as exc:
+        raise SparsemmError(
+            f"{path} is not a sparse-matrix .npz or is damaged ({exc}); re-create it"
+        ) from exc
 
 
 def write_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> None:
@@ -100,13 +179,16 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise SparsemmError(f"file not found: {path}")
     rows = []
-    with path.open() as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise SparsemmError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise SparsemmError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise SparsemmError(f"{path} is not UTF-8 text ({exc}); re-create it") from exc
     return rows
 
 
@@ -154,15 +236,20 @@ def replace_dir(new: str | Path, target: str | Path) -> None:
         if os.path.lexists(old):
             # ``target`` is intact, so a folder still parked here is a leftover of a crash.
             _remove(old)
-        os.replace(target, old)
+        try:
+            os.replace(target, old)
+        except OSError as exc:
+            raise write_error(exc, target) from exc
         parked = True
     # else: nothing at ``target``; a folder at ``old`` (if any) is the version being replaced
     try:
         os.replace(new, target)
-    except BaseException:
+    except BaseException as exc:
         if parked:
             with contextlib.suppress(OSError):
                 os.replace(old, target)
+        if isinstance(exc, OSError):
+            raise write_error(exc, target) from exc
         raise
     with contextlib.suppress(OSError):
         fsync_dir(target.parent)
@@ -178,3 +265,85 @@ def _remove(path: Path) -> None:
             path.unlink()
     except OSError as exc:  # the new folder is in place; a leftover only costs disk space
         logger.warning("could not remove %s (%s); delete it by hand", path, exc)
+
+
+# -------------------------------------------------------------------------------- writer lock
+
+# (lock path, thread id) -> nesting depth of exclusive_lock held by this process.
+_HELD: dict[tuple[str, int], int] = {}
+
+
+def lock_path(target: str | Path) -> Path:
+    """The lock file guarding writes to ``target``: ``.<name>.lock`` beside it."""
+    target = Path(target)
+    return target.with_name(f".{target.name}.lock")
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | Path, what: str) -> Iterator[None]:
+    """Hold the lock file ``path`` (``fcntl.flock``, exclusive, non-blocking) or raise
+    SparsemmError at once, naming ``what`` (e.g. "collection runs/x") and the holder's pid.
+
+    Re-entrant within one thread. The kernel drops the lock when its process dies (kill -9
+    included), so a crash never leaves a stale lock; the file is deleted on release, and a
+    process that locked a file just deleted by the holder sees that the path no longer
+    names its file and locks the new one, so two writers never both hold it.
+    """
+    path = Path(os.path.abspath(path))
+    key = (str(path), threading.get_ident())
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(exc, path) from exc
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise write_error(exc, path) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _lock_holder(fd)
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise SparsemmError(
+                    f"{what} is being written by another process{holder} (lock file {path}); "
+                    "wait for it to finish, then retry"
+                ) from exc
+            raise
+        try:
+            st = os.stat(path)
+            mine = os.fstat(fd)
+            same = (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the previous holder deleted this file as we locked it: retry
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    _HELD[key] = 1
+    try:
+        yield
+    finally:
+        del _HELD[key]
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
+
+
+def _lock_holder(fd: int) -> str:
+    """' (pid N)' from a lock file's content, or '' when it holds none."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+    return f" (pid {text})" if text.isdigit() else ""

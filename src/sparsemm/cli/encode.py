@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sparsemm.data.encode import encode_source
+from sparsemm.data.collection import SKIPPED
+from sparsemm.data.encode import BAD_IMAGE_POLICIES, encode_source
 from sparsemm.data.sources import FORMATS
 from sparsemm.errors import SparsemmError
 
@@ -65,6 +66,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--batch-size", type=_positive_int, default=64, help="encoder batch size")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.add_argument("--force", action="store_true", help="re-encode even if OUT is up to date")
+    p.add_argument(
+        "--on-bad-image",
+        choices=BAD_IMAGE_POLICIES,
+        default="skip",
+        help="an image that cannot be read (missing, truncated, corrupt, unsupported, too "
+        "large): 'skip' leaves its item out and lists it in OUT/skipped.jsonl (default); "
+        "'fail' stops at the first one",
+    )
     p.set_defaults(func=run)
 
 
@@ -84,7 +93,15 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         force=args.force,
         text_encoder=args.text_encoder,
+        on_bad_image=args.on_bad_image,
     )
+    skipped = col.skipped()
+    if skipped:
+        first = skipped[0]
+        print(
+            f"skipped {len(skipped)} item(s) whose image could not be read, listed in "
+            f"{col.root / SKIPPED}; e.g. {first.get('image')}: {first.get('error')}"
+        )
     print(
         f"{len(col.items)} items, {len(col.texts)} texts, dim {col.dim}, "
         f"{col.manifest.get('image_kind', 'no')} image embeddings -> {col.root}"

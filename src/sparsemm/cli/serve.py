@@ -6,6 +6,7 @@ import argparse
 import ipaddress
 import logging
 from pathlib import Path
+from typing import Any
 
 from sparsemm.errors import SparsemmError, require_extra
 
@@ -13,6 +14,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
+# Open connections + requests in progress before new ones get 503 (uvicorn's
+# limit_concurrency): a flood of clients queues at most this much work and memory.
+DEFAULT_MAX_CONNECTIONS = 512
+KEEP_ALIVE_SECONDS = 5  # idle keep-alive connections are closed after this
 _WILDCARDS = ("0.0.0.0", "::", "")
 
 
@@ -36,6 +41,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="also answer requests addressed to this host name (repeatable); by default "
         "only the loopback names and the bound address, or any name on a wildcard bind",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        metavar="N",
+        help="connections and requests in progress before new ones are answered 503 "
+        f"(default {DEFAULT_MAX_CONNECTIONS})",
     )
     p.add_argument(
         "--cors-origin",
@@ -71,6 +84,18 @@ def allowed_hosts(host: str, extra: list[str]) -> list[str]:
     return list(dict.fromkeys([*LOCAL_HOSTS, host.strip("[]").lower(), *extra]))
 
 
+def server_options(max_connections: int = DEFAULT_MAX_CONNECTIONS) -> dict[str, Any]:
+    """The uvicorn settings ``sparsemm serve`` hardens the server with (also used by the
+    load test): no Server header, no X-Forwarded-* trust, bounded concurrency and idle
+    keep-alive time."""
+    return {
+        "server_header": False,
+        "proxy_headers": False,
+        "limit_concurrency": max_connections,
+        "timeout_keep_alive": KEEP_ALIVE_SECONDS,
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -80,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not 1 <= args.port <= 65535:
         raise SparsemmError(f"--port must be in 1..65535, got {args.port}")
+    if args.max_connections < 1:
+        raise SparsemmError(f"--max-connections must be at least 1, got {args.max_connections}")
     if not is_loopback(args.host):
         log.warning(
             "binding %s: the search API and every image the collection references are "
@@ -100,7 +127,6 @@ def run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level="info",
-        server_header=False,
-        proxy_headers=False,
+        **server_options(args.max_connections),
     )
     return 0

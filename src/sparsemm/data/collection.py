@@ -7,14 +7,21 @@ Layout (format version 1)::
     image_emb.npy   (n_items, d) float32, row i = item i (an image, or an image *view*)
     text_emb.npy    (n_texts, d) float32, row j = texts.jsonl row j
     texts.jsonl     one row per text: {"item": item index, "text": str}
+    skipped.jsonl   optional: source items left out, {"id", "image", "error"} (bad images)
 
 The folder is written under a temporary name and swapped in, so a crash never leaves a
-half-written collection where a good one stood.
+half-written collection where a good one stood; a lock file (``.<name>.lock`` beside the
+folder, see :func:`sparsemm.io.exclusive_lock`) refuses a second writer, and temp folders
+left by a killed writer are removed by the next one. Readers check the sha256 of every
+file they read against the manifest (the arrays when loaded fully, not memory-mapped), the
+arrays' shapes and finiteness, and the format version.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -26,17 +33,25 @@ import numpy as np
 
 from sparsemm.errors import SparsemmError
 from sparsemm.io import (
+    exclusive_lock,
+    find_dir,
     load_npy,
+    lock_path,
     read_json,
     read_jsonl,
     replace_dir,
     save_npy,
+    write_error,
     write_json,
     write_jsonl,
 )
 
+logger = logging.getLogger(__name__)
+
 FORMAT = "sparsemm.collection"
-VERSION = 1
+VERSION = 1  # the format this sparsemm writes
+MIN_VERSION = 1  # the oldest format it still reads
+SKIPPED = "skipped.jsonl"
 
 
 def sha256_file(path: Path) -> str:
@@ -68,6 +83,7 @@ class Collection:
     manifest: dict[str, Any]
     items: list[dict[str, Any]]
     texts: list[dict[str, Any]] = field(default_factory=list)
+    _verified: set[str] = field(default_factory=set, repr=False)
 
     @property
     def ids(self) -> list[str]:
@@ -91,21 +107,70 @@ class Collection:
     def text_dim(self) -> int:
         return int(self.manifest.get("text_encoder", self.manifest["encoder"])["dim"])
 
+    def _lists(self, name: str) -> bool:
+        """The manifest lists ``name`` (its checksum), or the file is there."""
+        return name in self.manifest.get("checksums", {}) or (self.root / name).is_file()
+
     def has_images(self) -> bool:
-        return (self.root / "image_emb.npy").is_file()
+        return self._lists("image_emb.npy")
 
     def has_texts(self) -> bool:
-        return (self.root / "text_emb.npy").is_file()
+        return self._lists("text_emb.npy")
 
     def image_embeddings(self, mmap: bool = False) -> np.ndarray:
+        """(n_items, dim) float32. Without ``mmap`` the file's checksum and the values'
+        finiteness are checked; the shape always is."""
         if not self.has_images():
             raise SparsemmError(f"collection {self.root} has no image embeddings")
-        return load_npy(self.root / "image_emb.npy", mmap=mmap)
+        return self._embeddings("image_emb.npy", len(self.items), self.dim, mmap)
 
     def text_embeddings(self, mmap: bool = False) -> np.ndarray:
+        """(n_texts, text_dim) float32, checked as :meth:`image_embeddings`."""
         if not self.has_texts():
             raise SparsemmError(f"collection {self.root} has no text embeddings")
-        return load_npy(self.root / "text_emb.npy", mmap=mmap)
+        return self._embeddings("text_emb.npy", len(self.texts), self.text_dim, mmap)
+
+    def _embeddings(self, name: str, rows: int, dim: int, mmap: bool) -> np.ndarray:
+        if not mmap:
+            self.check_file(name)
+        arr = load_npy(self.root / name, mmap=mmap)
+        if arr.ndim != 2 or arr.shape != (rows, dim):
+            raise SparsemmError(
+                f"collection {self.root}: {name} has shape {arr.shape}, the manifest says "
+                f"({rows}, {dim}); re-run `sparsemm encode`"
+            )
+        if not mmap:
+            return check_embeddings(arr, dim, f"collection {self.root}: {name}")
+        return arr
+
+    def check_file(self, name: str) -> None:
+        """Compare ``name``'s sha256 with the manifest's (once per opened collection).
+
+        Files the manifest lists no checksum for are not checked.
+        """
+        if name in self._verified:
+            return
+        digest = self.manifest.get("checksums", {}).get(name)
+        if digest is not None:
+            path = self.root / name
+            if not path.is_file():
+                raise SparsemmError(
+                    f"collection {self.root}: {name} is missing; re-run `sparsemm encode`"
+                )
+            if sha256_file(path) != digest:
+                raise SparsemmError(
+                    f"collection {self.root}: {name} does not match its checksum "
+                    "(modified or corrupt); re-run `sparsemm encode`"
+                )
+        self._verified.add(name)
+
+    def skipped(self) -> list[dict[str, Any]]:
+        """Source items left out when the collection was made (``{"id", "image", "error"}``:
+        unreadable images); empty when none were."""
+        if not (self.root / SKIPPED).is_file():
+            return []
+        self.check_file(SKIPPED)
+        return read_jsonl(self.root / SKIPPED)
 
     def text_item_index(self) -> np.ndarray:
         """(n_texts,) int array: the item each text row belongs to."""
@@ -130,38 +195,78 @@ class Collection:
 
     def verify(self) -> None:
         """Re-hash every file and compare with the manifest's checksums."""
-        for name, digest in self.manifest.get("checksums", {}).items():
-            path = self.root / name
-            if not path.is_file():
-                raise SparsemmError(f"collection {self.root}: {name} is missing")
-            if sha256_file(path) != digest:
-                raise SparsemmError(
-                    f"collection {self.root}: {name} does not match its checksum "
-                    "(modified or corrupt); re-run `sparsemm encode`"
-                )
+        self._verified.clear()
+        for name in self.manifest.get("checksums", {}):
+            self.check_file(name)
 
 
-def open_collection(path: str | Path) -> Collection:
-    root = Path(path)
+def check_manifest(manifest: Any, where: str, fmt: str, version: int, min_version: int) -> None:
+    """Raise SparsemmError unless ``manifest`` is a JSON object of format ``fmt`` whose
+    integer ``version`` lies in [min_version, version] (this sparsemm reads those)."""
+    if not isinstance(manifest, dict) or manifest.get("format") != fmt:
+        raise SparsemmError(f"{where} is not a {fmt} manifest")
+    v = manifest.get("version")
+    if type(v) is not int:
+        raise SparsemmError(
+            f"{where} has no valid format version (got {v!r}); it is damaged or was not "
+            "written by sparsemm: re-create it"
+        )
+    if v > version:
+        raise SparsemmError(
+            f"{where} was written by a newer sparsemm ({fmt} format v{v}, this one reads "
+            f"v{min_version}..v{version}); upgrade sparsemm"
+        )
+    if v < min_version:
+        raise SparsemmError(
+            f"{where} was written by an older sparsemm ({fmt} format v{v}, this one reads "
+            f"v{min_version}..v{version}); re-create it with this version"
+        )
+
+
+def open_collection(path: str | Path, verify: bool = True) -> Collection:
+    """Open a collection folder; raise SparsemmError if it is missing, damaged or from an
+    incompatible sparsemm.
+
+    A collection parked aside by a crash in the middle of a folder swap is found (see
+    :func:`sparsemm.io.find_dir`). With ``verify`` (default) the item and text tables are
+    checked against the manifest's checksums now and the arrays when they are loaded.
+    """
+    root = find_dir(Path(path))
     if not (root / "manifest.json").is_file():
         raise SparsemmError(
             f"{root} is not a sparsemm collection (no manifest.json); create one with "
             "`sparsemm encode`"
         )
     manifest = read_json(root / "manifest.json")
-    if manifest.get("format") != FORMAT:
-        raise SparsemmError(f"{root}/manifest.json is not a {FORMAT} manifest")
-    if int(manifest.get("version", -1)) > VERSION:
-        raise SparsemmError(
-            f"{root} was written by a newer sparsemm (collection format "
-            f"v{manifest.get('version')}, this one reads v{VERSION}); upgrade sparsemm"
-        )
-    items = read_jsonl(root / "items.jsonl")
-    texts = read_jsonl(root / "texts.jsonl") if (root / "texts.jsonl").is_file() else []
-    col = Collection(root=root, manifest=manifest, items=items, texts=texts)
-    counts = manifest.get("counts", {})
-    if counts.get("items") != len(items) or counts.get("texts", 0) != len(texts):
+    check_manifest(manifest, f"{root}/manifest.json", FORMAT, VERSION, MIN_VERSION)
+    encoder, counts = manifest.get("encoder"), manifest.get("counts")
+    if not (
+        isinstance(encoder, dict)
+        and isinstance(encoder.get("name"), str)
+        and type(encoder.get("dim")) is int
+        and isinstance(counts, dict)
+        and isinstance(manifest.get("checksums", {}), dict)
+    ):
+        raise SparsemmError(f"{root}/manifest.json is malformed; re-run `sparsemm encode`")
+    col = Collection(root=root, manifest=manifest, items=[])
+    if not verify:  # every file counts as checked
+        col._verified.update(manifest.get("checksums", {}))
+    col.check_file("items.jsonl")
+    col.items = read_jsonl(root / "items.jsonl")
+    if col._lists("texts.jsonl"):
+        col.check_file("texts.jsonl")
+        col.texts = read_jsonl(root / "texts.jsonl")
+    if counts.get("items") != len(col.items) or counts.get("texts", 0) != len(col.texts):
         raise SparsemmError(f"collection {root}: item/text counts disagree with the manifest")
+    if not all(isinstance(it, dict) and "id" in it for it in col.items):
+        raise SparsemmError(f"collection {root}: items.jsonl rows must be objects with an id")
+    n = len(col.items)
+    if not all(
+        isinstance(t, dict) and type(t.get("item")) is int and 0 <= t["item"] < n for t in col.texts
+    ):
+        raise SparsemmError(
+            f"collection {root}: texts.jsonl rows must be objects whose 'item' indexes an item"
+        )
     return col
 
 
@@ -174,13 +279,16 @@ def write_collection(
     texts: Sequence[dict[str, Any]] | None = None,
     extra: dict[str, Any] | None = None,
     text_encoder: dict[str, Any] | None = None,
+    skipped: Sequence[dict[str, Any]] | None = None,
 ) -> Collection:
     """Write a collection folder atomically (temp folder, then swap) and return it opened.
 
     ``encoder`` must hold at least ``name`` and ``dim``; ``text_encoder`` likewise when the
     texts come from another backbone than the images (e.g. EfficientNet + MiniLM). ``texts``
     rows carry ``item`` (an index into ``items``) and ``text``; they are required when
-    ``text_emb`` is given.
+    ``text_emb`` is given. ``skipped`` (source items left out, e.g. unreadable images) goes
+    to ``skipped.jsonl`` and its count to the manifest. Holds the collection's writer lock
+    (SparsemmError if another process writes it); on any failure nothing is left behind.
     """
     root = Path(path)
     dim = int(encoder["dim"])
@@ -202,31 +310,60 @@ def write_collection(
     if any(not i for i in ids) or len(set(ids)) != len(ids):
         raise SparsemmError("every item needs a unique, non-empty 'id'")
 
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".tmp", dir=root.parent))
-    try:
-        write_jsonl(tmp / "items.jsonl", list(items))
-        if image_emb is not None:
-            save_npy(tmp / "image_emb.npy", image_emb)
-        if text_emb is not None:
-            save_npy(tmp / "text_emb.npy", text_emb)
-            write_jsonl(tmp / "texts.jsonl", texts)
-        names = sorted(p.name for p in tmp.iterdir())
-        manifest = {
-            "format": FORMAT,
-            "version": VERSION,
-            "encoder": dict(encoder),
-            **({"text_encoder": dict(text_encoder)} if text_encoder else {}),
-            "counts": {"items": len(items), "texts": len(texts)},
-            "checksums": {n: sha256_file(tmp / n) for n in names},
-            **(extra or {}),
-        }
-        write_json(tmp / "manifest.json", manifest)
-        _swap_dir(tmp, root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return open_collection(root)
+    with collection_lock(root):
+        _remove_stale_temps(root)
+        try:
+            root.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".tmp", dir=root.parent))
+        except OSError as exc:
+            raise write_error(exc, root) from exc
+        try:
+            write_jsonl(tmp / "items.jsonl", list(items))
+            if image_emb is not None:
+                save_npy(tmp / "image_emb.npy", image_emb)
+            if text_emb is not None:
+                save_npy(tmp / "text_emb.npy", text_emb)
+                write_jsonl(tmp / "texts.jsonl", texts)
+            if skipped:
+                write_jsonl(tmp / SKIPPED, list(skipped))
+            names = sorted(p.name for p in tmp.iterdir())
+            manifest = {
+                "format": FORMAT,
+                "version": VERSION,
+                "encoder": dict(encoder),
+                **({"text_encoder": dict(text_encoder)} if text_encoder else {}),
+                "counts": {"items": len(items), "texts": len(texts)},
+                **({"skipped": len(skipped)} if skipped else {}),
+                "checksums": {n: sha256_file(tmp / n) for n in names},
+                **(extra or {}),
+            }
+            write_json(tmp / "manifest.json", manifest)
+            _swap_dir(tmp, root)
+        except BaseException as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, OSError):  # name the collection, not its temp folder
+                raise write_error(exc, root) from exc
+            raise
+        return open_collection(root)
+
+
+def collection_lock(path: str | Path) -> Any:
+    """Context manager holding the writer lock of the collection folder ``path``
+    (``.<name>.lock`` beside it); SparsemmError at once when another process holds it."""
+    return exclusive_lock(lock_path(path), f"collection {path}")
+
+
+def _remove_stale_temps(root: Path) -> None:
+    """Delete temp folders a killed writer of ``root`` left beside it (call under the lock:
+    no other writer of ``root`` is running, so any such folder is abandoned)."""
+    if not root.parent.is_dir():
+        return
+    # mkdtemp's names: ".<name>." + 8 random characters + ".tmp"
+    pattern = re.compile(re.escape(f".{root.name}.") + r"[a-z0-9_]{8}\.tmp")
+    for p in root.parent.iterdir():
+        if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink():
+            logger.info("removing %s, left by an interrupted write", p)
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _swap_dir(new: Path, target: Path) -> None:

@@ -13,6 +13,11 @@ What gets written (see :mod:`sparsemm.data.collection` for the layout):
 
 :func:`encode_source` adds reading and caching: the manifest stores a fingerprint of the
 source and the encoder settings, and a matching collection is reused instead of re-encoded.
+
+Bad image files (missing, truncated, corrupt, unsupported, too large, or embedded as
+NaN/inf) do not abort a long run: with ``on_bad_image="skip"`` (default) their items are
+left out, listed in the collection's ``skipped.jsonl`` (id, image, error) and counted in
+the manifest; ``"fail"`` stops at the first one instead.
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from sparsemm.data.collection import (
     Collection,
     check_embeddings,
+    collection_lock,
     open_collection,
     write_collection,
 )
@@ -36,6 +43,12 @@ from sparsemm.encoders.base import Encoder, get_encoder, l2_normalize
 from sparsemm.errors import SparsemmError
 
 logger = logging.getLogger(__name__)
+
+BAD_IMAGE_POLICIES = ("skip", "fail")
+
+
+class _EncoderOutputError(SparsemmError):
+    """The encoder returned an array of the wrong shape: its fault, not an image's."""
 
 
 def _modalities(encoder: Encoder) -> tuple[str, ...]:
@@ -68,24 +81,27 @@ def encode_items(
     progress: bool = True,
     extra: dict[str, Any] | None = None,
     text_encoder: Encoder | None = None,
+    on_bad_image: str = "skip",
 ) -> Collection:
     """Embed ``items`` with ``encoder`` and write the collection folder ``out``.
 
     With ``text_encoder``, captions are embedded by it and images by ``encoder`` (two
     unaligned backbones, e.g. EfficientNet + MiniLM; every item then needs an image).
+    ``on_bad_image``: ``"skip"`` leaves out items whose image cannot be embedded and lists
+    them in ``skipped.jsonl`` (see the module docstring); ``"fail"`` raises at the first.
 
     Returns the opened :class:`Collection`. ``extra`` goes into the manifest (e.g. a
     ``source`` fingerprint). Raises SparsemmError when an image embedding (real or caption
-    view) cannot be made for every item.
+    view) cannot be made for every item, or when no image at all could be read.
     """
+    if on_bad_image not in BAD_IMAGE_POLICIES:
+        raise SparsemmError(
+            f"on_bad_image must be one of {', '.join(BAD_IMAGE_POLICIES)}, got {on_bad_image!r}"
+        )
     items = [dict(it) for it in items]
     if not items:
         raise SparsemmError("no items to encode; check the source, --split and --limit")
     modalities = _modalities(encoder)
-    n = len(items)
-
-    texts: list[dict[str, Any]] = []
-    text_emb: np.ndarray | None = None
     tenc = text_encoder or encoder
     if text_encoder is not None:
         if "image" not in modalities or any(not it.get("image") for it in items):
@@ -93,6 +109,39 @@ def encode_items(
                 f"with a separate text encoder, {encoder.name} must embed images and every "
                 "item needs an image"
             )
+
+    image_emb: np.ndarray | None = None
+    image_kind: str | None = None
+    skipped: list[dict[str, Any]] = []
+    keys_are_ids = bool(getattr(encoder, "keys_are_ids", False))
+    with_image = sum(1 for it in items if it.get("image"))
+    if "image" in modalities and keys_are_ids:
+        image_kind = "precomputed"
+        logger.info("looking up %d items in %s", len(items), encoder.name)
+        image_emb = encoder.encode_image(
+            [it["id"] for it in items], batch_size=batch_size, normalize=True, progress=progress
+        )
+        image_emb = check_embeddings(image_emb, encoder.dim, f"{encoder.name} image embeddings")
+    elif "image" in modalities and with_image == len(items):
+        # Images first: items whose image is bad are dropped before their captions are
+        # embedded, so texts and items stay aligned.
+        image_kind = "pixels"
+        logger.info("encoding %d images with %s", len(items), encoder.name)
+        image_emb, ok, skipped = encode_images_skipping(
+            encoder,
+            [it["image"] for it in items],
+            [str(it["id"]) for it in items],
+            batch_size=batch_size,
+            progress=progress,
+            skip=on_bad_image == "skip",
+        )
+        if skipped:
+            items = [it for it, keep in zip(items, ok, strict=True) if keep]
+            image_emb = image_emb[ok]
+    n = len(items)
+
+    texts: list[dict[str, Any]] = []
+    text_emb: np.ndarray | None = None
     if "text" in _modalities(tenc):
         texts = [
             {"item": idx, "text": caption}
@@ -109,19 +158,7 @@ def encode_items(
             )
             text_emb = check_embeddings(text_emb, tenc.dim, f"{tenc.name} text embeddings")
 
-    image_emb: np.ndarray | None = None
-    image_kind: str | None = None
-    keys_are_ids = bool(getattr(encoder, "keys_are_ids", False))
-    with_image = sum(1 for it in items if it.get("image"))
-    if "image" in modalities and (keys_are_ids or with_image == n):
-        keys = [it["id"] for it in items] if keys_are_ids else [it["image"] for it in items]
-        image_kind = "precomputed" if keys_are_ids else "pixels"
-        logger.info("encoding %d images with %s", n, encoder.name)
-        image_emb = encoder.encode_image(
-            keys, batch_size=batch_size, normalize=True, progress=progress
-        )
-        image_emb = check_embeddings(image_emb, encoder.dim, f"{encoder.name} image embeddings")
-    elif text_emb is not None:
+    if image_emb is None and text_emb is not None:
         if with_image:
             logger.info(
                 "%d of %d items have images but %s; using caption views",
@@ -141,12 +178,12 @@ def encode_items(
                 "image encoder (--encoder clip|blip)"
             )
         image_kind = "caption_view"
-    elif with_image:
+    elif image_emb is None and with_image:
         raise SparsemmError(
             f"the {encoder.name} encoder cannot embed images and the items have no captions; "
             "use --encoder clip or blip"
         )
-    else:
+    elif image_emb is None:
         raise SparsemmError("the items have neither captions nor images; nothing to encode")
 
     encoder_info = _encoder_info(encoder)
@@ -160,7 +197,88 @@ def encode_items(
         texts=texts if text_emb is not None else None,
         extra=manifest_extra,
         text_encoder=_encoder_info(text_encoder) if text_encoder is not None else None,
+        skipped=skipped,
     )
+
+
+def encode_images_skipping(
+    encoder: Encoder,
+    images: Sequence[Any],
+    ids: Sequence[str],
+    batch_size: int = 32,
+    progress: bool = True,
+    skip: bool = True,
+) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """Embed ``images`` batch by batch, leaving out the ones that cannot be embedded.
+
+    Returns (emb (n, dim) float32 L2-normalised, ok (n,) bool, skipped rows ``{"id",
+    "image", "error"}``); rows of skipped images are zero. A batch whose encoding raises
+    SparsemmError (an unreadable file) is redone image by image, so one bad file costs
+    one batch, not the run; an image embedded as NaN/inf is skipped too. With ``skip=False``
+    the first bad image raises. Raises SparsemmError when no image could be embedded.
+    """
+    n, dim = len(images), int(encoder.dim)
+    emb = np.zeros((n, dim), dtype=np.float32)
+    ok = np.ones(n, dtype=bool)
+    errors: dict[int, str] = {}
+    step = max(1, int(batch_size))
+
+    def run(rows: range) -> np.ndarray:
+        out = np.asarray(
+            encoder.encode_image([images[i] for i in rows], batch_size=step, normalize=True),
+            dtype=np.float32,
+        )
+        if out.shape != (len(rows), dim):
+            raise _EncoderOutputError(
+                f"the {encoder.name} encoder returned shape {out.shape} for {len(rows)} "
+                f"images; expected ({len(rows)}, {dim})"
+            )
+        return out
+
+    with tqdm(total=n, desc=f"{encoder.name} images", disable=not progress, unit="img") as bar:
+        for start in range(0, n, step):
+            rows = range(start, min(n, start + step))
+            try:
+                emb[rows.start : rows.stop] = run(rows)
+            except _EncoderOutputError:
+                raise
+            except SparsemmError:
+                if not skip:
+                    raise
+                for i in rows:  # find the bad file(s); the others are still embedded
+                    try:
+                        emb[i] = run(range(i, i + 1))[0]
+                    except _EncoderOutputError:
+                        raise
+                    except SparsemmError as exc:
+                        ok[i] = False
+                        errors[i] = str(exc)
+            bar.update(len(rows))
+    bad = ok & ~np.isfinite(emb).all(axis=1)
+    if bad.any() and not skip:
+        raise SparsemmError(
+            f"the {encoder.name} encoder gave NaN or inf for image {images[int(np.argmax(bad))]}; "
+            "fix or remove this file"
+        )
+    for row in np.flatnonzero(bad).tolist():
+        ok[row] = False
+        errors[row] = f"the {encoder.name} encoder gave NaN or inf for this image"
+        emb[row] = 0.0
+    skipped = [{"id": ids[i], "image": str(images[i]), "error": errors[i]} for i in sorted(errors)]
+    if skipped and not ok.any():
+        raise SparsemmError(
+            f"none of the {n} images could be embedded (first error: {skipped[0]['error']}); "
+            "check the source"
+        )
+    if skipped:
+        logger.warning(
+            "skipped %d of %d images that could not be embedded, e.g. %s: %s",
+            len(skipped),
+            n,
+            skipped[0]["image"],
+            skipped[0]["error"],
+        )
+    return emb, ok, skipped
 
 
 def _encoder_info(encoder: Encoder) -> dict[str, Any]:
@@ -238,13 +356,47 @@ def encode_source(
     progress: bool = True,
     force: bool = False,
     text_encoder: str | Encoder | None = None,
+    on_bad_image: str = "skip",
 ) -> Collection:
     """Read ``source``, embed it and write the collection ``out``; reuse a cached one.
 
     ``encoder`` is a registered name (built with ``model=`` when given) or an encoder
     object. Unless ``force``, an existing collection at ``out`` whose manifest ``source``
-    fingerprint matches is returned without re-encoding.
+    fingerprint matches is returned without re-encoding. ``on_bad_image``: see
+    :func:`encode_items`. The collection's writer lock is held from the start, so a
+    second ``encode`` into ``out`` fails at once instead of after its own encoding.
     """
+    with collection_lock(out):
+        return _encode_source(
+            source,
+            out,
+            format,
+            encoder,
+            model,
+            split,
+            limit,
+            batch_size,
+            progress,
+            force,
+            text_encoder,
+            on_bad_image,
+        )
+
+
+def _encode_source(
+    source: str | Path,
+    out: str | Path,
+    format: str | None,
+    encoder: str | Encoder,
+    model: str | None,
+    split: str | None,
+    limit: int | None,
+    batch_size: int,
+    progress: bool,
+    force: bool,
+    text_encoder: str | Encoder | None,
+    on_bad_image: str,
+) -> Collection:
     fmt = format or guess_format(source)
     encoder_name = encoder if isinstance(encoder, str) else encoder.name
     if not isinstance(encoder, str) and model is None:
@@ -254,6 +406,8 @@ def encode_source(
         fingerprint["text_encoder"] = (
             text_encoder if isinstance(text_encoder, str) else text_encoder.name
         )
+    if on_bad_image != "skip":  # only non-defaults: older fingerprints stay valid
+        fingerprint["on_bad_image"] = on_bad_image
     if not force:
         cached = cached_collection(out, fingerprint)
         if cached is not None:
@@ -278,4 +432,5 @@ def encode_source(
         progress=progress,
         extra={"source": fingerprint},
         text_encoder=tenc,
+        on_bad_image=on_bad_image,
     )

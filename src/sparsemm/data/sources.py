@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,12 @@ from sparsemm.errors import SparsemmError
 logger = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp"})
+# Image formats an image folder may hold that are not read (camera raw, HEIC, TIFF, ...):
+# reported, so photos do not silently go missing from a collection.
+UNREAD_IMAGE_EXTENSIONS = frozenset(
+    {".heic", ".heif", ".avif", ".tif", ".tiff", ".jp2", ".jxl", ".svg", ".psd", ".ico"}
+    | {".raw", ".dng", ".cr2", ".cr3", ".nef", ".arw", ".orf", ".rw2"}
+)
 FORMATS = ("coco", "jsonl", "csv", "images")
 
 Item = dict[str, Any]
@@ -295,18 +302,33 @@ def read_image_folder(path: str | Path) -> list[Item]:
     if not root.is_dir():
         raise SparsemmError(f"image folder not found: {root}")
     items: list[Item] = []
+    unread: Counter[str] = Counter()
     for file in sorted(root.rglob("*")):
         rel = file.relative_to(root)
         if any(part.startswith(".") for part in rel.parts):
             continue
-        if file.suffix.lower() not in IMAGE_EXTENSIONS or not file.is_file():
+        suffix = file.suffix.lower()
+        if suffix in UNREAD_IMAGE_EXTENSIONS and file.is_file():
+            unread[suffix] += 1
+        if suffix not in IMAGE_EXTENSIONS or not file.is_file():
             continue
         item: Item = {"id": rel.as_posix(), "image": str(file.resolve())}
         if len(rel.parts) > 1:
             item["labels"] = [rel.parent.name]
         items.append(item)
+    found = ", ".join(f"{n} {ext}" for ext, n in sorted(unread.items()))
     if not items:
         raise SparsemmError(
-            f"no images under {root} (looked for {', '.join(sorted(IMAGE_EXTENSIONS))})"
+            f"no images under {root} (looked for {', '.join(sorted(IMAGE_EXTENSIONS))}"
+            + (f"; found only formats sparsemm does not read: {found}" if found else "")
+            + ")"
+        )
+    if unread:
+        logger.warning(
+            "left out %d file(s) under %s in formats sparsemm does not read (%s); convert "
+            "them to JPEG or PNG to include them",
+            sum(unread.values()),
+            root,
+            found,
         )
     return items

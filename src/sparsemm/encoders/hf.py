@@ -44,22 +44,72 @@ def _transformers(extra: str) -> Any:
     return transformers
 
 
+# Largest image decoded, in pixels: 120 megapixels holds the biggest camera photos (about
+# 100 MP) and costs 360 MB as RGB; anything larger is refused before it is decoded (a
+# "decompression bomb" can declare 10^10 pixels in a few kilobytes).
+MAX_IMAGE_PIXELS = 120_000_000
+
+
 def load_image(image: ImageInput) -> Image.Image:
-    """An RGB PIL image from a PIL image or a file path (unreadable file -> SparsemmError)."""
-    from PIL import Image, UnidentifiedImageError
+    """An RGB PIL image from a PIL image or a file path.
+
+    Raises SparsemmError naming the file when it is missing, not an image, truncated or
+    corrupt, in a format Pillow cannot read, or larger than :data:`MAX_IMAGE_PIXELS`.
+    16-bit greyscale is scaled to 8 bits (a plain conversion would clip it to white).
+    """
+    import struct
+    import warnings
+
+    from PIL import Image
 
     if isinstance(image, Image.Image):
-        return image.convert("RGB")
+        return _to_rgb(image)
     if not isinstance(image, str | Path):
         raise SparsemmError(f"images must be PIL images or file paths, got {type(image).__name__}")
     path = Path(image).expanduser()
     try:
-        with Image.open(path) as img:
-            return img.convert("RGB")
+        with warnings.catch_warnings():
+            # The size limit below replaces Pillow's own decompression-bomb warning.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                w, h = img.size  # read from the header; nothing decoded yet
+                if w * h > MAX_IMAGE_PIXELS:
+                    raise _too_large(path, f"{w}x{h} pixels")
+                return _to_rgb(img)
+    except Image.DecompressionBombError as exc:  # Pillow's own check, at twice its limit
+        raise _too_large(path, str(exc)) from exc
     except FileNotFoundError as exc:
         raise SparsemmError(f"image file not found: {path}") from exc
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+    except IsADirectoryError as exc:
+        raise SparsemmError(f"{path} is a folder, not an image file") from exc
+    except (
+        OSError,  # UnidentifiedImageError, truncated data, decoder errors
+        ValueError,
+        SyntaxError,  # some Pillow plugins report malformed headers this way
+        EOFError,
+        IndexError,
+        struct.error,
+    ) as exc:
         raise SparsemmError(f"cannot read image {path} ({exc}); fix or remove this file") from exc
+
+
+def _too_large(path: Path, size: str) -> SparsemmError:
+    return SparsemmError(
+        f"image {path} is larger than the {MAX_IMAGE_PIXELS // 1_000_000} megapixels "
+        f"sparsemm decodes ({size}); downscale it or remove it"
+    )
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """Decode ``img`` fully and return it as RGB (16-bit greyscale scaled to 8 bits)."""
+    from PIL import Image
+
+    if img.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
+        arr = np.asarray(img, dtype=np.float64)
+        if arr.max(initial=0) > 255:  # a 16-bit range
+            arr = arr / 257.0
+        img = Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8))  # mode L
+    return img.convert("RGB")
 
 
 def _batches(n: int, batch_size: int) -> Iterator[range]:

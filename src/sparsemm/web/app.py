@@ -15,15 +15,18 @@
 ``GET /images/{id}``                       the item's image file
 =========================================  =====================================================
 
-Every error is JSON ``{"error": message}``: a :class:`~sparsemm.errors.SparsemmError` or
-invalid parameters give 400, an unknown item, dimension or image 404.
+Every error is JSON ``{"error": message}``: a :class:`~sparsemm.errors.SparsemmError`,
+invalid parameters or a query term that means nothing to the model (its query code is
+empty) give 400, an unknown item, dimension or image 404, an oversized body 413, anything
+unexpected 500 (details only in the server log). The OpenAPI schema documents exactly these.
 
 Safety: only image files referenced by the collection's items are served, looked up by item
 id (a request path is never joined to a folder, so ``..`` cannot escape), and only with an
 image suffix; requests whose Host header is not an allowed name are refused (a DNS-rebinding
 page cannot read a local server); CORS is off unless origins are given; the page runs under a
 strict Content-Security-Policy; query text, term lists, k, offset and request bodies are
-bounded.
+bounded, and so is the memory the per-query caches of the strategies may take
+(:data:`MAX_CACHE_BYTES`), so a stream of distinct queries cannot exhaust it.
 """
 
 from __future__ import annotations
@@ -44,13 +47,14 @@ from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.query.parse import MAX_QUERY_CHARS, Query, parse_query
 from sparsemm.query.searcher import DEFAULT_STRATEGY, Concept, ExcludedCheck, Hit, Searcher
-from sparsemm.query.strategies import HardFilter, available_strategies
+from sparsemm.query.strategies import HardFilter, available_strategies, get_spec
 
 try:
     from fastapi import FastAPI, HTTPException
     from fastapi import Query as QueryParam
     from fastapi.exceptions import RequestValidationError
     from fastapi.middleware.cors import CORSMiddleware
+    from fastapi.openapi.utils import get_openapi
     from fastapi.responses import FileResponse, JSONResponse
     from fastapi.staticfiles import StaticFiles
     from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -75,6 +79,10 @@ MAX_DIM_ITEMS = 100
 MAX_BODY_BYTES = 64 * 1024  # a search request is a few hundred bytes of JSON
 EXPLAIN_DIMS = 5  # matched concepts listed per hit
 ITEM_CONCEPTS = 8  # an item's own strongest concepts in an explanation
+# Per-query caches of the strategy context (embeddings, codes, score arrays) are dropped
+# when they pass this size; measured every CACHE_CHECK_EVERY requests (summing is O(entries)).
+MAX_CACHE_BYTES = 256 * 2**20
+CACHE_CHECK_EVERY = 32
 # Suffixes served from /images/ and their media types; any other referenced file is not served.
 IMAGE_TYPES = {
     ".png": "image/png",
@@ -96,6 +104,24 @@ SECURITY_HEADERS = {
 
 
 # ---------------------------------------------------------------------------- API models
+
+
+class ErrorOut(BaseModel):
+    """Every error response: one line saying what went wrong and what to do."""
+
+    error: str
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {
+        "model": ErrorOut,
+        "description": "Invalid input: a malformed query, a parameter out of range, an "
+        "unknown strategy, a term the model knows nothing about, or an unknown host name",
+    },
+    404: {"model": ErrorOut, "description": "Unknown item, dimension or path"},
+    413: {"model": ErrorOut, "description": "Request body larger than 64 KiB"},
+    500: {"model": ErrorOut, "description": "Unexpected server error (details in its log)"},
+}
 
 
 class SearchRequest(BaseModel):
@@ -343,6 +369,7 @@ class SearchService:
         self.n_dims = int(searcher.codes.shape[1])
         self._lock = threading.Lock()
         self._csc: sp.csc_matrix | None = None
+        self._requests = 0
 
     # -- rendering ---------------------------------------------------------------------
     def image_url(self, item_id: str, prefix: str = "") -> str | None:
@@ -366,8 +393,11 @@ class SearchService:
         return [ConceptOut(dim=c.dim, weight=c.weight, words=list(c.words)) for c in concepts]
 
     def _checks(self, checks: Sequence[ExcludedCheck], row: int) -> list[ExcludedOut]:
-        code = self.searcher.codes[row]
-        values = dict(zip(code.indices.tolist(), code.data.tolist(), strict=True))
+        if not checks:
+            return []
+        codes = self.searcher.codes  # CSR; slicing the arrays is ~50x cheaper than codes[row]
+        lo, hi = int(codes.indptr[row]), int(codes.indptr[row + 1])
+        values = dict(zip(codes.indices[lo:hi].tolist(), codes.data[lo:hi].tolist(), strict=True))
         return [
             ExcludedOut(
                 term=e.term,
@@ -404,10 +434,53 @@ class SearchService:
             filter_threshold=float(HardFilter.params["threshold"]),
         )
 
+    def check_terms(self, query: Query, strategy: str) -> None:
+        """Raise SparsemmError for query terms that mean nothing to the model: their query
+        code (sparse strategies) or text embedding (dense ones) is all zeros, so searching
+        for them returns nothing and excluding them silently excludes nothing.
+
+        Call under the lock: the context caches the codes it computes.
+        """
+        if strategy not in available_strategies():
+            return  # the searcher names the unknown strategy
+        ctx = self.searcher.context
+        sparse = get_spec(strategy).kind == "sparse"
+        for side, terms in (("search for", query.include), ("exclude", query.exclude)):
+            for term in terms:
+                vec = ctx.term_code(term) if sparse else ctx.term_embedding(term)
+                if not np.any(vec):
+                    raise SparsemmError(
+                        f"{term!r} matches no concept of this collection's model, so it "
+                        f"cannot {side} anything; check the spelling or try another word"
+                    )
+
+    def _bound_caches(self) -> None:
+        """Drop the strategy context's per-query caches once they pass MAX_CACHE_BYTES
+        (checked every CACHE_CHECK_EVERY requests; call under the lock)."""
+        self._requests += 1
+        if self._requests % CACHE_CHECK_EVERY:
+            return
+        ctx = self.searcher._ctx  # not built yet: nothing cached
+        if ctx is None:
+            return
+        caches = [getattr(ctx, name, None) for name in ("_emb", "_code", "cache")]
+        dicts = [c for c in caches if isinstance(c, dict)]
+        size = sum(_nbytes(c) for c in dicts)
+        if size > MAX_CACHE_BYTES:
+            log.info("query caches hold %.0f MB; clearing them", size / 2**20)
+            for c in dicts:
+                c.clear()
+
     def search(self, req: SearchRequest, prefix: str = "") -> SearchOut:
         query = build_query(req.q, req.include, req.exclude)
         with self._lock:
-            hits = self.searcher.search(query, k=req.k, strategy=req.strategy, offset=req.offset)
+            try:
+                self.check_terms(query, req.strategy)
+                hits = self.searcher.search(
+                    query, k=req.k, strategy=req.strategy, offset=req.offset
+                )
+            finally:
+                self._bound_caches()
         hits = [h for h in hits if math.isfinite(h.score)]
         log.debug("search %r [%s] -> %d hits", query.text, req.strategy, len(hits))
         full = len(hits) == req.k and req.offset + req.k <= MAX_OFFSET
@@ -428,7 +501,10 @@ class SearchService:
     def explain(self, item_id: str, query: Query, prefix: str = "") -> ExplainOut:
         row = self.row(item_id)
         with self._lock:
-            matched, checks = self.searcher.explain(row, query, n_dims=EXPLAIN_DIMS)
+            try:
+                matched, checks = self.searcher.explain(row, query, n_dims=EXPLAIN_DIMS)
+            finally:
+                self._bound_caches()
         code = self.searcher.codes[row]
         order = np.argsort(-code.data, kind="stable")[:ITEM_CONCEPTS]
         own = [
@@ -473,6 +549,21 @@ class SearchService:
                 if vals[i] > 0
             ],
         )
+
+
+def _nbytes(obj: Any, depth: int = 0) -> int:
+    """Approximate memory held by a cache value: arrays by their buffers, containers summed."""
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if sp.issparse(obj):
+        return sum(
+            int(getattr(obj, a).nbytes) for a in ("data", "indices", "indptr") if hasattr(obj, a)
+        )
+    if depth < 4 and isinstance(obj, dict):
+        return sum(_nbytes(v, depth + 1) + 64 for v in obj.values())
+    if depth < 4 and isinstance(obj, list | tuple):
+        return sum(_nbytes(v, depth + 1) for v in obj)
+    return 64
 
 
 # ----------------------------------------------------------------------------- middleware
@@ -577,8 +668,34 @@ def create_app(
         docs_url=None,  # the Swagger page loads scripts from a CDN: no
         redoc_url=None,
         openapi_url="/api/openapi.json",
+        responses=ERROR_RESPONSES,
     )
     app.state.service = service
+
+    def openapi() -> dict[str, Any]:
+        # FastAPI documents a 422 for invalid parameters; this API answers them with 400.
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+            )
+            for operations in schema.get("paths", {}).values():
+                for op in operations.values():
+                    op.get("responses", {}).pop("422", None)
+            components = schema.get("components", {}).get("schemas", {})
+            for name in ("HTTPValidationError", "ValidationError"):
+                components.pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error answering %s %s", request.method, request.url.path)
+        return JSONResponse({"error": "internal server error; see the server log"}, 500)
 
     @app.exception_handler(SparsemmError)
     async def _user_error(request: Request, exc: SparsemmError) -> JSONResponse:

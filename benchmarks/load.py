@@ -1,0 +1,418 @@
+"""Bounded HTTP load test of the search server on loopback: throughput, p50/p99, errors.
+
+N concurrent keep-alive clients (asyncio, raw HTTP/1.1, so the load generator costs little
+CPU next to the server) send ``GET /api/search`` exclusion queries ("A but not B", pairs of
+the collection's labels or of the toy concepts) for a fixed time; every non-200 answer,
+connection failure or timeout counts as an error. The server runs in a child process with
+the settings of ``sparsemm serve`` (:func:`sparsemm.cli.serve.server_options`), one torch
+thread.
+
+    python benchmarks/load.py --toy --clients 100 --duration 30
+    python benchmarks/load.py --collection runs/x/collection --clients 100 --duration 30
+
+``--toy`` builds a synthetic collection in a temp folder: ``--toy-items`` items, each with
+1-4 of 200 concepts, a keyword encoder and a hand-made SR model (dimension j = concept j).
+``--collection`` serves an indexed collection (``sparsemm index``) with its own text
+encoder. With ``--out`` it writes config.json, metrics.json and the git commit there.
+The short form of this test runs in the default test suite
+(tests/reliability/test_server_load.py: 20 clients for 3 s, asserting zero errors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import numpy as np
+
+log = logging.getLogger("load")
+
+TOY_CONCEPTS = 200
+
+
+# ------------------------------------------------------------------------------ the client
+
+
+@dataclass
+class LoadReport:
+    """What a load run measured; latencies in milliseconds."""
+
+    clients: int
+    duration_s: float  # wall time until the last client finished
+    requests: int  # completed requests (any status)
+    errors: int  # non-200 answers + connection errors + timeouts
+    error_kinds: dict[str, int] = field(default_factory=dict)
+    throughput_rps: float = 0.0
+    p50_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    max_ms: float = float("nan")
+
+    def summary(self) -> str:
+        kinds = ", ".join(f"{k}: {v}" for k, v in sorted(self.error_kinds.items()))
+        return (
+            f"{self.clients} clients, {self.duration_s:.1f} s: {self.requests} requests, "
+            f"{self.errors} errors{f' ({kinds})' if kinds else ''}; "
+            f"throughput {self.throughput_rps:.1f} req/s; latency p50 {self.p50_ms:.1f} ms, "
+            f"p99 {self.p99_ms:.1f} ms, max {self.max_ms:.1f} ms"
+        )
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
+    """(status, body, server closes) of one HTTP/1.1 response."""
+    line = await reader.readline()
+    if not line:
+        raise ConnectionResetError("connection closed by the server")
+    status = int(line.split()[1])
+    headers: dict[str, str] = {}
+    while True:
+        raw = await reader.readline()
+        if raw in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = raw.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        parts = []
+        while True:
+            size = int((await reader.readline()).split(b";")[0], 16)
+            chunk = await reader.readexactly(size + 2)  # data + CRLF
+            if size == 0:
+                break
+            parts.append(chunk[:-2])
+        body = b"".join(parts)
+    else:
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return status, body, headers.get("connection", "").lower() == "close"
+
+
+async def _client(
+    host: str,
+    port: int,
+    paths: Sequence[str],
+    first: int,
+    deadline: float,
+    timeout: float,
+    latencies: list[float],
+    errors: Counter[str],
+) -> None:
+    reader: asyncio.StreamReader | None = None
+    writer: asyncio.StreamWriter | None = None
+    i = first
+    while time.perf_counter() < deadline:
+        path = paths[i % len(paths)]
+        i += 1
+        t0 = time.perf_counter()
+        try:
+            if writer is None:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port), timeout
+                )
+            assert reader is not None
+            request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: */*\r\n\r\n"
+            writer.write(request.encode("ascii"))
+            status, body, close = await asyncio.wait_for(_read_response(reader), timeout)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+            errors[type(exc).__name__] += 1
+            if writer is not None:
+                writer.close()
+            reader = writer = None
+            continue
+        latencies.append(time.perf_counter() - t0)
+        if status != 200 or not body.startswith(b"{"):
+            errors[f"HTTP {status}"] += 1
+        if close:
+            writer.close()
+            reader = writer = None
+    if writer is not None:
+        writer.close()
+
+
+async def run_load(
+    host: str,
+    port: int,
+    paths: Sequence[str],
+    clients: int = 100,
+    duration: float = 30.0,
+    timeout: float = 30.0,
+) -> LoadReport:
+    """Run ``clients`` keep-alive clients cycling through ``paths`` for ``duration`` seconds."""
+    if not paths:
+        raise ValueError("no request paths")
+    latencies: list[float] = []
+    errors: Counter[str] = Counter()
+    start = time.perf_counter()
+    deadline = start + duration
+    await asyncio.gather(
+        *(
+            _client(host, port, paths, c * 7, deadline, timeout, latencies, errors)
+            for c in range(clients)
+        )
+    )
+    elapsed = time.perf_counter() - start
+    n_err = sum(errors.values())
+    report = LoadReport(
+        clients=clients,
+        duration_s=elapsed,
+        requests=len(latencies),
+        errors=n_err,
+        error_kinds=dict(errors),
+        throughput_rps=len(latencies) / elapsed if elapsed > 0 else 0.0,
+    )
+    if latencies:
+        ms = np.asarray(latencies) * 1000.0
+        report.p50_ms, report.p99_ms = (float(v) for v in np.percentile(ms, [50, 99]))
+        report.max_ms = float(ms.max())
+    return report
+
+
+def search_paths(terms: Sequence[str], n: int = 2000, k: int = 10, seed: int = 0) -> list[str]:
+    """``n`` search URLs: "A but not B" for random pairs of ``terms``, every 4th plain "A"."""
+    rng = np.random.default_rng(seed)
+    terms = list(dict.fromkeys(terms))
+    if len(terms) < 2:
+        raise ValueError("need at least two terms for exclusion queries")
+    out = []
+    for j in range(n):
+        a, b = rng.choice(len(terms), size=2, replace=False)
+        q = terms[a] if j % 4 == 3 else f"{terms[a]} but not {terms[b]}"
+        out.append("/api/search?" + urlencode({"q": q, "k": k}))
+    return out
+
+
+def collection_terms(collection: str | Path, limit: int = 80) -> list[str]:
+    """Query terms for a collection: its most common item labels, else caption words."""
+    from sparsemm.data.collection import open_collection
+    from sparsemm.words.bias import tokenize
+
+    col = open_collection(collection)
+    counts: Counter[str] = Counter(lab for it in col.items for lab in it.get("labels") or [])
+    if len(counts) < 2:
+        counts = Counter(
+            w for it in col.items for c in it.get("captions") or [] for w in set(tokenize(c))
+        )
+    return [t for t, _ in counts.most_common(limit)]
+
+
+# ------------------------------------------------------------------------------ the server
+
+
+def bound_socket(host: str = "127.0.0.1") -> socket.socket:
+    """A listening TCP socket on a free port of ``host``."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    sock.listen(2048)
+    return sock
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, host: str = "127.0.0.1") -> Iterator[int]:
+    """Serve ``app`` with uvicorn (``sparsemm serve``'s settings) in a daemon thread on a free
+    loopback port; yields the port and stops the server on exit."""
+    import uvicorn
+
+    from sparsemm.cli.serve import server_options
+
+    sock = bound_socket(host)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **server_options()))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        limit = time.monotonic() + 30
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > limit:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        yield int(sock.getsockname()[1])
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()
+
+
+# -------------------------------------------------------------------------- toy collection
+
+
+class ToyEncoder:
+    """Text -> counts of the toy concepts ``c0``..``c199`` among its words, L2-normalised."""
+
+    name = "loadtoy"
+    modalities = ("text",)
+
+    def __init__(self, model: str | None = None) -> None:
+        self.dim = TOY_CONCEPTS
+        self.model_id = "loadtoy-v1"
+
+    def encode_text(
+        self,
+        texts: Sequence[str],
+        batch_size: int = 64,
+        normalize: bool = True,
+        progress: bool = False,
+    ) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            for w in text.lower().split():
+                if w.startswith("c") and w[1:].isdigit() and int(w[1:]) < self.dim:
+                    out[i, int(w[1:])] += 1.0
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+
+    def encode_image(self, images: Sequence[Any], **kwargs: Any) -> np.ndarray:
+        raise NotImplementedError("text only")
+
+
+def build_toy(root: Path, n_items: int = 20_000, seed: int = 0) -> Path:
+    """An indexed toy collection under ``root``; returns the collection folder."""
+    import torch
+
+    from sparsemm.data.collection import write_collection
+    from sparsemm.models.sr import SRConfig, SRModel
+    from sparsemm.query.searcher import build_index
+
+    rng = np.random.default_rng(seed)
+    enc = ToyEncoder()
+    items, texts = [], []
+    for i in range(n_items):
+        concepts = [
+            f"c{j}" for j in rng.choice(TOY_CONCEPTS, size=rng.integers(1, 5), replace=False)
+        ]
+        caps = [" and ".join(concepts), "a photo of " + " with ".join(concepts)]
+        items.append({"id": f"item{i:06d}", "captions": caps, "labels": concepts})
+        texts += [{"item": i, "text": c} for c in caps]
+    col = root / "collection"
+    write_collection(
+        col,
+        items,
+        {"name": enc.name, "dim": enc.dim, "model": enc.model_id},
+        image_emb=enc.encode_text([" ".join(it["labels"]) for it in items]),
+        text_emb=enc.encode_text([t["text"] for t in texts]),
+        texts=texts,
+    )
+    d = TOY_CONCEPTS
+    model = SRModel(SRConfig(text_dim=d, image_dim=d, latent_dim=d, top_k=8))
+    with torch.no_grad():
+        model.enc_text.weight.copy_(torch.eye(d))
+        model.enc_text.bias.zero_()
+    model.save_pretrained(root / "sr")
+    build_index(col, root / "sr")
+    return col
+
+
+# ------------------------------------------------------------------------------ entry point
+
+
+def _serve_child(collection: str, toy: bool) -> None:
+    """``--serve`` mode: serve ``collection`` on a free loopback port; print the port."""
+    import torch
+
+    torch.set_num_threads(1)
+    import uvicorn
+
+    from sparsemm.cli.serve import server_options
+    from sparsemm.web.app import create_app
+
+    app = create_app(collection, encoder=ToyEncoder() if toy else None, warm=True)
+    sock = bound_socket()
+    print(sock.getsockname()[1], flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", **server_options())).run(sockets=[sock])
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--collection", type=Path, help="an indexed collection folder")
+    src.add_argument("--toy", action="store_true", help="a synthetic collection in a temp folder")
+    p.add_argument("--toy-items", type=int, default=20_000)
+    p.add_argument("--clients", type=int, default=100)
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of load")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before measuring")
+    p.add_argument("--k", type=int, default=10, help="results per query")
+    p.add_argument("--timeout", type=float, default=30.0, help="per-request timeout (s)")
+    p.add_argument("--out", type=Path, help="write config.json / metrics.json here")
+    p.add_argument("--serve", help=argparse.SUPPRESS)  # child mode: serve this collection
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.serve:
+        _serve_child(args.serve, args.toy)
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="sparsemm-load-") as tmp:
+        if args.toy:
+            t0 = time.perf_counter()
+            collection = build_toy(Path(tmp), args.toy_items)
+            log.info(
+                "built a %d-item toy collection in %.1f s", args.toy_items, time.perf_counter() - t0
+            )
+            terms = [f"c{j}" for j in range(TOY_CONCEPTS)]
+        else:
+            collection = args.collection
+            terms = collection_terms(collection)
+        paths = search_paths(terms, k=args.k)
+        mode = ["--toy"] if args.toy else ["--collection", str(collection)]
+        cmd = [sys.executable, __file__, "--serve", str(collection), *mode]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        server = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            assert server.stdout is not None
+            line = server.stdout.readline().strip()
+            if not line.isdigit():
+                raise SystemExit(f"the server did not start (exit {server.poll()})")
+            port = int(line)
+            log.info("server pid %d on 127.0.0.1:%d; %d query paths", server.pid, port, len(paths))
+            if args.warmup > 0:
+                warm = asyncio.run(
+                    run_load("127.0.0.1", port, paths, args.clients, args.warmup, args.timeout)
+                )
+                log.info("warm-up: %s", warm.summary())
+            report = asyncio.run(
+                run_load("127.0.0.1", port, paths, args.clients, args.duration, args.timeout)
+            )
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                server.kill()
+    print(report.summary())
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        config["git_commit"] = _git_commit()
+        (args.out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (args.out / "metrics.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
+    return 0 if report.errors == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
