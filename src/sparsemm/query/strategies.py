@@ -989,3 +989,5 @@ register_strategy(
     mention_rate=1.0,
     head_ratio=0.1,
 )
+
+import sparsemm.baselines.cbe  # noqa: E402,F401 - registers the "cbe" dense strategy
