@@ -5,8 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from sparsemm.cli.index import add_backend_args
 from sparsemm.query.searcher import DEFAULT_STRATEGY
+
+if TYPE_CHECKING:
+    from sparsemm.index.store import Store
+    from sparsemm.query.parse import Query
+    from sparsemm.query.searcher import Hit, Searcher
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,7 +48,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--explain", action="store_true", help="show why each result came back")
     p.add_argument("--json", action="store_true", help="print the hits as JSON")
+    add_backend_args(p)
     p.set_defaults(func=run)
+
+
+def search_store(searcher: Searcher, store: Store, query: Query, k: int) -> list[Hit]:
+    """``Searcher.search_index`` with the items scored by ``store`` (same exclusion dims,
+    same threshold, same hits and explanations), e.g. a Qdrant collection."""
+    from sparsemm.errors import SparsemmError
+
+    if len(store) != len(searcher.index) or store.dim != searcher.index.dim:
+        raise SparsemmError(
+            f"the {store.backend} store holds {len(store)} items of dim {store.dim}, the "
+            f"collection's index {len(searcher.index)} of dim {searcher.index.dim}; re-run "
+            "`sparsemm index ... --backend qdrant` to bring it up to date"
+        )
+    local = searcher.index
+    # search_index only calls .search(q, k=, exclude=) on its index, which a Store provides
+    searcher.index = store  # type: ignore[assignment]
+    try:
+        return searcher.search_index(query, k=k)
+    finally:
+        searcher.index = local
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,7 +79,16 @@ def run(args: argparse.Namespace) -> int:
 
     query = parse_query(args.query, exclude=tuple(args.exclude))
     searcher = Searcher(args.collection)
-    if args.engine == "index":
+    if args.backend == "qdrant":
+        if args.strategy != "filter" or args.offset:
+            raise SparsemmError("--backend qdrant supports --strategy filter without --offset")
+        from sparsemm.cli.index import collection_name
+        from sparsemm.index.qdrant import QdrantStore, connect
+
+        client = connect(args.url, api_key=args.api_key)
+        with QdrantStore.open(client, collection_name(args)) as store:
+            hits = search_store(searcher, store, query, args.k)
+    elif args.engine == "index":
         if args.strategy != "filter" or args.offset:
             raise SparsemmError("--engine index supports --strategy filter without --offset")
         hits = searcher.search_index(query, k=args.k)

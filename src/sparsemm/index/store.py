@@ -1,0 +1,742 @@
+"""Sparse-code stores behind one interface: the embedded inverted index and Qdrant.
+
+A *store* holds items in insertion order (row ``r`` = the r-th item added, never renumbered)
+with per item a string id, the sparse concept code ``(dim,)`` and optionally a dense
+embedding ``(dense_dim,)``. It answers three kinds of top-k query, all exact:
+
+* ``search``: inner product with a sparse query code, optionally with an
+  :class:`~sparsemm.index.Exclusion` (hard ``filter`` on the item's value on some dims, or a
+  score ``penalty``);
+* ``search_dense``: inner product with a dense query vector (``filter`` exclusion allowed);
+* ``search_hybrid``: reciprocal rank fusion (Cormack et al., SIGIR 2009) of the sparse and
+  the dense top-``candidates`` lists, score = sum_l weight_l / (rrf_k + rank_l), rank from 1.
+
+Result rule shared by every backend, so the same data gives the same results everywhere:
+sparse and hybrid searches return only items whose sparse score is > 0 (an item sharing no
+concept with the query is not a match); dense searches rank every item. Ties are broken by
+the lower row. Scores are computed with one fixed float32 arithmetic (the inverted index's
+kernel for sparse codes, :func:`dense_scores` for dense vectors); a backend that scores
+differently (Qdrant) fetches every candidate within its provable rounding error of the k-th
+score and rescores those exactly, so results are identical, scores to the last bit.
+
+Backends: :class:`LocalStore` (this module; the default) wraps an
+:class:`~sparsemm.index.InvertedIndex` folder plus an optional ``dense-<token>/`` subfolder;
+:class:`sparsemm.index.qdrant.QdrantStore` talks to a Qdrant server or cluster through
+``qdrant-client`` (extra ``qdrant``). :func:`open_store` picks one by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import scipy.sparse as sp
+from numba import njit
+
+from sparsemm.errors import SparsemmError
+from sparsemm.index.inverted import (
+    MANIFEST,
+    Exclusion,
+    InvertedIndex,
+    QueryLike,
+    SearchResult,
+    _as_query,
+    _check_codes,
+    _check_k,
+    _Plan,
+    _plan_exclusion,
+)
+from sparsemm.io import fsync_dir, load_npy, read_json, save_npy, write_json
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("local", "qdrant")
+DEFAULT_RRF_K = 60  # Cormack et al. (2009)
+DENSE_DIR = "dense"  # dense vectors live in <index>/dense-<token>/
+DENSE_FORMAT = "sparsemm.dense"
+_U32 = 2.0**-24  # unit roundoff of float32
+
+
+# --------------------------------------------------------------------------------------------
+# Exact scoring shared by the backends
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _sparse_rescore(
+    qdims: np.ndarray, qw: np.ndarray, indptr: np.ndarray, idx: np.ndarray, vals: np.ndarray
+) -> np.ndarray:  # pragma: no cover - numba
+    """Scores (n,) f32 of CSR rows, accumulated exactly as the inverted index's kernel does:
+    float32, terms added in query order (query dims ascending, then penalty dims)."""
+    n = indptr.shape[0] - 1
+    out = np.zeros(n, np.float32)
+    for r in range(n):
+        lo = indptr[r]
+        hi = indptr[r + 1]
+        acc = np.float32(0.0)
+        for j in range(qdims.shape[0]):
+            d = qdims[j]
+            a, b = lo, hi
+            while a < b:  # rows' dims are ascending: binary search
+                m = (a + b) >> 1
+                if idx[m] < d:
+                    a = m + 1
+                else:
+                    b = m
+            if a < hi and idx[a] == d:
+                acc += qw[j] * vals[a]
+        out[r] = acc
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _dense_kernel(mat: np.ndarray, q: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
+    n, d = mat.shape
+    out = np.empty(n, np.float32)
+    for r in range(n):
+        acc = 0.0
+        for j in range(d):
+            acc += np.float64(mat[r, j]) * np.float64(q[j])
+        out[r] = np.float32(acc)
+    return out
+
+
+def dense_scores(mat: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Inner products (n,) float32 of ``mat`` (n, d) f32 rows with ``q`` (d,) f32.
+
+    Each row is summed sequentially in float64 and rounded once, so a row's score does not
+    depend on which other rows are scored with it (BLAS would): the local brute force and
+    the rescoring of Qdrant's candidates give bit-identical scores.
+    """
+    m = np.ascontiguousarray(mat, dtype=np.float32)
+    return _dense_kernel(m, np.ascontiguousarray(q, dtype=np.float32))
+
+
+def sparse_query_terms(query: QueryLike, exclude: Exclusion | None, dim: int) -> _QueryTerms:
+    """Normalise a sparse query and exclusion exactly as :class:`InvertedIndex` does."""
+    dims, w = _as_query(query, dim)
+    plan = _plan_exclusion(exclude, dim)
+    terms_d, terms_w = dims, w
+    if plan.extra_dims.size:
+        terms_d = np.concatenate([dims, plan.extra_dims])
+        terms_w = np.concatenate([w, plan.extra_w])
+    return _QueryTerms(dims=dims, w=w, terms_dims=terms_d, terms_w=terms_w, plan=plan)
+
+
+class _QueryTerms:
+    """A checked sparse query: its own (dims, w), all scored terms and the exclusion plan."""
+
+    __slots__ = ("dims", "plan", "terms_dims", "terms_w", "w")
+
+    def __init__(
+        self,
+        dims: np.ndarray,
+        w: np.ndarray,
+        terms_dims: np.ndarray,
+        terms_w: np.ndarray,
+        plan: _Plan,
+    ) -> None:
+        self.dims, self.w = dims, w
+        self.terms_dims, self.terms_w = terms_dims, terms_w
+        self.plan = plan
+
+    def merged(self) -> tuple[list[int], list[float]]:
+        """One weight per dim (query + penalty terms summed): the vector sent to an engine."""
+        uniq, inv = np.unique(self.terms_dims, return_inverse=True)
+        w = np.bincount(inv, weights=self.terms_w.astype(np.float64), minlength=len(uniq))
+        keep = w != 0
+        return uniq[keep].tolist(), w[keep].tolist()
+
+    def error_bound(self, max_norm: float) -> float:
+        """Bound on |engine score - exact float32 score| for any item of norm <= max_norm.
+
+        Both are float sums of at most m products (weights rounded to float32 or not), each
+        within gamma_m * sum_t |w_t x_t| of the real value, and sum_t |w_t x_t| <=
+        ||w||_1 * max_d |x_d| <= ||w||_1 * ||x||_2 (a dim may appear in several terms);
+        doubled for margin.
+        """
+        m = len(self.terms_w) + 2
+        w1 = float(np.abs(self.terms_w.astype(np.float64)).sum())
+        return 4.0 * m * _U32 * w1 * max_norm + 1e-30
+
+
+def fuse_rrf(
+    lists: Sequence[SearchResult],
+    k: int,
+    rrf_k: int = DEFAULT_RRF_K,
+    weights: Sequence[float] | None = None,
+) -> SearchResult:
+    """Reciprocal rank fusion: score(i) = sum_l weight_l / (rrf_k + rank_l(i)), rank from 1
+    (Cormack, Clarke & Buettcher, SIGIR 2009). Top ``k`` by fused score, ties by lower row."""
+    if weights is None:
+        weights = [1.0] * len(lists)
+    if len(weights) != len(lists):
+        raise SparsemmError(f"fusion: {len(weights)} weights for {len(lists)} result lists")
+    score: dict[int, float] = {}
+    ident: dict[int, str] = {}
+    for res, wl in zip(lists, weights, strict=True):
+        for rank, (r, i) in enumerate(zip(res.rows.tolist(), res.ids, strict=True), start=1):
+            score[r] = score.get(r, 0.0) + float(wl) / (rrf_k + rank)
+            ident[r] = i
+    order = sorted(score, key=lambda r: (-score[r], r))[:k]
+    return SearchResult(
+        rows=np.asarray(order, np.int64),
+        ids=[ident[r] for r in order],
+        scores=np.asarray([score[r] for r in order], np.float32),
+    )
+
+
+def _top(rows: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best (score desc, row asc) of parallel arrays."""
+    if len(rows) > k:
+        part = np.argpartition(-scores, k - 1)[:k]
+        kth = scores[part].min()
+        # every row tying with the k-th score competes on its row number
+        cand = np.flatnonzero(scores >= kth)
+        rows, scores = rows[cand], scores[cand]
+    order = np.lexsort((rows, -scores))[:k]
+    return rows[order], scores[order]
+
+
+def _positive(res: SearchResult) -> SearchResult:
+    keep = res.scores > 0
+    if keep.all():
+        return res
+    return SearchResult(
+        rows=res.rows[keep],
+        ids=[i for i, g in zip(res.ids, keep, strict=True) if g],
+        scores=res.scores[keep],
+    )
+
+
+def _check_dense(dense: Any, n: int, dense_dim: int | None, what: str = "dense") -> np.ndarray:
+    """Validate dense embeddings (n, dense_dim) -> float32 C-contiguous."""
+    arr = np.asarray(dense)
+    if arr.ndim != 2 or arr.shape[0] != n or not np.issubdtype(arr.dtype, np.number):
+        raise SparsemmError(f"{what}: expected a numeric ({n}, d) matrix, got shape {arr.shape}")
+    if dense_dim is not None and arr.shape[1] != dense_dim:
+        raise SparsemmError(f"{what}: the store holds {dense_dim}-d vectors, got {arr.shape[1]}")
+    out = np.ascontiguousarray(arr, dtype=np.float32)
+    if not np.isfinite(out).all():
+        raise SparsemmError(f"{what}: contains NaN or inf; re-encode those items")
+    return out
+
+
+def _check_dense_query(vector: Any, dense_dim: int | None) -> np.ndarray:
+    if dense_dim is None:
+        raise SparsemmError(
+            "this store holds no dense vectors; index the items with dense embeddings "
+            "to use dense or hybrid search"
+        )
+    q = np.asarray(vector, dtype=np.float64).ravel()
+    if q.shape != (dense_dim,):
+        raise SparsemmError(f"dense query: expected {dense_dim} values, got {q.size}")
+    if not np.isfinite(q).all():
+        raise SparsemmError("dense query contains NaN or inf")
+    return q.astype(np.float32)
+
+
+def _dense_plan(exclude: Exclusion | None, dim: int) -> _Plan:
+    plan = _plan_exclusion(exclude, dim)
+    if plan.extra_dims.size:
+        raise SparsemmError(
+            "a penalty exclusion changes sparse scores; dense search takes only filter exclusions"
+        )
+    return plan
+
+
+# --------------------------------------------------------------------------------------------
+# The interface
+# --------------------------------------------------------------------------------------------
+
+
+class Store(ABC):
+    """Items (id, sparse code, optional dense vector) with exact top-k search (module doc)."""
+
+    backend: ClassVar[str]
+
+    @property
+    @abstractmethod
+    def dim(self) -> int:
+        """Dimensions of the sparse codes."""
+
+    @property
+    @abstractmethod
+    def dense_dim(self) -> int | None:
+        """Dimensions of the dense vectors, or None when the store holds none."""
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def add(
+        self,
+        codes: Any,
+        ids: Sequence[str],
+        dense: Any = None,
+        *,
+        batch_size: int = 1024,
+        progress: bool = False,
+    ) -> None:
+        """Append items: ``codes`` (n, dim), ``ids`` n new unique strings, ``dense`` (n, D)
+        (required exactly when the store holds dense vectors)."""
+
+    @abstractmethod
+    def _same_prefix(self, codes: sp.csr_matrix, ids: list[str], dense: np.ndarray | None) -> bool:
+        """Whether the store's first len(self) items are these (resume check)."""
+
+    @abstractmethod
+    def search(
+        self, query: QueryLike, k: int = 10, exclude: Exclusion | None = None
+    ) -> SearchResult:
+        """Exact top-k items with sparse score > 0 (ties: lower row)."""
+
+    @abstractmethod
+    def search_dense(
+        self, vector: Any, k: int = 10, exclude: Exclusion | None = None
+    ) -> SearchResult:
+        """Exact top-k items by dense inner product (``filter`` exclusions only)."""
+
+    def upload(
+        self,
+        codes: Any,
+        ids: Sequence[str],
+        dense: Any = None,
+        *,
+        batch_size: int = 1024,
+        progress: bool = False,
+    ) -> int:
+        """Bulk-load items; resumable. Returns the number of items added now.
+
+        If the store already holds m items they must be the first m given (an interrupted
+        upload of the same data): only the rest is added. Other data raises SparsemmError.
+        """
+        csr = _check_codes(codes, self.dim)
+        id_list = [str(i) for i in ids]
+        n, m = len(id_list), len(self)
+        if csr.shape[0] != n:
+            raise SparsemmError(f"{csr.shape[0]} codes for {n} ids; they must match")
+        arr = None if dense is None else _check_dense(dense, n, self.dense_dim)
+        if m > n or (
+            m and not self._same_prefix(csr[:m], id_list[:m], None if arr is None else arr[:m])
+        ):
+            raise SparsemmError(
+                f"the store already holds {m} items that are not the first {m} of these; "
+                "upload into a new store (or recreate it) instead of resuming"
+            )
+        if m == n:
+            logger.info("store holds all %d items already; nothing to upload", n)
+            return 0
+        if m:
+            logger.info("resuming upload at item %d of %d", m, n)
+        self.add(
+            csr[m:],
+            id_list[m:],
+            None if arr is None else arr[m:],
+            batch_size=batch_size,
+            progress=progress,
+        )
+        return n - m
+
+    def search_hybrid(
+        self,
+        query: QueryLike,
+        vector: Any,
+        k: int = 10,
+        exclude: Exclusion | None = None,
+        *,
+        candidates: int | None = None,
+        rrf_k: int = DEFAULT_RRF_K,
+        weights: Sequence[float] = (1.0, 1.0),
+    ) -> SearchResult:
+        """RRF of the sparse and dense top-``candidates`` lists (default max(100, 4k)).
+
+        ``exclude`` applies to both lists (a penalty only to the sparse one). Only items in
+        the sparse list (sparse score > 0) are returned, then ranked by fused score.
+        """
+        k = _check_k(k)
+        cand = max(100, 4 * k) if candidates is None else _check_k(candidates)
+        sparse_res = self.search(query, cand, exclude)
+        dense_ex = exclude if exclude is None or exclude.mode == "filter" else None
+        dense_res = self.search_dense(vector, cand, dense_ex)
+        fused = fuse_rrf(
+            [sparse_res, dense_res], len(sparse_res.ids) + len(dense_res.ids), rrf_k, weights
+        )
+        in_sparse = set(sparse_res.rows.tolist())
+        keep = [j for j, r in enumerate(fused.rows.tolist()) if r in in_sparse][:k]
+        return SearchResult(
+            rows=fused.rows[keep], ids=[fused.ids[j] for j in keep], scores=fused.scores[keep]
+        )
+
+    def search_batch(
+        self,
+        queries: Any,
+        k: int = 10,
+        exclude: Exclusion | Sequence[Exclusion | None] | None = None,
+    ) -> list[SearchResult]:
+        """``search`` for each row of ``queries`` (nq, dim) sparse or dense."""
+        qs = sp.csr_matrix(queries, dtype=np.float32)
+        nq = qs.shape[0]
+        if exclude is None or isinstance(exclude, Exclusion):
+            ex: list[Exclusion | None] = [exclude] * nq
+        else:
+            ex = list(exclude)
+            if len(ex) != nq:
+                raise SparsemmError(f"exclude: {len(ex)} exclusions for {nq} queries")
+        return [self.search(qs[i], k, ex[i]) for i in range(nq)]
+
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op for local stores
+        """Release connections / maps (the store is unusable afterwards)."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Local backend
+# --------------------------------------------------------------------------------------------
+
+
+class _DenseStore:
+    """Dense vectors beside an inverted index: ``<index>/dense-<token>/`` (chunk .npy files,
+    JSON manifest; the index's meta names the folder, which ties it to one index build).
+    Chunks are committed *before* the sparse rows they belong to, so a crash leaves at most
+    an orphan tail chunk (start >= the index's count), ignored on open and replaced later."""
+
+    def __init__(self, root: Path, manifest: dict[str, Any], count: int) -> None:
+        self.root = root
+        self.manifest = manifest
+        self.dim = int(manifest["dim"])
+        chunks, mats, at = [], [], 0
+        for c in manifest["chunks"]:
+            if int(c["start"]) != at or at + int(c["count"]) > count:
+                break
+            mat = load_npy(root / str(c["name"]), mmap=True)
+            if mat.shape != (int(c["count"]), self.dim) or mat.dtype != np.float32:
+                raise SparsemmError(f"{root}: dense chunk {c['name']} is corrupt; rebuild")
+            chunks.append(c)
+            mats.append(np.asarray(mat))
+            at += int(c["count"])
+        if at != count:
+            raise SparsemmError(
+                f"{root}: dense vectors cover {at} of {count} items (interrupted write); "
+                "rebuild the store"
+            )
+        self.chunks = chunks
+        self.mats = mats
+
+    @staticmethod
+    def write_new(root: Path, dim: int, token: str, dense: np.ndarray | None) -> None:
+        """A new dense folder, holding ``dense`` as rows [0, n) if given."""
+        root.mkdir(parents=True, exist_ok=True)
+        manifest = {"format": DENSE_FORMAT, "version": 1, "dim": dim, "token": token, "chunks": []}
+        write_json(root / "manifest.json", manifest)
+        fsync_dir(root)
+        if dense is not None and len(dense):
+            _DenseStore(root, manifest, 0).append(0, dense)
+
+    def append(self, start: int, mat: np.ndarray) -> None:
+        name = f"chunk-{start:010d}-{secrets.token_hex(4)}.npy"
+        save_npy(self.root / name, mat)
+        kept = [c for c in self.manifest["chunks"] if int(c["start"]) < start]
+        manifest = dict(
+            self.manifest, chunks=[*kept, {"name": name, "start": start, "count": len(mat)}]
+        )
+        write_json(self.root / "manifest.json", manifest)
+        fsync_dir(self.root)
+        self.manifest = manifest
+        names = {str(c["name"]) for c in manifest["chunks"]}
+        for p in self.root.glob("chunk-*.npy"):
+            if p.name not in names:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+
+    def scores(self, q: np.ndarray) -> np.ndarray:
+        return (
+            np.concatenate([dense_scores(m, q) for m in self.mats])
+            if self.mats
+            else np.zeros(0, np.float32)
+        )
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        starts = np.asarray([int(c["start"]) for c in self.chunks], np.int64)
+        out = np.empty((len(rows), self.dim), np.float32)
+        which = np.searchsorted(starts, rows, side="right") - 1
+        for i, (r, c) in enumerate(zip(rows.tolist(), which.tolist(), strict=True)):
+            out[i] = self.mats[c][r - starts[c]]
+        return out
+
+
+class LocalStore(Store):
+    """The embedded backend: an :class:`InvertedIndex` folder (format unchanged) and, with
+    dense vectors, a ``dense-<token>/`` subfolder. Filter exclusions work at any threshold."""
+
+    backend: ClassVar[str] = "local"
+
+    def __init__(self, index: InvertedIndex) -> None:
+        self.index = index
+        self._dense: _DenseStore | None = None
+        self._load_dense()
+
+    # ----- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        path: str | Path,
+        dim: int,
+        dense_dim: int | None = None,
+        overwrite: bool = False,
+        meta: dict[str, Any] | None = None,
+    ) -> LocalStore:
+        """An empty store for ``dim``-d codes (and ``dense_dim``-d vectors if given)."""
+        return cls._new(Path(path), dim, None, [], None, dense_dim, overwrite, meta)
+
+    @classmethod
+    def build(
+        cls,
+        path: str | Path,
+        codes: Any,
+        ids: Sequence[str],
+        dense: Any = None,
+        overwrite: bool = False,
+        meta: dict[str, Any] | None = None,
+    ) -> LocalStore:
+        """A store holding ``codes`` (n, dim), ``ids`` and optional ``dense`` (n, D)."""
+        shape = getattr(codes, "shape", None)
+        if shape is None or len(shape) != 2:
+            raise SparsemmError("codes: expected a 2-D (n, dim) matrix")
+        arr = None if dense is None else _check_dense(dense, int(shape[0]), None)
+        return cls._new(
+            Path(path),
+            int(shape[1]),
+            codes,
+            list(ids),
+            arr,
+            None if arr is None else arr.shape[1],
+            overwrite,
+            meta,
+        )
+
+    @classmethod
+    def _new(
+        cls,
+        root: Path,
+        dim: int,
+        codes: Any,
+        ids: list[str],
+        dense: np.ndarray | None,
+        dense_dim: int | None,
+        overwrite: bool,
+        meta: dict[str, Any] | None,
+    ) -> LocalStore:
+        """Without dense vectors this is InvertedIndex.create/build. With them, the dense
+        folder ``dense-<token>/`` is written first and the index commit that names the token
+        makes it live, so replacing a store keeps the old one readable until that commit."""
+        if dense_dim is None:
+            if codes is None:
+                index = InvertedIndex.create(root, dim, overwrite=overwrite, meta=meta)
+            else:
+                index = InvertedIndex.build(
+                    root, codes, ids, dim=dim, overwrite=overwrite, meta=meta
+                )
+            _remove_dense_dirs(root, keep="")
+            return cls(index)
+        if isinstance(dense_dim, bool) or not isinstance(dense_dim, int) or dense_dim < 1:
+            raise SparsemmError(f"dense_dim must be a positive integer, got {dense_dim!r}")
+        token = secrets.token_hex(8)
+        full = dict(meta or {})
+        full["store"] = {"dense_dim": int(dense_dim), "dense_dir": f"{DENSE_DIR}-{token}"}
+        droot = root / full["store"]["dense_dir"]
+        if not (root / MANIFEST).is_file():  # a fresh folder: nothing to keep readable
+            index = InvertedIndex.create(root, dim, meta=full)
+            _DenseStore.write_new(droot, int(dense_dim), token, dense)
+            if codes is not None:
+                index.add(codes, ids)
+        else:
+            if not overwrite:
+                raise SparsemmError(
+                    f"a store already exists at {root}; open it, or pass overwrite=True "
+                    "(--overwrite) to replace it"
+                )
+            _DenseStore.write_new(droot, int(dense_dim), token, dense)
+            if codes is None:
+                index = InvertedIndex.create(root, dim, overwrite=True, meta=full)
+            else:
+                index = InvertedIndex.build(root, codes, ids, dim=dim, overwrite=True, meta=full)
+        _remove_dense_dirs(root, keep=droot.name)
+        return cls(index)
+
+    @classmethod
+    def open(cls, path: str | Path) -> LocalStore:
+        """Open a store (any inverted-index folder is one, without dense vectors)."""
+        return cls(InvertedIndex.open(path))
+
+    def _load_dense(self) -> None:
+        info = self.index.meta.get("store") or {}
+        self._dense = None
+        if not info.get("dense_dim"):
+            return
+        name = str(info.get("dense_dir", ""))
+        droot = self.index.path / name
+        if not name.startswith(f"{DENSE_DIR}-") or not (droot / "manifest.json").is_file():
+            raise SparsemmError(f"{droot} is missing; rebuild the store")
+        manifest = read_json(droot / "manifest.json")
+        if manifest.get("format") != DENSE_FORMAT or f"{DENSE_DIR}-{manifest.get('token')}" != name:
+            raise SparsemmError(f"{droot} belongs to another build of this index; rebuild it")
+        self._dense = _DenseStore(droot, manifest, len(self.index))
+
+    def reload(self) -> None:
+        """Pick up commits made by other writers."""
+        self.index.reload()
+        self._load_dense()
+
+    # ----- properties -----------------------------------------------------------------------
+
+    @property
+    def dim(self) -> int:
+        return self.index.dim
+
+    @property
+    def dense_dim(self) -> int | None:
+        return None if self._dense is None else self._dense.dim
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return self.index.ids
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the index arrays and dense vectors (ids excluded)."""
+        dense = 0 if self._dense is None else sum(m.nbytes for m in self._dense.mats)
+        return self.index.nbytes + dense
+
+    def __repr__(self) -> str:
+        return (
+            f"LocalStore({str(self.index.path)!r}, count={len(self)}, dense_dim={self.dense_dim})"
+        )
+
+    # ----- writing --------------------------------------------------------------------------
+
+    def add(
+        self,
+        codes: Any,
+        ids: Sequence[str],
+        dense: Any = None,
+        *,
+        batch_size: int = 1024,
+        progress: bool = False,
+    ) -> None:
+        """Append items in one commit (``batch_size``/``progress`` are for remote backends)."""
+        n = int(getattr(codes, "shape", (len(ids),))[0])
+        if self._dense is None:
+            if dense is not None:
+                raise SparsemmError("this store holds no dense vectors; create it with dense_dim")
+            self.index.add(codes, ids)
+            return
+        if dense is None:
+            raise SparsemmError("this store holds dense vectors: pass dense=(n, d) embeddings")
+        arr = _check_dense(dense, n, self._dense.dim)
+        start = len(self.index)
+        self.index.reload()
+        if len(self.index) != start:
+            self._load_dense()
+            start = len(self.index)
+        assert self._dense is not None
+        self._dense.append(start, arr)  # orphan until the index commits the rows
+        self.index.add(codes, ids)
+        self._load_dense()
+
+    def _same_prefix(self, codes: sp.csr_matrix, ids: list[str], dense: np.ndarray | None) -> bool:
+        m = len(ids)
+        if list(self.index.ids[:m]) != ids:
+            return False
+        stored = self.index.codes(np.arange(m))
+        if (stored != codes).nnz:
+            return False
+        if dense is not None and self._dense is not None:
+            return bool(np.array_equal(self._dense.rows(np.arange(m)), dense))
+        return True
+
+    # ----- search ---------------------------------------------------------------------------
+
+    def search(
+        self, query: QueryLike, k: int = 10, exclude: Exclusion | None = None
+    ) -> SearchResult:
+        return _positive(self.index.search(query, k, exclude))
+
+    def search_dense(
+        self, vector: Any, k: int = 10, exclude: Exclusion | None = None
+    ) -> SearchResult:
+        k = _check_k(k)
+        q = _check_dense_query(vector, self.dense_dim)
+        plan = _dense_plan(exclude, self.dim)
+        assert self._dense is not None
+        scores = self._dense.scores(q)
+        rows = np.arange(len(scores), dtype=np.int64)
+        if plan.ban_dims.size:
+            banned = self.index._rows_above(plan.ban_dims, plan.threshold)
+            rows, scores = rows[~banned], scores[~banned]
+        top_rows, top_scores = _top(rows, scores, k)
+        ids = self.index.ids
+        return SearchResult(
+            rows=top_rows, ids=[ids[r] for r in top_rows.tolist()], scores=top_scores
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Factory
+# --------------------------------------------------------------------------------------------
+
+
+def open_store(
+    backend: str = "local",
+    *,
+    path: str | Path | None = None,
+    url: str | None = None,
+    collection: str | None = None,
+    api_key: str | None = None,
+    **options: Any,
+) -> Store:
+    """Open an existing store: ``local`` at ``path``, or ``qdrant`` ``collection`` at ``url``."""
+    if backend == "local":
+        if path is None:
+            raise SparsemmError("the local backend needs the index folder (path)")
+        return LocalStore.open(path)
+    if backend == "qdrant":
+        from sparsemm.index.qdrant import QdrantStore, connect
+
+        if not collection:
+            raise SparsemmError("the qdrant backend needs a collection name")
+        client = connect(url, api_key=api_key, **options)
+        return QdrantStore.open(client, collection)
+    raise SparsemmError(f"unknown store backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def _remove_dense_dirs(root: Path, keep: str) -> None:
+    """Delete dense folders of earlier builds (the committed index names only ``keep``)."""
+    import shutil
+
+    for p in root.glob(f"{DENSE_DIR}-*"):
+        if p.is_dir() and p.name != keep:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def iter_batches(n: int, batch_size: int) -> Iterator[tuple[int, int]]:
+    """[lo, hi) bounds of consecutive batches covering n items."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise SparsemmError(f"batch_size must be a positive integer, got {batch_size!r}")
+    for lo in range(0, n, batch_size):
+        yield lo, min(n, lo + batch_size)
