@@ -143,3 +143,88 @@ def test_cli_index_and_search(tmp_path: Path, capsys) -> None:
     assert '"id": "p1"' in capsys.readouterr().out
     assert main(["search", str(col), "but not car"]) == 2
     assert capsys.readouterr().err.startswith("error:")
+
+
+def test_terms_the_model_does_not_know_are_named(searcher: Searcher) -> None:
+    with pytest.raises(SparsemmError, match=r"'qwerty' matches no concept .* cannot search for"):
+        searcher.search("qwerty")
+    with pytest.raises(SparsemmError, match=r"'qwerty' matches no concept .* cannot exclude"):
+        searcher.search("dog but not qwerty", strategy="penalty")
+    with pytest.raises(SparsemmError, match="'blorp' matches no concept"):
+        searcher.search("dog, blorp")
+    with pytest.raises(SparsemmError, match="'zzz' matches no concept"):
+        searcher.search("dog", exclude=("zzz",), strategy="dense_a")  # dense: the embedding
+    with pytest.raises(SparsemmError, match="'qwerty' matches no concept"):
+        searcher.search_index("dog but not qwerty")
+    assert searcher.search("dog but not cat", strategy="dense_a")[0].id == "d1"
+
+
+def _naive_explain(searcher: Searcher, row: int, q) -> tuple[list, list]:
+    """The reference: the item's dense row, B's dims recomputed from the filter strategy."""
+    from sparsemm.query.strategies import get_strategy
+
+    item = searcher.codes[row].toarray().ravel()
+    a = " and ".join(q.include)
+    contrib = searcher.context.term_code(a) * item
+    order = [int(j) for j in np.argsort(-contrib, kind="stable")[:5] if contrib[j] > 0]
+    matched = [(j, float(contrib[j])) for j in order]
+    filt = get_strategy("filter", searcher.context, dims="query")
+    checks = []
+    for b in q.exclude:
+        dims = [int(j) for j in np.flatnonzero(filt.b_weights(a, b) > 0)]
+        checks.append((b, dims, float(item[dims].sum()) if dims else 0.0))
+    return matched, checks
+
+
+@pytest.mark.parametrize(
+    "text", ["dog but not cat", "tree, no dog, no ball", "pizza -car", "cat and tree"]
+)
+def test_explanations_equal_the_per_row_reference(searcher: Searcher, text: str) -> None:
+    from sparsemm.query.parse import parse_query
+
+    q = parse_query(text)
+    hits = searcher.search(q, k=12, strategy="penalty")
+    assert hits
+    for h in hits:
+        matched, checks = _naive_explain(searcher, h.row, q)
+        assert [(c.dim, c.weight) for c in h.matched] == matched  # the same float32 products
+        assert [(e.term, e.dims) for e in h.excluded] == [(t, d) for t, d, _ in checks]
+        assert [e.item_mass for e in h.excluded] == pytest.approx([m for *_, m in checks])
+        m2, e2 = searcher.explain(h.row, q)
+        assert (m2, e2) == (h.matched, h.excluded)
+
+
+def test_a_parked_collection_still_finds_its_index(searcher: Searcher, tmp_path: Path) -> None:
+    """After a crash between the two renames of a collection swap only ``.col.old`` is
+    left; open_collection falls back to it and so must the searcher's index."""
+    from sparsemm.io import old_dir
+
+    col = searcher.collection.root
+    want = [h.id for h in searcher.search("dog but not cat")]
+    col.rename(old_dir(col))
+    parked = Searcher(col)
+    assert parked.collection.root == old_dir(col)
+    assert [h.id for h in parked.search("dog but not cat")] == want
+    build_index(col, tmp_path / "sr")  # re-indexing writes beside the parked items too
+    assert not col.exists() and (old_dir(col) / "index" / "manifest.json").is_file()
+
+
+def test_models_trained_on_other_encoders_are_refused(tmp_path: Path) -> None:
+    from sparsemm.data.collection import open_collection
+    from sparsemm.models.base import encoder_record
+
+    col = _collection(tmp_path)
+    sr = _identity_sr(tmp_path)
+    model = SRModel.from_pretrained(sr)
+    model.training_info = encoder_record(open_collection(col).manifest, col)
+    model.save_pretrained(sr)
+    build_index(col, sr)  # recorded encoders = the collection's: fine
+    assert Searcher(col).search("dog")[0].id == "d1"
+    model.training_info = {
+        "image_encoder": {"name": "clip", "model": "openai/clip-vit-base-patch32", "dim": 6},
+        "text_encoder": {"name": "clip", "model": "openai/clip-vit-base-patch32", "dim": 6},
+    }
+    model.save_pretrained(sr)
+    for fn in (lambda: build_index(col, sr), lambda: Searcher(col)):
+        with pytest.raises(SparsemmError, match=r"trained on clip .*the collection has toykw"):
+            fn()

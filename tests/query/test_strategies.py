@@ -263,3 +263,116 @@ def test_sr_query_coder_shapes() -> None:
     assert codes.getnnz(axis=1).max() <= 3
     with pytest.raises(SparsemmError, match="SPINE"):
         sr_query_coder(model, None, mask="topk_or_bias")
+
+
+# ------------------------------------------------------------- fast paths vs naive slicing
+
+
+class RandomTerms:
+    """Fake text encoder: each text gets a fixed random unit vector (seeded by the text)."""
+
+    dim = 16
+
+    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
+        import zlib
+
+        out = np.stack(
+            [np.random.default_rng(zlib.crc32(t.encode())).normal(size=self.dim) for t in texts]
+        ).astype(np.float32)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def _random_ctx(seed: int, negative: bool = False, **kw) -> ExclusionContext:
+    """120 items x 60 dims, ~12 non-zeros each; query codes = ReLU top-6 of a projection."""
+    rng = np.random.default_rng(seed)
+    n, d = 120, 60
+    codes = sp.random(n, d, density=0.2, random_state=seed, format="csr", dtype=np.float32)
+    codes.data = rng.gamma(0.5, 1.0, size=codes.nnz).astype(np.float32)
+    if negative:
+        codes.data *= rng.choice([-1.0, 1.0], size=codes.nnz).astype(np.float32)
+    proj = rng.normal(size=(RandomTerms.dim, d)).astype(np.float32)
+
+    def coder(emb, texts):
+        z = np.maximum(emb @ proj, 0.0)
+        z[z < np.sort(z, axis=1)[:, -6:-5]] = 0.0
+        return sp.csr_matrix(z)
+
+    return ExclusionContext(items_codes=codes, text_encoder=RandomTerms(), query_coder=coder, **kw)
+
+
+def _slice_mass(ctx: ExclusionContext, dims: np.ndarray) -> np.ndarray:
+    """The naive reference: sum of |x_j| over the sliced columns (the former code path)."""
+    return np.asarray(abs(ctx.codes_unit[:, dims]).sum(axis=1), dtype=np.float64).ravel()
+
+
+def _slice_peak(ctx: ExclusionContext, dims: np.ndarray) -> np.ndarray:
+    return np.asarray(abs(ctx.codes_unit[:, dims]).max(axis=1).toarray()).ravel()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mass_and_peaks_equal_the_column_slice_reference(seed) -> None:
+    ctx = _random_ctx(seed, negative=seed == 2)
+    rng = np.random.default_rng(seed)
+    for _ in range(30):
+        dims = np.unique(rng.choice(60, size=rng.integers(1, 40)))
+        ref = _slice_mass(ctx, dims)
+        # same float32 terms in the same order; only scipy's pairwise grouping differs
+        np.testing.assert_allclose(ctx.mass_on(dims), ref, rtol=1e-6, atol=1e-7)
+        peak = _slice_peak(ctx, dims)
+        for thr in (0.0, 0.05, 0.1, 0.3, 1.0, -0.1):
+            assert np.array_equal(ctx.peak_over(dims, thr), peak > thr)
+
+
+def test_paper_and_filter_scores_equal_the_slicing_reference() -> None:
+    ctx = _random_ctx(3)
+    terms = [f"t{i}" for i in range(12)]
+    pairs = [(a, b) for a in terms for b in terms if a != b]
+    for params in ({"top_k": 10, "share": 0.5, "pool": "topk"}, {"top_k": 25, "pool": "all"}):
+        paper = get_strategy("paper", ctx, **params)
+        for a, b in pairs:
+            da = paper.item_dims(a, paper.p["top_k"], paper.p["share"])
+            db = paper.item_dims(b, paper.p["top_k"], paper.p["share"])
+            mass = _slice_mass(ctx, np.setdiff1d(da, db))
+            ref = mass * 4.0 + (ctx.code_scores(ctx.term_code(a)) + 1.0) / 2.0
+            if params["pool"] == "topk":
+                pool = paper.top_items(a, paper.p["top_k"])
+                ref, full = np.full(ctx.n_items, -np.inf), ref
+                ref[pool] = full[pool]
+            got = paper.scores(a, b)
+            np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
+            assert np.array_equal(top_rows(got, 10), top_rows(ref, 10))
+    for params in ({"dims": "query", "threshold": 0.1}, {"dims": "items", "threshold": 0.05}):
+        filt = get_strategy("filter", ctx, **params)
+        for a, b in pairs:
+            dims = np.flatnonzero(filt.b_weights(a, b) > 0)
+            ref = ctx.code_scores(ctx.term_code(a))
+            if len(dims):
+                ref = np.where(_slice_peak(ctx, dims) > params["threshold"], -np.inf, ref)
+            assert np.array_equal(filt.scores(a, b), ref)
+
+
+def test_caches_are_bounded_lru_and_answers_do_not_change() -> None:
+    from sparsemm.query.strategies import LRUCache
+
+    cache = LRUCache(3)
+    for k in "abc":
+        cache[k] = k
+    assert cache["a"] == "a"  # a read is a use: b is now the oldest
+    cache["d"] = "d"
+    assert list(cache) == ["c", "a", "d"]
+    assert cache.setdefault("e", 5) == 5 and "c" not in cache and cache.get("zz") is None
+    with pytest.raises(SparsemmError):
+        ExclusionContext(items_codes=sp.eye(3, format="csr"), cache_size=2)
+
+    small, big = _random_ctx(4, cache_size=16), _random_ctx(4)
+    texts = [f"text {i}" for i in range(40)]
+    assert np.array_equal(small.embed(texts), big.embed(texts))  # more texts than it holds
+    assert np.array_equal(small.code(texts), big.code(texts))
+    pairs = [(f"t{i}", f"t{j}") for i in range(8) for j in range(8) if i != j]
+    for name in ("paper", "filter", "penalty", "code_arith"):
+        assert np.array_equal(
+            get_strategy(name, small).rank_many(pairs, 10),
+            get_strategy(name, big).rank_many(pairs, 10),
+        )
+    assert max(len(small._emb), len(small._code), len(small.cache)) <= 16
+    assert len(big.cache) > 16  # the same work caches more without the bound

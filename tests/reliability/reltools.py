@@ -186,3 +186,13 @@ def train_data(n_items: int = 160, per_item: int = 4, dim: int = 32, latent: int
         bias,
         SRConfig(text_dim=dim, image_dim=dim, latent_dim=latent, top_k=12),
     )
+
+
+def sr_version(v: int) -> Any:
+    """SR model version ``v``: its own shape (latent_dim 20 + v) and weights seeded by v."""
+    import torch
+
+    from sparsemm.models.sr import SRConfig, SRModel
+
+    torch.manual_seed(v)
+    return SRModel(SRConfig(text_dim=8, image_dim=8, latent_dim=20 + v, top_k=4))

@@ -112,16 +112,6 @@ def _captioned(path: Path, encoder: str, seed: int) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an SR model does not record the encoder of the collection it was trained on "
-    "(models/sr.py, cli/train.py), so build_index (query/searcher.py) cannot refuse a "
-    "collection of the same dimension from another encoder and indexes meaningless codes. "
-    "Fix: cli/train.py writes the collection manifest's encoder/text_encoder info into the "
-    "model folder (e.g. SRConfig fields image_encoder/text_encoder, or a training.json); "
-    "build_index and Searcher compare it with the collection's and raise SparsemmError "
-    "naming both encoders",
-)
 def test_model_trained_on_another_encoder_is_refused(tmp_path: Path, cli: Any) -> None:
     _captioned(tmp_path / "a", "encoder-a", 0)
     _captioned(tmp_path / "b", "encoder-b", 1)

@@ -49,14 +49,6 @@ def test_cli_huge_k_and_control_characters_are_fine(toy_collection: Path, cli: A
     assert hits[0] in ("d1", "d2") and not [h for h in hits if "cat" in ITEMS[h]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="query/searcher.py Searcher.search does not check that a term means something to "
-    "the model: an unknown include term returns 'no results' and an unknown excluded term "
-    "silently excludes nothing. Fix: in Searcher.search, raise SparsemmError when a term's "
-    "query code (sparse strategies) or embedding (dense ones) is all zeros, as "
-    "web.app.SearchService.check_terms does",
-)
 @pytest.mark.parametrize("query", ["qwerty", "dog but not qwerty"])
 def test_cli_names_terms_the_model_does_not_know(
     toy_collection: Path, cli: Any, query: str

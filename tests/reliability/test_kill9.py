@@ -20,13 +20,14 @@ from reltools import (
     index_version,
     kill_after,
     kill_when,
+    sr_version,
     start,
 )
 
 from sparsemm.data.collection import open_collection, write_collection
 from sparsemm.errors import SparsemmError
 from sparsemm.index import InvertedIndex
-from sparsemm.models.sr import SRConfig, SRModel
+from sparsemm.models.sr import SRModel
 
 
 @contextlib.contextmanager
@@ -185,31 +186,98 @@ for v in range(1, 10**6):
 # ------------------------------------------------------------------------------- model
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PretrainedMixin.save_pretrained (models/base.py) writes model.safetensors and "
-    "config.json as two separate atomic renames; a kill between them over a model of another "
-    "shape leaves a folder that loads neither (fix: write the folder to a temp dir and "
-    "io.replace_dir it in, as checkpoints do)",
-)
+def assert_model_is_version(out: Path, v: int) -> None:
+    model = SRModel.from_pretrained(out)
+    want = sr_version(v)
+    assert model.config == want.config
+    for a, b in zip(want.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_kill_between_model_files_keeps_the_previous_model(tmp_path: Path) -> None:
     out, marker = tmp_path / "model", tmp_path / "between"
-    SRModel(SRConfig(text_dim=8, image_dim=8, latent_dim=30, top_k=4)).save_pretrained(out)
+    sr_version(10).save_pretrained(out)
+    (out / "history.json").write_text("{}")  # a trainer's other files in the model folder
+    (out / "checkpoint").mkdir()
     script = f"""
 import time
 from pathlib import Path
 import sparsemm.models.base as base
-from sparsemm.models.sr import SRConfig, SRModel
+from reltools import sr_version
 real = base.write_json
 def write_json(path, obj):
-    Path({str(marker)!r}).touch()  # model.safetensors replaced, config.json not yet
+    Path({str(marker)!r}).touch()  # the new model.safetensors written, config.json not yet
     time.sleep(60)
 base.write_json = write_json
-SRModel(SRConfig(text_dim=8, image_dim=8, latent_dim=40, top_k=4)).save_pretrained({str(out)!r})
+sr_version(20).save_pretrained({str(out)!r})
 """
     kill_when(start(script), marker.exists)
     try:
-        model = SRModel.from_pretrained(out)
+        assert_model_is_version(out, 10)
     except SparsemmError:
         pytest.fail("the previous model no longer loads")
-    assert model.config.latent_dim in (30, 40)
+    sr_version(30).save_pretrained(out)  # sweeps the killed writer's temp folder
+    assert_model_is_version(out, 30)
+    assert (
+        leftovers(out, {"config.json", "model.safetensors", "history.json", "checkpoint"}) == set()
+    )
+
+
+def test_kill_while_moving_the_committed_model_in_loads_the_new_one(tmp_path: Path) -> None:
+    out, marker = tmp_path / "model", tmp_path / "moving"
+    sr_version(1).save_pretrained(out)
+    script = f"""
+import time
+from pathlib import Path
+import sparsemm.models.base as base
+from reltools import sr_version
+real, calls = base._link_or_copy, [0]
+def link(src, dst):
+    calls[0] += 1
+    if calls[0] == 2:  # the new model.safetensors is in place, config.json is still the old
+        Path({str(marker)!r}).touch()
+        time.sleep(60)
+    real(src, dst)
+base._link_or_copy = link
+sr_version(2).save_pretrained({str(out)!r})
+"""
+    kill_when(start(script), marker.exists)
+    import json
+
+    assert json.loads((out / "config.json").read_text())["latent_dim"] == 21  # mixed on top
+    assert_model_is_version(out, 2)  # read from the committed pair
+    sr_version(3).save_pretrained(out)  # finishes the interrupted move first
+    assert_model_is_version(out, 3)
+    assert leftovers(out, {"config.json", "model.safetensors"}) == set()
+
+
+def test_kill_at_a_random_moment_of_repeated_model_saves(tmp_path: Path) -> None:
+    out, started = tmp_path / "model", tmp_path / "started"
+    sr_version(0).save_pretrained(out)
+    script = f"""
+from pathlib import Path
+from reltools import sr_version
+models = [sr_version(v) for v in range(1, 6)]
+Path({str(started)!r}).touch()
+for i in range(10**6):
+    models[i % 5].save_pretrained({str(out)!r})
+"""
+    kill_after(start(script), started.exists, 0.3)
+    model = SRModel.from_pretrained(out)  # one complete version, whichever
+    assert_model_is_version(out, model.config.latent_dim - 20)
+
+
+def test_old_layout_model_folders_still_load(tmp_path: Path) -> None:
+    """A folder of plain config.json + model.safetensors (written before the commit folder)."""
+    from safetensors.torch import save_file
+
+    model, out = sr_version(4), tmp_path / "old"
+    out.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, out / "model.safetensors")
+    import dataclasses
+    import json
+
+    cfg = {"model_type": "sr", **dataclasses.asdict(model.config)}
+    (out / "config.json").write_text(json.dumps(cfg))
+    assert_model_is_version(out, 4)
+    assert SRModel.from_pretrained(out).training_info is None

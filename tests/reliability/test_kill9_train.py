@@ -90,7 +90,9 @@ ck.save_file = save_file
     script = TRAIN_SCRIPT.format(patch=patch, out=str(out), started=str(started), pause=0)
     kill_when(start(script), marker.exists)
     assert not (out / "model.safetensors").exists()
+    assert [p.name for p in out.glob(".checkpoint.*")]  # the killed writer's temp folder
     assert resume(out, uninterrupted) == [3, 4, 5, 6]  # epoch 3 is trained again
+    assert not list(out.glob(".checkpoint.*"))  # swept by the next checkpoint
 
 
 def test_kill_at_a_random_moment_resumes_identically(

@@ -107,3 +107,39 @@ def test_train_config_validation() -> None:
         SRTrainConfig(batch_size=1)
     with pytest.raises(SparsemmError):
         SRTrainConfig(epochs=0)
+
+
+def test_cli_records_the_training_collections_encoders(tmp_path) -> None:
+    import json
+
+    from sparsemm.cli.main import main
+    from sparsemm.data.collection import write_collection
+
+    img, txt, pi, _ = _data()
+    items = [{"id": f"i{i}", "captions": [f"c{i}"] * 3, "split": "train"} for i in range(40)]
+    write_collection(
+        tmp_path / "col",
+        items,
+        {"name": "efficientnet", "dim": 12, "model": "lite0"},
+        image_emb=img,
+        text_emb=txt,
+        texts=[{"item": int(i), "text": f"c{i}"} for i in pi],
+        text_encoder={"name": "minilm", "dim": 12, "model": "all-MiniLM-L6-v2"},
+    )
+    out = tmp_path / "sr"
+    (out / "config.json").parent.mkdir()
+    argv = ["train", "sr", str(tmp_path / "col"), "-o", str(out), "--no-bias", "--latent-dim"]
+    argv += ["30", "--top-k", "6", "--epochs", "2", "--batch-size", "32", "--no-progress"]
+    assert main(argv) == 0
+    record = SRModel.from_pretrained(out).training_info
+    assert record == {
+        "image_encoder": {"name": "efficientnet", "dim": 12, "model": "lite0"},
+        "text_encoder": {"name": "minilm", "dim": 12, "model": "all-MiniLM-L6-v2"},
+        "collection": str((tmp_path / "col").resolve()),
+    }
+    assert json.loads((out / "config.json").read_text())["training"] == record
+    assert (out / "history.json").is_file() and (out / "checkpoint").is_dir()
+    # train_sr itself (the Python API) records nothing: a model saved without a record
+    # replaces the record of the previous one, never keeps a stale one
+    train_sr(img, txt, pi, None, CFG, out, SRTrainConfig(epochs=1), progress=False)
+    assert SRModel.from_pretrained(out).training_info is None

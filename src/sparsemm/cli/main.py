@@ -1,7 +1,8 @@
 """The ``sparsemm`` command. One module per verb; each exposes ``register(subparsers)``.
 
 A verb sets ``func`` on its parser; ``func(args) -> int`` returns the exit status.
-SparsemmError is printed on one line without a traceback (exit 2).
+SparsemmError is printed on one line without a traceback (exit 2), and so is an OSError
+the verb did not turn into one (a file vanished, an I/O error): the user can act on both.
 """
 
 from __future__ import annotations
@@ -49,9 +50,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SparsemmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # after SparsemmError: a WriteError is both
+        logging.getLogger(__name__).debug("OSError in %s", args.verb, exc_info=True)
+        print(f"error: {_os_error_line(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _os_error_line(exc: OSError) -> str:
+    """One line for an OSError: its message, the file(s) it names and what to do."""
+    what = " ".join((exc.strerror or str(exc) or type(exc).__name__).split())
+    files = [str(f) for f in (exc.filename, exc.filename2) if f is not None]
+    where = f": {' -> '.join(files)}" if files else ""
+    return f"{what}{where}; check the path and the disk, then run again (-v shows details)"
 
 
 if __name__ == "__main__":  # pragma: no cover

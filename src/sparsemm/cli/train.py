@@ -1,4 +1,9 @@
-"""``sparsemm train sr``: train the SR model on a collection's (image, caption) pairs."""
+"""``sparsemm train sr``: train the SR model on a collection's (image, caption) pairs.
+
+The saved model records the training collection's image and text encoders (config.json's
+``training`` entry, :func:`sparsemm.models.base.encoder_record`), so ``sparsemm index`` and
+``sparsemm search`` refuse a collection from other encoders.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import logging
 from pathlib import Path
 
 from sparsemm.data.collection import open_collection
+from sparsemm.models.base import encoder_record
 from sparsemm.models.sr import SRConfig
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 from sparsemm.words.spine import SparseWordVectors
@@ -93,7 +99,7 @@ def run_sr(args: argparse.Namespace) -> int:
         contrastive_weight=args.lam,
     )
     tc = SRTrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
-    _, hist = train_sr(
+    model, hist = train_sr(
         image,
         text,
         pair_item,
@@ -104,6 +110,11 @@ def run_sr(args: argparse.Namespace) -> int:
         resume=args.resume,
         progress=not args.no_progress,
     )
+    # Saved again with the record, as one atomic change of config.json + weights: a kill
+    # before this leaves the new model without a record (accepted everywhere), never a
+    # record of another training run.
+    model.training_info = encoder_record(col.manifest, args.collection)
+    model.save_pretrained(args.out)
     last = hist[-1] if hist else {}
     print(
         f"trained SR on {len(image)} items / {len(text)} captions -> {args.out} "

@@ -1,8 +1,37 @@
-"""save_pretrained / from_pretrained shared by every sparse model: config.json + safetensors."""
+"""save_pretrained / from_pretrained shared by every sparse model: config.json + safetensors.
+
+A model folder holds ``config.json`` and ``model.safetensors`` (plus whatever else its
+trainer keeps there: ``history.json``, ``checkpoint/``, tokenizer files). The pair must
+change together: weights of one model read with the config of another either fail to load
+or, worse, load with the wrong settings. :meth:`PretrainedMixin.save_pretrained` therefore
+commits a new pair with one rename:
+
+1. both files are written (and fsynced) into a temp folder ``.pretrained.tmp.<pid>.*``;
+2. the folder is renamed to ``.pretrained.pending`` (:func:`sparsemm.io.replace_dir`): the
+   commit point, the new pair is now the folder's model;
+3. each file is hard-linked out of it over the top-level name (``os.replace``);
+4. ``.pretrained.pending`` is deleted.
+
+:meth:`~PretrainedMixin.from_pretrained` reads the pair from ``.pretrained.pending`` while a
+complete one is there (a kill in step 3 left the top-level files mixed) and from the folder
+itself otherwise - which is also how folders written before this layout are read. A kill
+before step 2 leaves the old pair; the next save removes the temp folder and finishes a
+pending commit first.
+
+The ``training`` entry of config.json (not a field of the config dataclass, so checkpoints
+and configs compare as before) records what the model was trained on; see
+:func:`encoder_record` and :func:`check_encoders`.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -12,47 +41,192 @@ from safetensors.torch import load_file
 from safetensors.torch import save as save_bytes
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import atomic_open, read_json, write_json
+from sparsemm.io import atomic_open, fsync_dir, read_json, replace_dir, write_error, write_json
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T", bound="PretrainedMixin")
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+MODEL_FILES = (WEIGHTS_FILE, CONFIG_FILE)
+PENDING_DIR = ".pretrained.pending"  # a committed pair not yet moved to the top level
+TMP_PREFIX = ".pretrained.tmp."  # + "<pid>.": a pair being written
+TRAINING_KEY = "training"  # config.json entry: what the model was trained on
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def sweep_temp_dirs(folder: Path, prefix: str, keep: tuple[str, ...] = ()) -> None:
+    """Delete ``folder/<prefix><pid>.*`` folders whose writer (pid) is gone, e.g. killed.
+
+    Temp folders of live processes (a concurrent writer, this process) and the names in
+    ``keep`` (e.g. a folder :func:`sparsemm.io.replace_dir` parked) are left alone; names
+    without a pid (an older sparsemm's temp folders) are swept too.
+    """
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            if not entry.name.startswith(prefix) or not entry.is_dir(follow_symlinks=False):
+                continue
+            if entry.name in keep:
+                continue
+            pid = entry.name[len(prefix) :].split(".", 1)[0]
+            if pid.isdigit() and _pid_alive(int(pid)):
+                continue
+            log.debug("removing %s, left by a killed writer", entry.path)
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _complete(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in MODEL_FILES)
+
+
+def pair_dir(model_dir: str | Path) -> Path:
+    """The folder holding the model's current config.json + model.safetensors: the pending
+    commit while a complete one exists (see the module docstring), else ``model_dir``."""
+    d = Path(model_dir)
+    pending = d / PENDING_DIR
+    return pending if _complete(pending) else d
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # a file system without hard links
+        shutil.copyfile(src, dst)
+        with open(dst, "rb") as fh:
+            os.fsync(fh.fileno())
+
+
+def _finish_pending(out: Path) -> None:
+    """Steps 3-4 of a save: move a committed pair to the top level, drop the pending folder."""
+    pending = out / PENDING_DIR
+    if not pending.is_dir():
+        return
+    if _complete(pending):
+        for name in MODEL_FILES:
+            tmp = out / f".{name}.{os.getpid()}.link"
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            _link_or_copy(pending / name, tmp)
+            os.replace(tmp, out / name)
+        fsync_dir(out)
+    # Complete: now moved in. Incomplete: a kill while deleting it, after the move.
+    shutil.rmtree(pending)
+
+
+def _signature(folder: Path) -> tuple[tuple[int, int, int], ...]:
+    """(inode, mtime, size) of the pair's files: changes when a writer replaces them."""
+    out = []
+    for name in MODEL_FILES:
+        try:
+            st = os.stat(folder / name)
+        except FileNotFoundError:
+            return ()
+        out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+    return tuple(out)
 
 
 class PretrainedMixin:
     """Mixin for ``nn.Module`` subclasses built as ``Model(config)`` from a dataclass config.
 
     Subclasses set ``config_class`` and ``model_type`` (written into config.json so a folder
-    from another model type is refused with a clear message).
+    from another model type is refused with a clear message). ``training_info`` (JSON, or
+    None) is saved as config.json's ``training`` entry and restored by ``from_pretrained``.
     """
 
     config_class: ClassVar[type]
     model_type: ClassVar[str]
     config: Any
+    training_info: dict[str, Any] | None = None
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
+        """Write config.json + model.safetensors into ``out_dir`` as one atomic change
+        (other files in the folder are kept); see the module docstring."""
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        if out.exists() and not out.is_dir():
+            raise SparsemmError(f"{out} exists and is not a folder; choose another output folder")
         assert isinstance(self, torch.nn.Module)
         tensors = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
-        with atomic_open(out / "model.safetensors", "wb") as fh:
-            fh.write(save_bytes(tensors, metadata={"model_type": self.model_type}))
-        write_json(
-            out / "config.json",
-            {"model_type": self.model_type, **dataclasses.asdict(self.config)},
-        )
+        config = {"model_type": self.model_type, **dataclasses.asdict(self.config)}
+        if self.training_info is not None:
+            config[TRAINING_KEY] = dict(self.training_info)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            _finish_pending(out)  # a save a kill interrupted after its commit point
+            sweep_temp_dirs(out, TMP_PREFIX)
+            tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}.", dir=out))
+        except OSError as exc:
+            raise write_error(exc, out) from exc
+        try:
+            with atomic_open(tmp / WEIGHTS_FILE, "wb") as fh:
+                fh.write(save_bytes(tensors, metadata={"model_type": self.model_type}))
+            write_json(tmp / CONFIG_FILE, config)
+            fsync_dir(tmp)
+            replace_dir(tmp, out / PENDING_DIR)  # the commit point
+        except BaseException as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise write_error(exc, out) from exc
+            raise
+        try:
+            _finish_pending(out)
+        except OSError as exc:  # committed: readers use the pending pair until a retry
+            raise write_error(exc, out) from exc
         return out
 
     @classmethod
     def from_pretrained(cls: type[T], model_dir: str | Path) -> T:
         d = Path(model_dir)
-        if not (d / "config.json").is_file() or not (d / "model.safetensors").is_file():
+        # A writer may swap the pair while it is read: re-read when it changed meanwhile.
+        for _attempt in range(3):
+            src = pair_dir(d)
+            before = _signature(src)
+            if not before:
+                raise SparsemmError(
+                    f"{d} is not a saved {cls.model_type} model (needs config.json and "
+                    "model.safetensors)"
+                )
+            raw = read_json(src / CONFIG_FILE)
+            error: Exception | None = None
+            try:
+                state = load_file(str(src / WEIGHTS_FILE))
+            except (OSError, ValueError, SafetensorError) as exc:
+                state, error = {}, exc
+            if pair_dir(d) == src and _signature(src) == before:
+                break
+        return cls._build(d, raw, state, error)
+
+    @classmethod
+    def _build(
+        cls: type[T],
+        d: Path,
+        raw: Any,
+        state: dict[str, torch.Tensor],
+        error: Exception | None,
+    ) -> T:
+        if not isinstance(raw, dict):
             raise SparsemmError(
-                f"{d} is not a saved {cls.model_type} model (needs config.json and "
-                "model.safetensors)"
+                f"{d}/config.json is malformed (a JSON object was expected, got "
+                f"{type(raw).__name__}); re-create the model"
             )
-        raw = read_json(d / "config.json")
+        raw = dict(raw)
         mtype = raw.pop("model_type", None)
         if mtype != cls.model_type:
             raise SparsemmError(f"{d} holds a {mtype!r} model, not {cls.model_type!r}")
+        training = raw.pop(TRAINING_KEY, None)
+        if training is not None and not isinstance(training, dict):
+            raise SparsemmError(f"{d}/config.json is malformed ('training' is not an object)")
         fields = {f.name for f in dataclasses.fields(cls.config_class)}
         unknown = set(raw) - fields
         if unknown:
@@ -60,15 +234,91 @@ class PretrainedMixin:
                 f"{d}/config.json has fields this sparsemm does not know: {sorted(unknown)}; "
                 "upgrade sparsemm"
             )
-        config = cls.config_class(**raw)
-        model = cls(config)  # type: ignore[call-arg]
+        try:
+            config = cls.config_class(**raw)
+            model = cls(config)  # type: ignore[call-arg]
+        except (SparsemmError, TypeError, ValueError) as exc:  # wrong types or values
+            raise SparsemmError(
+                f"{d}/config.json is malformed ({exc}); re-create the model"
+            ) from exc
         assert isinstance(model, torch.nn.Module)
         try:
-            model.load_state_dict(load_file(str(d / "model.safetensors")))
+            if error is not None:
+                raise error
+            model.load_state_dict(state)
         except (RuntimeError, OSError, ValueError, SafetensorError) as exc:
             raise SparsemmError(
                 f"{d}/model.safetensors is corrupt or does not match config.json ({exc}); "
                 "re-create the model"
             ) from exc
+        model.training_info = training
         model.eval()
         return model
+
+
+# --------------------------------------------------------------------------- training record
+
+
+def _encoder_entry(info: Mapping[str, Any]) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": str(info.get("name")), "dim": info.get("dim")}
+    if info.get("model"):
+        entry["model"] = str(info["model"])
+    return entry
+
+
+def encoder_record(manifest: Mapping[str, Any], collection: str | Path | None = None) -> dict:
+    """The ``training`` record of a model trained on a collection with this manifest: the
+    image and text encoders (name, model, dim) and, optionally, the collection's path."""
+    image = manifest["encoder"]
+    text = manifest.get("text_encoder") or image
+    rec: dict[str, Any] = {
+        "image_encoder": _encoder_entry(image),
+        "text_encoder": _encoder_entry(text),
+    }
+    if collection is not None:
+        rec["collection"] = str(Path(collection).resolve())
+    return rec
+
+
+def _describe(entry: Mapping[str, Any]) -> str:
+    model = f" {entry['model']}" if entry.get("model") else ""
+    return f"{entry.get('name')}{model} ({entry.get('dim')}-d)"
+
+
+def _same_encoder(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Same name and dim; same model too, compared by its last path component (a hub id
+    and a local copy of it agree), except for precomputed tables, whose model is a file."""
+    if a.get("name") != b.get("name") or a.get("dim") != b.get("dim"):
+        return False
+    ma, mb = a.get("model"), b.get("model")
+    if a.get("name") == "precomputed" or not ma or not mb:
+        return True
+    return bool(Path(str(ma)).name == Path(str(mb)).name)
+
+
+def check_encoders(
+    training: Mapping[str, Any] | None,
+    manifest: Mapping[str, Any],
+    model_dir: str | Path,
+    collection_dir: str | Path,
+) -> None:
+    """Raise SparsemmError when a model's ``training`` record names other encoders than the
+    collection manifest's (a model's codes mean nothing on another encoder's embeddings).
+    Models without a record (trained before sparsemm kept one) pass."""
+    if not training:
+        return
+    here = encoder_record(manifest)
+    diffs = []
+    for side in ("image", "text"):
+        trained = training.get(f"{side}_encoder")
+        if isinstance(trained, Mapping) and not _same_encoder(trained, here[f"{side}_encoder"]):
+            diffs.append(
+                f"{side}s: trained on {_describe(trained)}, the collection has "
+                f"{_describe(here[f'{side}_encoder'])}"
+            )
+    if diffs:
+        raise SparsemmError(
+            f"the model {model_dir} was trained on a collection from other encoders than "
+            f"{collection_dir} ({'; '.join(diffs)}), so its codes would mean nothing there; "
+            "train a model on this collection or encode it with the model's encoders"
+        )

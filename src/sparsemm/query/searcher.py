@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from sparsemm.errors import SparsemmError
 from sparsemm.eval.retrieval import normalize_rows
 from sparsemm.index import Exclusion, InvertedIndex
 from sparsemm.io import read_json
+from sparsemm.models.base import check_encoders
 from sparsemm.models.lit import AlignedTextEncoder, LinearAligner
 from sparsemm.models.sr import SRModel
 from sparsemm.query.parse import Query, parse_query
@@ -112,12 +114,15 @@ def build_index(
 
     Writes ``collection_dir/index/``: the inverted index with the dimension labels in its
     manifest's ``meta["labels"]``, so codes and labels are committed together in one atomic
-    step; a crash leaves the previous index (and its labels) readable. ``dense_model`` names
-    a :class:`~sparsemm.models.lit.LinearAligner` that puts images and query texts in one
-    dense space, for the dense strategies when the collection has two unaligned backbones.
+    step; a crash leaves the previous index (and its labels) readable. A model that records
+    its training collection's encoders must match the collection's (SparsemmError otherwise).
+    ``dense_model`` names a :class:`~sparsemm.models.lit.LinearAligner` that puts images and
+    query texts in one dense space, for the dense strategies when the collection has two
+    unaligned backbones.
     """
     col = open_collection(collection_dir)
     model = SRModel.from_pretrained(model_dir)
+    check_encoders(model.training_info, col.manifest, model_dir, collection_dir)
     if dense_model is not None:
         aligner = LinearAligner.from_pretrained(dense_model)
         if (aligner.config.image_dim, aligner.config.text_dim) != (col.dim, col.text_dim):
@@ -149,7 +154,9 @@ def build_index(
         "dense_model": str(Path(dense_model).resolve()) if dense_model is not None else None,
         "labels": {"data": dimension_labels(codes, captions), "spine": spine_labels},
     }
-    root = Path(collection_dir) / INDEX_DIR
+    # The folder open_collection found: a collection a crash left parked aside gets its
+    # index there (the next collection write replaces both), not in a new bare folder.
+    root = col.root / INDEX_DIR
     index = InvertedIndex.build(root, codes, col.ids, overwrite=overwrite, meta=meta)
     # Indexes built before labels moved into the manifest kept them in labels.json.
     with contextlib.suppress(FileNotFoundError):
@@ -189,12 +196,40 @@ class Hit:
         return asdict(self)
 
 
+@dataclass
+class _Explainer:
+    """What explaining the hits of one query needs (built by ``Searcher._explainer``)."""
+
+    include_code: np.ndarray  # (d,) query code of the include terms
+    checks: list[tuple[str, list[int], np.ndarray, list[str]]]  # term, dims, (d,) bool, words
+    dim_words: Callable[[int], list[str]]
+    n_dims: int = 5
+
+    def explain(self, codes: sp.csr_matrix, row: int) -> tuple[list[Concept], list[ExcludedCheck]]:
+        """Matched concepts and excluded-term checks of item ``row`` (codes: sorted CSR)."""
+        lo, hi = codes.indptr[row], codes.indptr[row + 1]
+        dims, vals = codes.indices[lo:hi], codes.data[lo:hi]  # the row's non-zeros
+        contrib = self.include_code[dims] * vals
+        order = np.argsort(-contrib, kind="stable")[: self.n_dims]
+        matched = [
+            Concept(int(dims[i]), float(contrib[i]), self.dim_words(int(dims[i])))
+            for i in order
+            if contrib[i] > 0
+        ]
+        excluded = [
+            ExcludedCheck(term, list(bdims), float(vals[on[dims]].sum()), list(words))
+            for term, bdims, on, words in self.checks
+        ]
+        return matched, excluded
+
+
 class Searcher:
     """Answer queries over one indexed collection (see the module docstring)."""
 
     def __init__(self, collection_dir: str | Path, encoder: Any = None) -> None:
         self.collection: Collection = open_collection(collection_dir)
-        root = Path(collection_dir) / INDEX_DIR
+        # collection.root: where open_collection found it (a crash may have parked it aside)
+        root = self.collection.root / INDEX_DIR
         if not (root / "manifest.json").is_file():
             raise SparsemmError(
                 f"{collection_dir} has no index; build it with `sparsemm index "
@@ -211,6 +246,9 @@ class Searcher:
                 f"the index in {root} does not name its model; rebuild it with `sparsemm index`"
             )
         self.model = SRModel.from_pretrained(meta["model"])
+        check_encoders(
+            self.model.training_info, self.collection.manifest, meta["model"], collection_dir
+        )
         self.top_k = int(meta["top_k"])
         labels = meta.get("labels")
         if not isinstance(labels, dict):  # an index built before labels lived in its meta
@@ -218,7 +256,8 @@ class Searcher:
             labels = read_json(legacy) if legacy.is_file() else {}
         self.labels_data: list[list[str]] = labels.get("data", [])
         self.labels_spine: list[list[str]] = labels.get("spine", [])
-        self.codes = self.index.codes(np.arange(len(self.index)))
+        self.codes = sp.csr_matrix(self.index.codes(np.arange(len(self.index))))
+        self.codes.sort_indices()  # explanations read rows through indptr
         self.aligner = (
             LinearAligner.from_pretrained(meta["dense_model"]) if meta.get("dense_model") else None
         )
@@ -284,6 +323,25 @@ class Searcher:
         return data or spine
 
     # -- search ----------------------------------------------------------------------------
+    def check_terms(self, query: Query, strategy: str) -> None:
+        """Raise SparsemmError naming a query term that means nothing to the model: its query
+        code (sparse strategies) or text embedding (dense ones) is all zeros, so searching
+        for it would return nothing and excluding it would silently exclude nothing.
+
+        ``strategy`` is a registered strategy name or a kind ("sparse" / "dense"). The
+        messages are those of the web API (:mod:`sparsemm.web.app`).
+        """
+        kind = strategy if strategy in ("sparse", "dense") else get_spec(strategy).kind
+        ctx = self.context
+        for side, terms in (("search for", query.include), ("exclude", query.exclude)):
+            for term in terms:
+                vec = ctx.term_code(term) if kind == "sparse" else ctx.term_embedding(term)
+                if not np.any(vec):
+                    raise SparsemmError(
+                        f"{term!r} matches no concept of this collection's model, so it "
+                        f"cannot {side} anything; check the spelling or try another word"
+                    )
+
     def search(
         self,
         query: str | Query,
@@ -293,7 +351,10 @@ class Searcher:
         offset: int = 0,
         **params: Any,
     ) -> list[Hit]:
-        """Top ``k`` hits (after ``offset``) for a query; several excluded terms all apply."""
+        """Top ``k`` hits (after ``offset``) for a query; several excluded terms all apply.
+
+        Raises SparsemmError for bad input, including a term the model knows nothing about
+        (:meth:`check_terms`)."""
         if k < 1 or offset < 0:
             raise SparsemmError("k must be >= 1 and offset >= 0")
         q = query if isinstance(query, Query) else parse_query(query, exclude=exclude)
@@ -310,6 +371,7 @@ class Searcher:
             )
         ctx = self.context
         strat = get_strategy(strategy, ctx, **params)
+        self.check_terms(q, strat.kind)
         if not q.exclude:
             plain = "code_a" if strat.kind == "sparse" else "dense_a"
             scores = get_strategy(plain, ctx).scores(a, "")
@@ -322,9 +384,12 @@ class Searcher:
             overlap = ctx.code_scores(ctx.term_code(a)) > 0
             scores = np.where(overlap, scores, -np.inf)
         rows = top_rows(scores, offset + k)[offset:]
-        return [self._hit(offset + i + 1, int(r), float(scores[r]), q) for i, r in enumerate(rows)]
+        why = self._explainer(q)
+        return [
+            self._hit(offset + i + 1, int(r), float(scores[r]), why) for i, r in enumerate(rows)
+        ]
 
-    def _hit(self, rank: int, row: int, score: float, q: Query) -> Hit:
+    def _hit(self, rank: int, row: int, score: float, why: _Explainer) -> Hit:
         item = self.collection.items[row]
         caps = item.get("captions") or [""]
         hit = Hit(
@@ -335,28 +400,30 @@ class Searcher:
             caption=caps[0],
             labels=list(item.get("labels", [])),
         )
-        hit.matched, hit.excluded = self.explain(row, q)
+        hit.matched, hit.excluded = why.explain(self.codes, row)
         return hit
+
+    def _explainer(self, q: Query, n_dims: int = 5) -> _Explainer:
+        """What explaining any hit of ``q`` needs, computed once per query: the include
+        code and each excluded term's dimensions (those the ``filter`` strategy drops items
+        on: the active dims of the term's query code) with their words."""
+        ctx = self.context
+        a = " and ".join(q.include)
+        filt = get_strategy("filter", ctx, dims="query")
+        assert isinstance(filt, HardFilter)
+        checks = []
+        for b in q.exclude:
+            on = filt.b_weights(a, b) > 0  # (d,) bool
+            dims = [int(j) for j in np.flatnonzero(on)]
+            words = sorted({w for j in dims[:3] for w in self.dim_words(j)[:2]})
+            checks.append((b, dims, on, words))
+        return _Explainer(ctx.term_code(a), checks, self.dim_words, n_dims)
 
     def explain(
         self, row: int, q: Query, n_dims: int = 5
     ) -> tuple[list[Concept], list[ExcludedCheck]]:
         """Matched concepts (top q_j x_j over the include code) and excluded-term checks."""
-        item = self.codes[row].toarray().ravel()
-        qa = self.context.term_code(" and ".join(q.include))
-        contrib = qa * item
-        order = [int(j) for j in np.argsort(-contrib)[:n_dims] if contrib[j] > 0]
-        matched = [Concept(j, float(contrib[j]), self.dim_words(j)) for j in order]
-        checks = []
-        # The same dims the `filter` strategy drops items on (B's query code, active share).
-        filt = get_strategy("filter", self.context, dims="query")
-        assert isinstance(filt, HardFilter)
-        a = " and ".join(q.include)
-        for b in q.exclude:
-            dims = [int(j) for j in np.flatnonzero(filt.b_weights(a, b) > 0)]
-            words = sorted({w for j in dims[:3] for w in self.dim_words(j)[:2]})
-            checks.append(ExcludedCheck(b, dims, float(item[dims].sum()) if dims else 0.0, words))
-        return matched, checks
+        return self._explainer(q, n_dims).explain(self.codes, row)
 
     def search_index(
         self,
@@ -375,6 +442,7 @@ class Searcher:
         q = query if isinstance(query, Query) else parse_query(query, exclude=exclude)
         strat = get_strategy("filter", self.context, **{"dims": "query", **params})
         assert isinstance(strat, HardFilter)
+        self.check_terms(q, "sparse")
         a = " and ".join(q.include)
         ex = None
         if q.exclude:
@@ -385,8 +453,9 @@ class Searcher:
         qa = self.context.term_code(a)
         qa = qa / max(float(np.linalg.norm(qa)), 1e-12)  # scores = cosine, as in `search`
         res = self.index.search(qa, k=k, exclude=ex)
+        why = self._explainer(q)
         return [
-            self._hit(i + 1, int(r), float(s), q)
+            self._hit(i + 1, int(r), float(s), why)
             for i, (r, s) in enumerate(zip(res.rows, res.scores, strict=True))
             if s > 0  # no concept in common with the query: not a match
         ]

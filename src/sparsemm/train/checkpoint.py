@@ -2,13 +2,16 @@
 
 A checkpoint is a folder ``ckpt/`` holding ``model.safetensors``, ``optim.safetensors`` and
 ``state.json`` (epoch, optimizer hyper-parameters, anything the loop needs to continue). It is
-written under a temp name and swapped in, so a crash mid-save keeps the previous checkpoint.
+written under a temp name (``.checkpoint.<pid>.*``) and swapped in, so a crash mid-save keeps
+the previous checkpoint; the temp folders of killed writers are removed by the next save. A
+full disk or a read-only folder raises :class:`sparsemm.io.WriteError` naming the folder.
 Training loops draw their randomness from generators seeded by ``(seed, epoch)``, so resuming
 at epoch e replays exactly what an uninterrupted run would have done.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -18,9 +21,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import find_dir, read_json, replace_dir, write_json
+from sparsemm.io import find_dir, old_dir, read_json, replace_dir, write_error, write_json
+from sparsemm.models.base import sweep_temp_dirs
 
 CKPT_DIR = "checkpoint"
+TMP_PREFIX = ".checkpoint."  # + "<pid>.": a checkpoint being written
 
 
 def _flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -55,12 +60,20 @@ def save_checkpoint(
     state: dict[str, Any],
     scheduler: Any = None,
 ) -> Path:
-    """Write ``out_dir/checkpoint`` atomically; ``state`` must be JSON-serialisable."""
+    """Write ``out_dir/checkpoint`` atomically; ``state`` must be JSON-serialisable.
+
+    Raises :class:`sparsemm.io.WriteError` (a SparsemmError) for a full disk or a folder
+    that cannot be written; the previous checkpoint is then left as it was.
+    """
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise SparsemmError(f"{out} exists and is not a folder; choose another output folder")
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".checkpoint.", dir=out))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        sweep_temp_dirs(out, TMP_PREFIX, keep=(old_dir(out / CKPT_DIR).name,))
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}.", dir=out))
+    except OSError as exc:
+        raise write_error(exc, out) from exc
     try:
         save_file(
             {k: v.detach().contiguous() for k, v in model.state_dict().items()},
@@ -73,8 +86,10 @@ def save_checkpoint(
             full["scheduler"] = scheduler.state_dict()
         write_json(tmp / "state.json", full)
         replace_dir(tmp, out / CKPT_DIR)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise write_error(exc, out) from exc
         raise
     return out / CKPT_DIR
 
