@@ -18,6 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from sparsemm.cli.bench_lexlip import register_bench as register_lexlip
+from sparsemm.cli.bench_vdr import register_bench as register_vdr
 from sparsemm.errors import SparsemmError
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,8 @@ def register(sub: Any) -> None:
     ex.add_argument("--seed", type=int, default=0)
     ex.add_argument("--no-progress", action="store_true")
     ex.set_defaults(func=run_exclusion)
+    register_vdr(kinds)
+    register_lexlip(kinds)
 
 
 def _load_vectors(path: Path) -> Any:

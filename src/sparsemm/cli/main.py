@@ -17,7 +17,18 @@ from sparsemm import __version__
 from sparsemm.errors import SparsemmError
 
 # Verb modules under sparsemm.cli, in the order of the pipeline.
-VERBS = ("collages", "encode", "spine", "train", "index", "search", "serve", "demo", "bench")
+VERBS = (
+    "collages",
+    "encode",
+    "spine",
+    "train",
+    "index",
+    "search",
+    "serve",
+    "demo",
+    "bench",
+    "export",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,6 +11,8 @@ import argparse
 import logging
 from pathlib import Path
 
+from sparsemm.cli.train_lexlip import register_model as register_lexlip
+from sparsemm.cli.train_vdr import register_model as register_vdr
 from sparsemm.data.collection import open_collection
 from sparsemm.models.base import encoder_record
 from sparsemm.models.sr import SRConfig
@@ -71,6 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     al.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     al.add_argument("--no-progress", action="store_true")
     al.set_defaults(func=run_align)
+    register_vdr(models)
+    register_lexlip(models)
 
 
 def run_sr(args: argparse.Namespace) -> int:
