@@ -13,7 +13,7 @@ from sparsemm.cli import bench as bench_cli
 from sparsemm.data.collection import write_collection
 from sparsemm.encoders.base import register_encoder
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.bench import METRICS, BenchConfig, run_exclusion_bench
+from sparsemm.eval.bench import METRICS, BenchConfig, _select, run_exclusion_bench
 from sparsemm.models.sr import SRConfig
 from sparsemm.query.strategies import available_strategies, sr_query_coder, term_tokens
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
@@ -184,3 +184,19 @@ def test_bench_config_errors(fixture, tmp_path) -> None:
         run_exclusion_bench(
             col, tmp_path, KeywordEncoder(), config=BenchConfig(methods=("code_a",))
         )
+
+
+def test_tuning_skips_points_that_empty_the_ranking() -> None:
+    rows = [
+        {"ap@10": 0.80, "violation@10": 0.006},  # one violating slot more than the bar
+        {"ap@10": 0.85, "violation@10": 0.040},
+        {"ap@10": 0.01, "violation@10": 0.000},  # a filter that removed nearly everything
+    ]
+    # Bar 0.004: no usable point meets it, so the least violating usable one.
+    assert _select(rows, 0.004, min_ap=0.45) == 0
+    # Without the usability floor the degenerate point would win.
+    assert _select(rows, 0.004) == 2
+    # A point within the bar is still preferred.
+    assert _select(rows, 0.01, min_ap=0.45) == 0
+    assert _select(rows, 0.05, min_ap=0.45) == 1
+    assert _select(rows, None) == 1

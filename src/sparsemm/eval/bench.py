@@ -147,12 +147,19 @@ def evaluate_strategy(
     return evaluate_rankings(rankings, rel, list(metrics), excluded=has_b, included=has_a)
 
 
-def _select(rows: list[dict[str, Any]], max_violation: float | None) -> int:
+def _select(
+    rows: list[dict[str, Any]], max_violation: float | None, min_ap: float | None = None
+) -> int:
     """Index of the chosen grid row (see :func:`tune_strategies`)."""
     ok = [i for i, r in enumerate(rows) if r.get("ap@10") is not None]
     if max_violation is not None:
-        within = [i for i in ok if rows[i]["violation@10"] <= max_violation + 1e-12]
-        ok = within or ok
+        # Usable points: a grid point that keeps less than min_ap (half the reference's
+        # AP@10) has emptied its ranking, which violates nothing but answers nothing.
+        usable = [i for i in ok if min_ap is None or rows[i]["ap@10"] >= min_ap] or ok
+        within = [i for i in usable if rows[i]["violation@10"] <= max_violation + 1e-12]
+        if not within:  # nothing meets the bar: the least violating usable point
+            return min(usable, key=lambda i: (rows[i]["violation@10"], -rows[i]["ap@10"], i))
+        ok = within
     return max(ok, key=lambda i: (rows[i]["ap@10"], -i))
 
 
@@ -169,8 +176,10 @@ def tune_strategies(
     Criterion: the highest mean AP@10 over all tuning queries among the grid points whose
     mean violation@10 is no higher than that of ``violation_reference`` (a method run
     first, e.g. the dense Avg Emb baseline) - the operating point "better ranking at no more
-    violations"; when no grid point qualifies, or without a reference, the highest mean
-    AP@10 (ties: the earlier grid point). ``max_grid`` keeps the first N grid points (quick
+    violations". Grid points below half the reference's AP@10 are not eligible (a filter
+    that empties the ranking violates nothing); when no eligible point meets the bar, the
+    least violating eligible one. Without a reference: the highest mean AP@10 (ties: the
+    earlier grid point). ``max_grid`` keeps the first N grid points (quick
     runs). Grid points the context cannot serve (e.g. SPINE dims without ``--spine``) are
     recorded as skipped.
     """
@@ -184,6 +193,7 @@ def tune_strategies(
         order.remove(violation_reference)
         order.insert(0, violation_reference)
     max_violation: float | None = None
+    min_ap: float | None = None
     for name in order:
         spec = get_spec(name)
         points = spec.grid_points()[: max_grid or None]
@@ -209,12 +219,13 @@ def tune_strategies(
         if all(r["ap@10"] is None for r in rows):
             raise SparsemmError(f"strategy {name!r} cannot run: {rows[0]['skipped']}")
         limit = None if name == violation_reference else max_violation
-        best = _select(rows, limit)
+        best = _select(rows, limit, None if limit is None else min_ap)
         rows[best]["chosen"] = True
         chosen[name] = points[best]
         results[name] = rows
         if name == violation_reference:
             max_violation = rows[best]["violation@10"]
+            min_ap = 0.5 * rows[best]["ap@10"]
         logger.info(
             "tuned %s on %d queries: %s -> AP@10 %.4f, violation@10 %.4f (%d grid points)",
             name,
