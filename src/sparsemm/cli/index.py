@@ -13,13 +13,15 @@ from sparsemm.index.store import BACKENDS
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "index",
-        help="encode a collection's items with an SR model into an inverted index",
+        help="encode a collection's items with a sparse model (SR or VDR) into an inverted index",
         description="Writes COLLECTION/index: posting lists of the items' sparse codes "
         "(memory-mapped, atomic writes) and a label per concept dimension. With --backend "
         "qdrant the codes are also uploaded to a Qdrant collection (batched, resumable).",
     )
     p.add_argument("collection", type=Path, help="collection folder (sparsemm encode)")
-    p.add_argument("--model", type=Path, required=True, help="SR model folder (sparsemm train)")
+    p.add_argument(
+        "--model", type=Path, required=True, help="SR or VDR model folder (sparsemm train sr|vdr)"
+    )
     p.add_argument("--spine", type=Path, help="SPINE run folder: label dims with its top words")
     p.add_argument(
         "--top-k",

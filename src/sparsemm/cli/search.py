@@ -37,8 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--offset", type=int, default=0, help="skip this many results (paging)")
     p.add_argument(
         "--strategy",
-        default=DEFAULT_STRATEGY,
-        help=f"exclusion strategy (default {DEFAULT_STRATEGY}); see --list-strategies",
+        default=None,
+        help=f"exclusion strategy (default: the model's; {DEFAULT_STRATEGY} for SR, "
+        "code_arith for VDR); see --list-strategies",
     )
     p.add_argument(
         "--engine",
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
     query = parse_query(args.query, exclude=tuple(args.exclude))
     searcher = Searcher(args.collection)
+    args.strategy = args.strategy or searcher.default_strategy
     if args.backend == "qdrant":
         if args.strategy != "filter" or args.offset:
             raise SparsemmError("--backend qdrant supports --strategy filter without --offset")

@@ -33,7 +33,7 @@ from sparsemm.index import Exclusion, InvertedIndex
 from sparsemm.io import read_json
 from sparsemm.models.base import check_encoders
 from sparsemm.models.lit import AlignedTextEncoder, LinearAligner
-from sparsemm.models.sr import SRModel
+from sparsemm.query.code_models import load_code_model
 from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.strategies import (
     ExclusionContext,
@@ -42,7 +42,6 @@ from sparsemm.query.strategies import (
     available_strategies,
     get_spec,
     get_strategy,
-    sr_query_coder,
     top_rows,
 )
 from sparsemm.words.bias import tokenize
@@ -121,7 +120,7 @@ def build_index(
     unaligned backbones.
     """
     col = open_collection(collection_dir)
-    model = SRModel.from_pretrained(model_dir)
+    model = load_code_model(model_dir, top_k)
     check_encoders(model.training_info, col.manifest, model_dir, collection_dir)
     if dense_model is not None:
         aligner = LinearAligner.from_pretrained(dense_model)
@@ -132,8 +131,10 @@ def build_index(
                 f"{col.dim}-d images and {col.text_dim}-d texts"
             )
     # Unit-length codes: the index's inner product is then the cosine the strategies use.
-    codes = normalize_rows(model.encode(col.image_embeddings(), "image", top_k=top_k))
+    codes = normalize_rows(model.encode_items(col))
     spine_labels: list[list[str]] = []
+    if spine_dir is not None and model.kind != "sr":
+        raise SparsemmError("--spine labels SR dimensions; a VDR dimension is its own token")
     if spine_dir is not None:
         from sparsemm.words.evaluate import top_words
         from sparsemm.words.spine import SparseWordVectors
@@ -145,14 +146,17 @@ def build_index(
             )
         spine_labels = [[w for w, _ in top_words(vectors, j, 6)] for j in range(vectors.dim)]
     captions = [list(it.get("captions", [])) for it in col.items]
+    names = model.dim_names()
+    # A VDR dimension is a word piece: its token is its label.
+    data_labels = [[n] for n in names] if names is not None else dimension_labels(codes, captions)
     meta = {
         "model": str(Path(model_dir).resolve()),
-        "model_type": "sr",
+        "model_type": model.kind,
         "spine": str(Path(spine_dir).resolve()) if spine_dir is not None else None,
-        "top_k": top_k or model.config.inference_top_k or model.config.top_k,
+        "top_k": model.top_k,
         "collection_encoder": col.encoder_name,
         "dense_model": str(Path(dense_model).resolve()) if dense_model is not None else None,
-        "labels": {"data": dimension_labels(codes, captions), "spine": spine_labels},
+        "labels": {"data": data_labels, "spine": spine_labels},
     }
     # The folder open_collection found: a collection a crash left parked aside gets its
     # index there (the next collection write replaces both), not in a new bare folder.
@@ -245,7 +249,8 @@ class Searcher:
             raise SparsemmError(
                 f"the index in {root} does not name its model; rebuild it with `sparsemm index`"
             )
-        self.model = SRModel.from_pretrained(meta["model"])
+        self.model = load_code_model(meta["model"], int(meta["top_k"]))
+        self.default_strategy: str = self.model.default_strategy
         check_encoders(
             self.model.training_info, self.collection.manifest, meta["model"], collection_dir
         )
@@ -303,11 +308,11 @@ class Searcher:
             if any(captions):
                 reference = ReferenceSet(captions=captions, dense=self.dense, codes=self.codes)
             text_encoder: Any = self.encoder
-            coder = sr_query_coder(self.model, top_k=self.top_k)
+            coder = self.model.query_coder()
             if self.aligner is not None:
                 # Dense strategies score in the aligned space; SR reads the raw text backbone.
                 text_encoder = AlignedTextEncoder(self.encoder, self.aligner)
-                coder = sr_query_coder(self.model, top_k=self.top_k, text_encoder=self.encoder)
+                coder = self.model.query_coder(text_encoder=self.encoder)
             self._ctx = ExclusionContext(
                 items_dense=self.dense,
                 items_codes=self.codes,
@@ -346,18 +351,20 @@ class Searcher:
         self,
         query: str | Query,
         k: int = 10,
-        strategy: str = DEFAULT_STRATEGY,
+        strategy: str | None = None,
         exclude: tuple[str, ...] = (),
         offset: int = 0,
         **params: Any,
     ) -> list[Hit]:
         """Top ``k`` hits (after ``offset``) for a query; several excluded terms all apply.
+        ``strategy`` defaults to the model's (``filter`` for SR, ``code_arith`` for VDR).
 
         Raises SparsemmError for bad input, including a term the model knows nothing about
         (:meth:`check_terms`)."""
         if k < 1 or offset < 0:
             raise SparsemmError("k must be >= 1 and offset >= 0")
         q = query if isinstance(query, Query) else parse_query(query, exclude=exclude)
+        strategy = strategy or self.default_strategy
         if strategy not in available_strategies():
             raise SparsemmError(
                 f"unknown strategy {strategy!r}; available: {', '.join(available_strategies())}"

@@ -46,7 +46,7 @@ from sparsemm import __version__
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.query.parse import MAX_QUERY_CHARS, Query, parse_query
-from sparsemm.query.searcher import DEFAULT_STRATEGY, Concept, ExcludedCheck, Hit, Searcher
+from sparsemm.query.searcher import Concept, ExcludedCheck, Hit, Searcher
 from sparsemm.query.strategies import HardFilter, available_strategies, get_spec
 
 try:
@@ -139,7 +139,9 @@ class SearchRequest(BaseModel):
     exclude: list[str] = Field(default_factory=list, description="terms to leave out")
     k: int = Field(10, ge=1, le=MAX_K, description="results per page")
     offset: int = Field(0, ge=0, le=MAX_OFFSET, description="results to skip (paging)")
-    strategy: str = Field(DEFAULT_STRATEGY, max_length=64, description="exclusion strategy")
+    strategy: str | None = Field(
+        None, max_length=64, description="exclusion strategy (default: the model's)"
+    )
 
     @field_validator("include", "exclude", mode="before")
     @classmethod
@@ -428,7 +430,7 @@ class SearchService:
             images=len(self.images),
             dims=self.n_dims,
             strategies=available_strategies(),
-            default_strategy=DEFAULT_STRATEGY,
+            default_strategy=self.searcher.default_strategy,
             max_k=MAX_K,
             max_query_chars=MAX_QUERY_CHARS,
             filter_threshold=float(HardFilter.params["threshold"]),
@@ -473,20 +475,19 @@ class SearchService:
 
     def search(self, req: SearchRequest, prefix: str = "") -> SearchOut:
         query = build_query(req.q, req.include, req.exclude)
+        strategy = req.strategy or self.searcher.default_strategy
         with self._lock:
             try:
-                self.check_terms(query, req.strategy)
-                hits = self.searcher.search(
-                    query, k=req.k, strategy=req.strategy, offset=req.offset
-                )
+                self.check_terms(query, strategy)
+                hits = self.searcher.search(query, k=req.k, strategy=strategy, offset=req.offset)
             finally:
                 self._bound_caches()
         hits = [h for h in hits if math.isfinite(h.score)]
-        log.debug("search %r [%s] -> %d hits", query.text, req.strategy, len(hits))
+        log.debug("search %r [%s] -> %d hits", query.text, strategy, len(hits))
         full = len(hits) == req.k and req.offset + req.k <= MAX_OFFSET
         return SearchOut(
             query=_query_out(query),
-            strategy=req.strategy,
+            strategy=strategy,
             k=req.k,
             offset=req.offset,
             next_offset=req.offset + req.k if full else None,

@@ -1,0 +1,138 @@
+"""The sparse models an index can serve: one interface over SR and VDR.
+
+``sparsemm index --model DIR`` and the :class:`~sparsemm.query.searcher.Searcher` load a
+model folder with :func:`load_code_model`, which dispatches on the ``model_type`` recorded
+in its ``config.json``:
+
+- ``sr``: codes of the collection's image embeddings (or caption views); queries coded from
+  the text backbone's embedding; dimensions labelled by the captions of the items that
+  activate them (and SPINE's top words).
+- ``vdr``: codes in the BERT vocabulary space. Items are coded from their patch features:
+  the caption embeddings of a caption-proxy item, or the EfficientNet-Lite0 7x7 feature map
+  of an item with pixels (computed once and cached in ``COLLECTION/spatial``); queries with
+  VDR's own text tower. A dimension *is* a word piece, so it is labelled by its token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import scipy.sparse as sp
+
+from sparsemm.data.collection import Collection
+from sparsemm.errors import SparsemmError
+from sparsemm.io import read_json
+from sparsemm.query.strategies import QueryCoder, sr_query_coder
+
+
+class CodeModel(Protocol):
+    """What the index and the searcher need of a sparse model."""
+
+    kind: str  # the config's model_type
+    default_strategy: str  # what a search uses when the user names no strategy
+    top_k: int  # active dimensions per code at inference
+    training_info: dict[str, Any] | None  # encoders it was trained on (None: unknown)
+
+    def encode_items(self, collection: Collection, progress: bool = False) -> sp.csr_matrix:
+        """Codes (n_items, d) of every collection item."""
+        ...
+
+    def query_coder(self, text_encoder: Any = None) -> QueryCoder:
+        """A query coder; ``text_encoder`` embeds texts for models that read embeddings."""
+        ...
+
+    def dim_names(self) -> list[str] | None:
+        """A fixed name per dimension (VDR: its token), or None (labels come from data)."""
+        ...
+
+
+class SRCodeModel:
+    kind = "sr"
+    default_strategy = "filter"  # the index engine's hard filter on B's concept dims
+
+    def __init__(self, path: str | Path, top_k: int | None = None) -> None:
+        from sparsemm.models.sr import SRModel
+
+        self.model = SRModel.from_pretrained(path)
+        cfg = self.model.config
+        self.top_k = int(top_k or cfg.inference_top_k or cfg.top_k)
+        self.training_info = self.model.training_info
+
+    def encode_items(self, collection: Collection, progress: bool = False) -> sp.csr_matrix:
+        return sp.csr_matrix(
+            self.model.encode(collection.image_embeddings(), "image", top_k=self.top_k)
+        )
+
+    def query_coder(self, text_encoder: Any = None) -> QueryCoder:
+        return sr_query_coder(self.model, top_k=self.top_k, text_encoder=text_encoder)
+
+    def dim_names(self) -> list[str] | None:
+        return None
+
+
+class VDRCodeModel:
+    kind = "vdr"
+    # Hundreds of active tokens per code overlap any term's tokens, so a hard filter on
+    # B's dims empties the ranking; code arithmetic is VDR's best strategy (docs/vdr.md).
+    default_strategy = "code_arith"
+
+    def __init__(self, path: str | Path, top_k: int | None = None) -> None:
+        from sparsemm.models.vdr import VDRModel
+
+        self.model = VDRModel.from_pretrained(path)
+        self.top_k = int(top_k or self.model.config.image_top_k)
+        self.text_top_k = int(top_k or self.model.config.text_top_k)
+        self.training_info = self.model.training_info
+
+    def patches(
+        self, collection: Collection, progress: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The items' patch features: caption embeddings (caption-proxy) or EfficientNet
+        spatial features (items with pixels)."""
+        from sparsemm.eval.vdr_runs import collage_patches, proxy_patches
+
+        if collection.manifest.get("image_kind") == "caption_view":
+            return proxy_patches(collection)
+        if collection.manifest.get("image_kind") != "pixels":
+            raise SparsemmError(
+                f"VDR codes items from patch features; {collection.root} holds neither caption "
+                "views nor images (precomputed embeddings have no patches)"
+            )
+        return collage_patches(collection, collection.root / "spatial", progress=progress), None
+
+    def encode_items(self, collection: Collection, progress: bool = False) -> sp.csr_matrix:
+        patches, mask = self.patches(collection, progress)
+        return self.model.encode_image(patches, mask, top_k=self.top_k, progress=progress)
+
+    def query_coder(self, text_encoder: Any = None) -> QueryCoder:
+        def code(emb: np.ndarray, texts: Any) -> sp.csr_matrix:
+            return self.model.encode_text(list(texts), top_k=self.text_top_k)
+
+        return code
+
+    def dim_names(self) -> list[str] | None:
+        return list(self.model.tokens)
+
+
+MODEL_TYPES: dict[str, type[SRCodeModel] | type[VDRCodeModel]] = {
+    "sr": SRCodeModel,
+    "vdr": VDRCodeModel,
+}
+
+
+def load_code_model(path: str | Path, top_k: int | None = None) -> CodeModel:
+    """Load a saved sparse model folder as a :class:`CodeModel` (by its ``model_type``)."""
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        raise SparsemmError(
+            f"{path} is not a saved model (no config.json); train one with `sparsemm train`"
+        )
+    kind = read_json(cfg).get("model_type")
+    if kind not in MODEL_TYPES:
+        raise SparsemmError(
+            f"{path} holds a {kind!r} model; the index serves "
+            f"{', '.join(sorted(MODEL_TYPES))} models"
+        )
+    return MODEL_TYPES[str(kind)](path, top_k)
