@@ -1,13 +1,26 @@
-"""Tiny deterministic fakes shared by the tests: a keyword one-hot text/image encoder."""
+"""Tiny deterministic fakes shared by the tests.
+
+A keyword one-hot text/image encoder, a locally built tiny BERT, a tiny LexLIP config and a
+synthetic COCO-format annotation file. torch/transformers/sparsemm.models are imported inside
+the helpers that need them, so tests without torch can still import this module.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sparsemm.errors import SparsemmError
+
+if TYPE_CHECKING:
+    from sparsemm.models.lexlip import LexLIPConfig
+
+BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 def keyword_vectors(texts: Sequence[str], keywords: Sequence[str]) -> np.ndarray:
@@ -45,3 +58,86 @@ class KeywordEncoder:
         if "image" not in self.modalities:
             raise SparsemmError("text only")
         return keyword_vectors([Path(p).stem.replace("_", " ") for p in images], self.keywords)
+
+
+def tiny_bert(
+    folder: Path,
+    words: Sequence[str],
+    *,
+    special: Sequence[str] = BERT_SPECIAL,
+    hidden: int = 16,
+    seed: int = 0,
+    max_positions: int = 32,
+) -> Path:
+    """A randomly initialised 2-layer BERT (``torch.manual_seed(seed)``) and its WordPiece
+    tokenizer over the vocabulary ``special + words``, saved in ``folder``."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast  # type: ignore[attr-defined]
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join([*special, *words]) + "\n")
+    BertTokenizerFast.from_pretrained(str(folder)).save_pretrained(str(folder))
+    torch.manual_seed(seed)
+    cfg = BertConfig(
+        vocab_size=len(special) + len(words),
+        hidden_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=max_positions,
+    )
+    BertModel(cfg, add_pooling_layer=False).save_pretrained(str(folder))
+    return folder
+
+
+def tiny_lexlip_config(**kw: object) -> LexLIPConfig:
+    """A LexLIPConfig with a random 2-layer, 32-wide text tower and 1-layer image tower;
+    ``kw`` overrides any field (max_text_len, image_dim, queue_size, lexicon_size, ...)."""
+    from sparsemm.models.lexlip import LexLIPConfig
+
+    base = LexLIPConfig(
+        text_init="random",
+        hidden=32,
+        text_layers=2,
+        text_heads=2,
+        text_intermediate=64,
+        frozen_layers=1,
+        image_hidden=16,
+        image_heads=2,
+        image_layers=1,
+        dense_dim=8,
+        decoder_heads=2,
+    )
+    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+
+
+def write_fake_coco(
+    root: Path,
+    objects: Sequence[str],
+    captions: Callable[[list[str]], list[str]],
+    *,
+    n: int,
+    first_id: int,
+    n_objects: int | tuple[int, int] = 2,
+    seed: int = 0,
+) -> Path:
+    """Write ``root/coco/val2017.json`` (image id -> file_name, split, labels, captions).
+
+    Image ``first_id + i`` gets distinct labels drawn from ``objects`` (``n_objects`` of them,
+    or ``rng.integers(*n_objects)`` when a range) and ``captions(labels)``; every 4th image is
+    in the test split. Returns ``root``.
+    """
+    rng = np.random.default_rng(seed)
+    data = {}
+    for i in range(n):
+        k = n_objects if isinstance(n_objects, int) else int(rng.integers(*n_objects))
+        objs = [str(o) for o in rng.choice(list(objects), size=k, replace=False)]
+        data[str(first_id + i)] = {
+            "file_name": f"{first_id + i}.jpg",
+            "split": "test" if i % 4 == 0 else "train",
+            "labels": objs,
+            "captions": captions(objs),
+        }
+    (root / "coco").mkdir(parents=True)
+    (root / "coco" / "val2017.json").write_text(json.dumps(data))
+    return root

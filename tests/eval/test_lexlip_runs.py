@@ -8,23 +8,14 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
-from fakes import KeywordEncoder
+from fakes import KeywordEncoder, tiny_lexlip_config
 from sparsemm.cli import bench_lexlip
 from sparsemm.data.collection import write_collection
 from sparsemm.eval.lexlip_runs import BM25_NAME, QUICK, run_lexlip_bench
-from sparsemm.models.lexlip import LexLIPConfig
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """One intra-op thread: tiny tensors on a shared 2-core machine (DESIGN.md)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 WORDS = ("dog", "cat", "car", "tree", "ball", "bike")
@@ -36,21 +27,7 @@ TEMPLATES = (
     "a {a} on the {f}",
 )
 
-TINY = LexLIPConfig(
-    text_init="random",
-    hidden=32,
-    text_layers=2,
-    text_heads=2,
-    text_intermediate=64,
-    frozen_layers=1,
-    max_text_len=12,
-    image_hidden=16,
-    image_heads=2,
-    image_layers=1,
-    dense_dim=8,
-    decoder_heads=2,
-    queue_size=16,
-)
+TINY = tiny_lexlip_config(max_text_len=12, queue_size=16)
 
 
 def _items(n: int, seed: int, prefix: str, image_dir=None) -> list[dict]:

@@ -7,31 +7,20 @@ from pathlib import Path
 
 import numpy as np
 
-from fakes import KeywordEncoder
+from fakes import KeywordEncoder, write_fake_coco
 from sparsemm.eval.sr_coco import ProxyRunConfig, render_report, run_sr_coco
 from sparsemm.words.vectors import WordVectors
 
 OBJECTS = ["dog", "cat", "pizza", "car", "tree", "ball", "bench", "kite"]
 
 
+def _captions(objs: list[str]) -> list[str]:
+    a, b = objs
+    return [f"a {a} near a {b}", f"the {b} and {a}", f"one {a} with {b}"]
+
+
 def _fake_coco(root: Path) -> None:
-    rng = np.random.default_rng(0)
-    data = {}
-    for i in range(80):
-        objs = list(rng.choice(OBJECTS, size=2, replace=False))
-        caps = [
-            f"a {objs[0]} near a {objs[1]}",
-            f"the {objs[1]} and {objs[0]}",
-            f"one {objs[0]} with {objs[1]}",
-        ]
-        data[str(1000 + i)] = {
-            "file_name": f"{1000 + i}.jpg",
-            "split": "test" if i % 4 == 0 else "train",
-            "labels": objs,
-            "captions": caps,
-        }
-    (root / "coco").mkdir(parents=True)
-    (root / "coco" / "val2017.json").write_text(json.dumps(data))
+    write_fake_coco(root, OBJECTS, _captions, n=80, first_id=1000)
 
 
 def _toy_glove() -> WordVectors:

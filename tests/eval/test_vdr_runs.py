@@ -9,9 +9,9 @@ import pytest
 import scipy.sparse as sp
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
-from fakes import KeywordEncoder, keyword_vectors  # noqa: E402
+from fakes import KeywordEncoder, keyword_vectors, tiny_bert  # noqa: E402
 from sparsemm.data.collection import Collection, write_collection  # noqa: E402
 from sparsemm.errors import SparsemmError  # noqa: E402
 from sparsemm.eval.vdr_runs import (  # noqa: E402
@@ -24,32 +24,14 @@ from sparsemm.eval.vdr_runs import (  # noqa: E402
 )
 from sparsemm.models.vdr import VDRModel  # noqa: E402
 
-SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = "a photo of cat dog car tree red blue on the with and".split()
 KEYWORDS = ("cat", "dog", "car", "tree", "red")
 THINGS = ["cat", "dog", "car", "tree"]
 
 
-def tiny_bert(folder: Path, hidden: int = 16) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.txt").write_text("\n".join(SPECIAL + WORDS) + "\n")
-    transformers.BertTokenizerFast.from_pretrained(str(folder)).save_pretrained(str(folder))
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(
-        vocab_size=len(SPECIAL) + len(WORDS),
-        hidden_size=hidden,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=2 * hidden,
-        max_position_embeddings=32,
-    )
-    transformers.BertModel(cfg, add_pooling_layer=False).save_pretrained(str(folder))
-    return folder
-
-
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_bert(tmp_path_factory.mktemp("bert"))
+    return tiny_bert(tmp_path_factory.mktemp("bert"), WORDS)
 
 
 def tiny_collection(folder: Path, n: int = 32) -> Collection:

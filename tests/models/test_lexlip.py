@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
 import pytest
 import torch
 
+from fakes import tiny_lexlip_config
 from sparsemm.errors import SparsemmError
 from sparsemm.models.lexlip import (
     LexLIPConfig,
@@ -25,14 +25,7 @@ from sparsemm.models.lexlip import (
 )
 from sparsemm.train.lexlip import mask_tokens
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """One intra-op thread: tiny tensors on a shared 2-core machine (DESIGN.md)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 CAPTIONS = [
@@ -46,23 +39,7 @@ CAPTIONS = [
 
 
 def tiny_config(**kw: object) -> LexLIPConfig:
-    base = LexLIPConfig(
-        text_init="random",
-        hidden=32,
-        text_layers=2,
-        text_heads=2,
-        text_intermediate=64,
-        frozen_layers=1,
-        max_text_len=12,
-        image_dim=8,
-        image_hidden=16,
-        image_heads=2,
-        image_layers=1,
-        dense_dim=8,
-        decoder_heads=2,
-        queue_size=8,
-    )
-    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+    return tiny_lexlip_config(**{"max_text_len": 12, "image_dim": 8, "queue_size": 8, **kw})
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import scipy.sparse as sp
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from fakes import BERT_SPECIAL, tiny_bert  # noqa: E402
 from sparsemm.errors import SparsemmError  # noqa: E402
 from sparsemm.models.vdr import (  # noqa: E402
     VDRModel,
@@ -25,32 +26,13 @@ from sparsemm.models.vdr import (  # noqa: E402
     vocab_mask,
 )
 
-SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]"]
+SPECIAL = [*BERT_SPECIAL, "[unused0]"]
 WORDS = "a photo of cat dog red blue car tree on the man pizza plate . , ! 42 ##s".split()
-
-
-def tiny_bert(folder: Path, hidden: int = 16, seed: int = 0) -> Path:
-    """A randomly initialised 2-layer BERT and its WordPiece tokenizer, saved in ``folder``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.txt").write_text("\n".join(SPECIAL + WORDS) + "\n")
-    tok = transformers.BertTokenizerFast.from_pretrained(str(folder))
-    tok.save_pretrained(str(folder))
-    torch.manual_seed(seed)
-    cfg = transformers.BertConfig(
-        vocab_size=len(SPECIAL) + len(WORDS),
-        hidden_size=hidden,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=2 * hidden,
-        max_position_embeddings=64,
-    )
-    transformers.BertModel(cfg, add_pooling_layer=False).save_pretrained(str(folder))
-    return folder
 
 
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_bert(tmp_path_factory.mktemp("bert"))
+    return tiny_bert(tmp_path_factory.mktemp("bert"), WORDS, special=SPECIAL, max_positions=64)
 
 
 def _model(bert_dir: Path, **kw: object) -> VDRModel:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from fakes import tiny_lexlip_config
 from sparsemm.errors import SparsemmError
 from sparsemm.models.lexlip import LexLIPConfig, LexLIPModel, corpus_lexicon, load_tokenizer
 from sparsemm.train.lexlip import (
@@ -25,37 +26,14 @@ from sparsemm.train.lexlip import (
     train_lexlip,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """One intra-op thread: tiny tensors on a shared 2-core machine (DESIGN.md)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 WORDS = ["dog", "cat", "car", "tree", "ball", "bike", "boat", "bird"]
 
 
 def tiny_config(**kw: object) -> LexLIPConfig:
-    base = LexLIPConfig(
-        text_init="random",
-        hidden=32,
-        text_layers=2,
-        text_heads=2,
-        text_intermediate=64,
-        frozen_layers=1,
-        max_text_len=10,
-        image_dim=8,
-        image_hidden=16,
-        image_heads=2,
-        image_layers=1,
-        dense_dim=8,
-        decoder_heads=2,
-        queue_size=12,
-    )
-    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+    return tiny_lexlip_config(**{"max_text_len": 10, "image_dim": 8, "queue_size": 12, **kw})
 
 
 def tiny_data(n_items: int = 16, seed: int = 0) -> LexLIPData:

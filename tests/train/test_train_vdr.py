@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
+from fakes import tiny_bert  # noqa: E402
 from sparsemm.errors import SparsemmError  # noqa: E402
 from sparsemm.models.vdr import VDRModel  # noqa: E402
 from sparsemm.train.vdr import (  # noqa: E402
@@ -24,31 +25,13 @@ from sparsemm.train.vdr import (  # noqa: E402
 )
 
 WORDS = "a photo of cat dog red blue car tree on the man pizza plate two".split()
-SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 THINGS = ["cat", "dog", "car", "tree", "pizza", "man"]
 COLOURS = ["red", "blue"]
 
 
-def tiny_bert(folder: Path, hidden: int = 16) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.txt").write_text("\n".join(SPECIAL + WORDS) + "\n")
-    transformers.BertTokenizerFast.from_pretrained(str(folder)).save_pretrained(str(folder))
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(
-        vocab_size=len(SPECIAL) + len(WORDS),
-        hidden_size=hidden,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=2 * hidden,
-        max_position_embeddings=32,
-    )
-    transformers.BertModel(cfg, add_pooling_layer=False).save_pretrained(str(folder))
-    return folder
-
-
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_bert(tmp_path_factory.mktemp("bert"))
+    return tiny_bert(tmp_path_factory.mktemp("bert"), WORDS)
 
 
 def _cross_data(n_items: int = 24, d: int = 6) -> CrossModalData:
