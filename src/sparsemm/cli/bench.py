@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sparsemm.cli.bench_lexlip import register_bench as register_lexlip
+from sparsemm.cli.bench_paper import register_bench as register_paper
 from sparsemm.cli.bench_vdr import register_bench as register_vdr
 from sparsemm.errors import SparsemmError
 
@@ -95,6 +96,7 @@ def register(sub: Any) -> None:
     ex.add_argument("--seed", type=int, default=0)
     ex.add_argument("--no-progress", action="store_true")
     ex.set_defaults(func=run_exclusion)
+    register_paper(kinds)
     register_vdr(kinds)
     register_lexlip(kinds)
 
