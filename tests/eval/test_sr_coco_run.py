@@ -6,9 +6,13 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fakes import KeywordEncoder, write_fake_coco
+from sparsemm.errors import SparsemmError
 from sparsemm.eval.sr_coco import ProxyRunConfig, render_report, run_sr_coco
+from sparsemm.models.base import check_encoders
+from sparsemm.models.sr import SRModel
 from sparsemm.words.vectors import WordVectors
 
 OBJECTS = ["dog", "cat", "pizza", "car", "tree", "ball", "bench", "kite"]
@@ -48,6 +52,28 @@ def test_proxy_run_end_to_end(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["test"] == test
     assert (tmp_path / "run" / "report.md").read_text() == render_report(m)
     assert json.loads((tmp_path / "run" / "config.json").read_text())["encoder"]["dim"] == 8
+    # The model carries the encoders it was trained on, so `sparsemm index` can refuse it on
+    # a collection from other encoders.
+    sr_config = tmp_path / "run" / "sr" / "config.json"
+    record = {
+        "image_encoder": {"name": "kwfake", "dim": 8, "model": "keywords-v1"},
+        "text_encoder": {"name": "kwfake", "dim": 8, "model": "keywords-v1"},
+        "collection": str((tmp_path / "run" / "collection").resolve()),
+    }
+    assert json.loads(sr_config.read_text())["training"] == record
+    model = SRModel.from_pretrained(tmp_path / "run" / "sr")
+    assert model.training_info == record
+    manifest = json.loads((tmp_path / "run" / "collection" / "manifest.json").read_text())
+    check_encoders(model.training_info, manifest, "sr", "collection")
+    other = {**manifest, "encoder": {"name": "minilm", "dim": 384}, "text_encoder": None}
+    with pytest.raises(SparsemmError, match="other encoders"):
+        check_encoders(model.training_info, other, "sr", "collection")
+    # A model saved by a run from before the record existed: it still loads, and the next
+    # run adds the record without training again.
+    old = json.loads(sr_config.read_text())
+    del old["training"]
+    sr_config.write_text(json.dumps(old))
+    assert SRModel.from_pretrained(tmp_path / "run" / "sr").training_info is None
     # Every stage is cached: a second run re-encodes nothing and trains no further epoch.
     calls = KeywordEncoder.calls
     state = tmp_path / "run" / "sr" / "checkpoint" / "state.json"
@@ -59,3 +85,4 @@ def test_proxy_run_end_to_end(tmp_path: Path) -> None:
     assert again["test"] == test
     assert KeywordEncoder.calls == calls
     assert (state.stat().st_mtime_ns, spine_state.stat().st_mtime_ns) == stamps
+    assert json.loads(sr_config.read_text())["training"] == record

@@ -146,3 +146,11 @@ def test_cli_train_align(tmp_path: Path, capsys) -> None:
     )
     assert rc == 0 and "trained the aligner on 60 items / 120 captions" in capsys.readouterr().out
     assert LinearAligner.from_pretrained(tmp_path / "al").config.dim == 8
+    # The aligner records its encoders, and index/search refuse it on other backbones.
+    from sparsemm.models.base import check_encoders
+
+    info = LinearAligner.from_pretrained(tmp_path / "al").training_info
+    assert info is not None and info["image_encoder"]["name"] == "imgfake"
+    other = {"encoder": {"name": "efficientnet", "dim": 16}, "text_encoder": {"name": "minilm"}}
+    with pytest.raises(SparsemmError, match="other encoders"):
+        check_encoders(info, other, tmp_path / "al", col)

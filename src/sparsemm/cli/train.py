@@ -137,7 +137,7 @@ def run_align(args: argparse.Namespace) -> int:
         image_dim=image.shape[1], text_dim=text.shape[1], dim=args.dim, tau=args.tau
     )
     tc = SRTrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
-    _, hist = train_aligner(
+    aligner, hist = train_aligner(
         image,
         text,
         pair_item,
@@ -147,6 +147,9 @@ def run_align(args: argparse.Namespace) -> int:
         resume=args.resume,
         progress=not args.no_progress,
     )
+    # Record the encoders, so index/search refuse the aligner on another backbone pair.
+    aligner.training_info = encoder_record(col.manifest, args.collection)
+    aligner.save_pretrained(args.out)
     print(
         f"trained the aligner on {len(image)} items / {len(text)} captions -> {args.out} "
         f"(nce {hist[-1]['nce'] if hist else float('nan'):.4f})"

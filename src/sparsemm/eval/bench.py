@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import scipy.sparse as sp
@@ -238,6 +238,39 @@ def tune_strategies(
     return {m: chosen[m] for m in methods}, {m: results[m] for m in methods}
 
 
+DenseTexts: TypeAlias = np.ndarray | Callable[[np.ndarray], np.ndarray]
+"""Captions in the dense items' space: every caption's vector (n_texts, k), row r = caption
+r of the collection, or a function ``rows (m,) int64 -> (m, k)`` giving those captions'
+vectors, so a caller encodes only the captions a run reads."""
+
+
+def _check_dense_texts(dense_texts: DenseTexts | None, collection: Collection) -> None:
+    if dense_texts is None or callable(dense_texts):
+        return
+    if dense_texts.ndim != 2 or dense_texts.shape[0] != len(collection.texts):
+        raise SparsemmError(
+            f"dense_texts has shape {dense_texts.shape}, expected one row per caption of the "
+            f"collection ({len(collection.texts)}); pass every caption's vector, or a function "
+            "giving the vectors of the caption rows it is called with"
+        )
+
+
+def _dense_texts_of(dense_texts: DenseTexts, rows: np.ndarray, dim: int) -> np.ndarray:
+    """The (len(rows), dim) dense vectors of caption ``rows`` from either form."""
+    if callable(dense_texts):
+        out = np.asarray(dense_texts(rows), dtype=np.float32)
+        what = "the dense_texts function returned"
+    else:
+        out = np.asarray(dense_texts[rows], dtype=np.float32)
+        what = "dense_texts has"
+    if out.shape != (len(rows), dim):
+        raise SparsemmError(
+            f"{what} shape {out.shape} for {len(rows)} captions; expected ({len(rows)}, {dim}) "
+            "(one row per requested caption, in the dense items' space)"
+        )
+    return out
+
+
 def retrieval_table(
     collection: Collection,
     rows: np.ndarray,
@@ -245,14 +278,18 @@ def retrieval_table(
     codes_items: sp.csr_matrix | None,
     text_codes: Callable[[np.ndarray, list[str]], sp.csr_matrix] | None,
     ks: Sequence[int] = (1, 5, 10),
-    dense_texts: np.ndarray | None = None,
+    dense_texts: DenseTexts | None = None,
 ) -> dict[str, dict[str, float]]:
     """Image-to-text and text-to-image AP@k of dense embeddings vs sparse codes.
 
     Images are the items of ``rows`` (their image embeddings or caption views); texts are
     their captions. Image-to-text: each image's relevant set is its captions;
     text-to-image: each caption's relevant set is its image (AP@k = RR@k then).
+    ``dense_items`` (len(rows), k); ``dense_texts`` (:data:`DenseTexts`) puts the captions in
+    that space when it is not the collection's text space (None: the text embeddings); a
+    function is called once, with the ascending caption rows of the items.
     """
+    _check_dense_texts(dense_texts, collection)
     text_item = collection.text_item_index()
     pos = np.full(len(collection.items), -1, dtype=np.int64)
     pos[rows] = np.arange(len(rows))
@@ -262,7 +299,9 @@ def retrieval_table(
     texts = collection.text_embeddings()[trows]
     # Dense scoring uses the texts in the items' dense space (the same as texts when the
     # collection has one backbone; an aligned projection otherwise).
-    dtexts = texts if dense_texts is None else dense_texts[trows]
+    dtexts = (
+        texts if dense_texts is None else _dense_texts_of(dense_texts, trows, dense_items.shape[1])
+    )
     owner = pos[text_item[trows]]
     caps_of = [np.flatnonzero(owner == i) for i in range(len(rows))]
     keep = [i for i, c in enumerate(caps_of) if len(c)]
@@ -335,7 +374,7 @@ def run_exclusion_bench(
     run_info: Mapping[str, Any] | None = None,
     item_codes: sp.csr_matrix | None = None,
     dense_items: np.ndarray | None = None,
-    dense_texts: np.ndarray | None = None,
+    dense_texts: DenseTexts | None = None,
 ) -> dict[str, Any]:
     """Run the exclusion benchmark and write the report folder ``out_dir``.
 
@@ -346,11 +385,14 @@ def run_exclusion_bench(
     codes of every collection item, row i = item i. ``dense_items`` (n_items, k) replaces the
     collection's image embeddings for the dense strategies, e.g. with an aligned projection
     when the image and text backbones differ (:mod:`sparsemm.models.lit`); it must live in
-    the same space as ``text_encoder``'s output, and ``dense_texts`` (n_texts, k) then gives
-    the collection's captions in that space for the retrieval table. ``run_info`` (model
+    the same space as ``text_encoder``'s output, and ``dense_texts`` then gives the captions
+    in that space for the retrieval table: every caption's vector (n_texts, k), or a
+    function ``rows -> (len(rows), k)`` called once with the caption rows of the evaluation
+    items (:data:`DenseTexts`; only those captions need encoding). ``run_info`` (model
     paths, settings) is stored in ``config.json``. Returns the ``metrics.json`` content.
     """
     cfg = config or BenchConfig()
+    _check_dense_texts(dense_texts, collection)  # before the long run, not after it
     if item_codes is not None:
         if item_coder is not None:
             raise SparsemmError("pass either item_coder or item_codes, not both")

@@ -28,7 +28,7 @@ from sparsemm.data.fashion import build_collages
 from sparsemm.encoders.base import get_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.exclusion import git_commit
-from sparsemm.eval.sr_coco import ProxyRunConfig, prepare_spine, torch_threads
+from sparsemm.eval.sr_coco import ProxyRunConfig, prepare_spine, save_with_record, torch_threads
 from sparsemm.io import read_json, write_json
 from sparsemm.models.lit import AlignConfig, AlignedTextEncoder, LinearAligner
 from sparsemm.models.sr import SRConfig, SRModel
@@ -100,7 +100,9 @@ def _collages(out: Path, cfg: CollageRunConfig, progress: bool) -> Path:
 def train_models(
     col: Collection, out: Path, cfg: CollageRunConfig, progress: bool
 ) -> tuple[SRModel, LinearAligner, Any, dict[str, float]]:
-    """SPINE, SR and the aligner on the train split (each cached / resumable)."""
+    """SPINE, SR and the aligner on the train split (each cached / resumable). SR and the
+    aligner are saved with the collection's encoders as their ``training`` record
+    (:func:`~sparsemm.eval.sr_coco.save_with_record`)."""
     timings: dict[str, float] = {}
     train_mask = col.split_mask("train")
     if not train_mask.any():
@@ -135,6 +137,7 @@ def train_models(
         sr, _ = train_sr(
             image, text, pair_item, bias, sr_cfg, out / "sr", tc, resume=True, progress=progress
         )
+    save_with_record(sr, col, out / "sr")
     _stage(timings, "sr", t0)
     t0 = time.perf_counter()
     al_cfg = AlignConfig(
@@ -145,6 +148,7 @@ def train_models(
         aligner, _ = train_aligner(
             image, text, pair_item, al_cfg, out / "align", ac, resume=True, progress=progress
         )
+    save_with_record(aligner, col, out / "align")
     _stage(timings, "align", t0)
     return sr, aligner, vectors, timings
 

@@ -386,13 +386,12 @@ def exclusion_metrics(
         methods=methods, limit_items=cfg.limit_items, max_grid=cfg.max_grid, seed=cfg.seed
     )
     lex_dir = out_dir / "exclusion-lexlip"
-    # The bench's retrieval table reads the evaluation items' captions in the dense space;
-    # only those rows are encoded (all 25k COCO captions would cost minutes).
-    eval_mask = np.zeros(len(col.items), dtype=bool)
-    eval_mask[setting.rows(bench_cfg.split, cfg.limit_items)] = True
-    trows, _ = col.caption_rows(eval_mask)
-    dense_texts = np.zeros((len(col.texts), coder.dim), dtype=np.float32)
-    dense_texts[trows] = coder.encode_text([str(col.texts[r]["text"]) for r in trows])
+
+    def dense_texts(rows: np.ndarray) -> np.ndarray:
+        # The bench's retrieval table asks for the evaluation items' captions in the dense
+        # space: only those are encoded (all 25k COCO captions would cost minutes).
+        return coder.encode_text([str(col.texts[r]["text"]) for r in rows])
+
     content = run_exclusion_bench(
         col,
         lex_dir,

@@ -28,6 +28,7 @@ from sparsemm.errors import SparsemmError
 from sparsemm.eval.exclusion import git_commit
 from sparsemm.eval.retrieval import recall_at_ks, target_ranks
 from sparsemm.io import atomic_open, write_json
+from sparsemm.models.base import PretrainedMixin, encoder_record
 from sparsemm.models.sr import SRConfig, SRModel
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 from sparsemm.words.bias import sentence_bias
@@ -111,6 +112,20 @@ def prepare_spine(
     vectors = build_sparse_vectors(spine, vocab)
     vectors.save(vec_dir)
     return vectors
+
+
+def save_with_record(model: PretrainedMixin, collection: Collection, model_dir: Path) -> None:
+    """Save ``model`` into ``model_dir`` with ``collection``'s encoders as its ``training``
+    record (:func:`~sparsemm.models.base.encoder_record`), so ``sparsemm index``/``search``
+    refuse it on a collection from other encoders.
+
+    Re-saving a reloaded model (a finished, cached run, maybe from before the record
+    existed) adds the record without training again. The save is one atomic change of
+    config.json + weights: a kill before it leaves the model without a record (accepted
+    everywhere), never a record of another run.
+    """
+    model.training_info = encoder_record(collection.manifest, collection.root)
+    model.save_pretrained(model_dir)
 
 
 def split_train_val(
@@ -267,7 +282,7 @@ def run_sr_coco(
     if kind[0] == "topk":
         # Persist the validated inference k with the model, so `sparsemm index` uses it.
         model.config = dataclasses.replace(model.config, inference_top_k=kind[1])
-        model.save_pretrained(out / "sr")
+    save_with_record(model, collection, out / "sr")
     examples = concept_examples(model, collection, vectors, np.flatnonzero(test)[:4], kind[1])
     encoder_info = {"name": collection.text_encoder_name, "dim": collection.text_dim}
     metrics = {

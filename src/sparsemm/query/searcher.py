@@ -124,6 +124,7 @@ def build_index(
     check_encoders(model.training_info, col.manifest, model_dir, collection_dir)
     if dense_model is not None:
         aligner = LinearAligner.from_pretrained(dense_model)
+        check_encoders(aligner.training_info, col.manifest, dense_model, collection_dir)
         if (aligner.config.image_dim, aligner.config.text_dim) != (col.dim, col.text_dim):
             raise SparsemmError(
                 f"the dense model {dense_model} aligns {aligner.config.image_dim}-d images "
@@ -266,6 +267,13 @@ class Searcher:
         self.aligner = (
             LinearAligner.from_pretrained(meta["dense_model"]) if meta.get("dense_model") else None
         )
+        if self.aligner is not None:
+            check_encoders(
+                self.aligner.training_info,
+                self.collection.manifest,
+                meta["dense_model"],
+                collection_dir,
+            )
         self._encoder = encoder
         self._ctx: ExclusionContext | None = None
         self._dense: np.ndarray | None = None
