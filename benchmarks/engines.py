@@ -35,7 +35,6 @@ import gc  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import shutil  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -45,6 +44,7 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
+from _common import dim_probs, git_commit, random_codes  # noqa: E402
 
 from sparsemm.index import Exclusion, InvertedIndex  # noqa: E402
 
@@ -57,38 +57,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 # ------------------------------------------------------------------------------------ data
-
-
-def dim_probs(dims: int, zipf: float) -> np.ndarray | None:
-    """Dimension popularity: None (uniform) or p_d proportional to 1 / (d + 1)^zipf."""
-    if zipf <= 0:
-        return None
-    p = 1.0 / np.arange(1, dims + 1) ** zipf
-    return p / p.sum()
-
-
-def random_codes(
-    n: int, dims: int, nnz: int, rng: np.random.Generator, p: np.ndarray | None
-) -> sp.csr_matrix:
-    """(n, dims) float32 CSR, ~nnz positive entries per row (duplicate draws are summed)."""
-    parts = []
-    chunk = 250_000  # bounds the (chunk, nnz) temporaries
-    for lo in range(0, n, chunk):
-        m = min(chunk, n - lo)
-        if p is None:
-            cols = rng.integers(0, dims, size=(m, nnz))
-        else:  # inverse-CDF sampling: rng.choice(p=...) is slow for 30k categories
-            cols = np.searchsorted(np.cumsum(p), rng.random((m, nnz)), side="right")
-            cols = np.minimum(cols, dims - 1)
-        vals = rng.random((m, nnz), dtype=np.float32) + np.float32(0.01)
-        rows = np.repeat(np.arange(m), nnz)
-        parts.append(
-            sp.csr_matrix((vals.ravel(), (rows, cols.ravel())), shape=(m, dims), dtype=np.float32)
-        )
-    codes = sp.vstack(parts, format="csr")
-    codes.sum_duplicates()
-    codes.sort_indices()
-    return codes
 
 
 def make_queries(
@@ -249,15 +217,6 @@ def rss_bytes() -> int:
 
 def percentile_ms(ns: list[int], q: float) -> float:
     return float(np.percentile(np.asarray(ns, np.float64) / 1e6, q))
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def time_queries(

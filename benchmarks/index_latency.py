@@ -23,7 +23,6 @@ for _var in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLA
 import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -32,42 +31,13 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
+from _common import dim_probs, git_commit, random_codes  # noqa: E402
 
 from sparsemm.index import Exclusion, InvertedIndex  # noqa: E402
 
 log = logging.getLogger("index_latency")
 
-
-def dim_probs(dims: int, zipf: float) -> np.ndarray | None:
-    """Dimension popularity: None (uniform) or p_d proportional to 1 / (d + 1)^zipf."""
-    if zipf <= 0:
-        return None
-    p = 1.0 / np.arange(1, dims + 1) ** zipf
-    return p / p.sum()
-
-
-def random_codes(
-    n: int, dims: int, nnz: int, rng: np.random.Generator, p: np.ndarray | None
-) -> sp.csr_matrix:
-    """(n, dims) float32 CSR, ~nnz positive entries per row (duplicate draws are summed)."""
-    out = []
-    chunk = 200_000  # bound the temporary (chunk * nnz) arrays
-    for lo in range(0, n, chunk):
-        m = min(chunk, n - lo)
-        cols = (
-            rng.choice(dims, size=(m, nnz), p=p)
-            if p is not None
-            else rng.integers(0, dims, size=(m, nnz))
-        )
-        vals = rng.random((m, nnz), dtype=np.float32) + np.float32(0.01)
-        rows = np.repeat(np.arange(m), nnz)
-        out.append(
-            sp.csr_matrix((vals.ravel(), (rows, cols.ravel())), shape=(m, dims), dtype=np.float32)
-        )
-    codes = sp.vstack(out, format="csr")
-    codes.sum_duplicates()
-    codes.sort_indices()
-    return codes
+CHUNK = 200_000  # rows per batch of draws: part of the seeded data, keep it
 
 
 def brute_topk(codes: sp.csr_matrix, q: np.ndarray, k: int, ban: np.ndarray | None) -> np.ndarray:
@@ -85,22 +55,13 @@ def percentiles(ns: list[int]) -> tuple[float, float]:
     return float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     p = dim_probs(args.dims, args.zipf)
     t0 = time.perf_counter()
-    codes = random_codes(n, args.dims, args.nnz, rng, p)
+    codes = random_codes(n, args.dims, args.nnz, rng, p, chunk=CHUNK)
     log.info("n=%d: generated codes in %.1fs (nnz %d)", n, time.perf_counter() - t0, codes.nnz)
-    queries = random_codes(args.queries, args.dims, args.qnnz, rng, p)
+    queries = random_codes(args.queries, args.dims, args.qnnz, rng, p, chunk=CHUNK)
     exclusions = []
     for i in range(args.queries):
         qdims = set(queries.indices[queries.indptr[i] : queries.indptr[i + 1]].tolist())

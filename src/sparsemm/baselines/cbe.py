@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from sparsemm.errors import SparsemmError
+from sparsemm.eval.retrieval import normalize_rows
 from sparsemm.query.strategies import (
     ExclusionContext,
     Strategy,
@@ -41,11 +42,6 @@ from sparsemm.query.strategies import (
 logger = logging.getLogger(__name__)
 
 SOURCES = ("auto", "keyword", "dense")
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
 def top_mean(sims: np.ndarray, n: int) -> np.ndarray:
@@ -110,7 +106,7 @@ class ContentBasedExclusion(Strategy):
             assert ref is not None and ref.dense is not None
             pool_key = ("cbe_ref_unit", id(ref))
             if pool_key not in self.ctx.cache:
-                self.ctx.cache[pool_key] = _unit(ref.dense)
+                self.ctx.cache[pool_key] = normalize_rows(ref.dense)
             pool = self.ctx.cache[pool_key]
         if key not in self.ctx.cache:
             n = int(self.p["n_examples"])

@@ -45,6 +45,7 @@ import scipy.sparse as sp
 from tqdm.auto import tqdm
 
 from sparsemm.errors import SparsemmError
+from sparsemm.eval.retrieval import normalize_rows
 from sparsemm.io import atomic_open, load_npy, read_json, save_npy, write_json
 
 logger = logging.getLogger(__name__)
@@ -82,11 +83,6 @@ def _dense(x: Any) -> np.ndarray:
     if sp.issparse(x):
         return np.asarray(x.toarray())
     return np.asarray(x)
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
 def _check_matrix(x: np.ndarray, dim: int | None, what: str) -> np.ndarray:
@@ -520,7 +516,7 @@ def embed_concepts(
         encoder.encode_text(texts, batch_size=batch_size, normalize=True, progress=progress),
         dtype=np.float32,
     )
-    emb = _unit(_check_matrix(emb, None, "concept embeddings"))
+    emb = normalize_rows(_check_matrix(emb, None, "concept embeddings"))
     logger.info("embedded %d concepts in %.1f s", len(concepts), time.perf_counter() - t0)
     if path is not None:
         save_npy(path, emb)
@@ -578,16 +574,16 @@ class SpliceDecomposer:
                 "exactly the concept list the decomposer was built with"
             )
         k = cemb.shape[1]
-        img = _unit(_check_matrix(image_embeddings, k, "image embeddings"))
+        img = normalize_rows(_check_matrix(image_embeddings, k, "image embeddings"))
         if not len(img):
             raise SparsemmError("fit needs at least one image embedding for the image mean")
-        c = _unit(cemb)
+        c = normalize_rows(cemb)
         self.concept_mean_ = c.mean(axis=0)
-        self.dictionary_ = _unit(c - self.concept_mean_)
+        self.dictionary_ = normalize_rows(c - self.concept_mean_)
         self.image_mean_ = img.mean(axis=0)
         self.image_scale_ = float(np.linalg.norm(img - self.image_mean_, axis=1).mean())
         if text_embeddings is not None and len(text_embeddings):
-            txt = _unit(_check_matrix(text_embeddings, k, "text embeddings"))
+            txt = normalize_rows(_check_matrix(text_embeddings, k, "text embeddings"))
             self.text_mean_ = txt.mean(axis=0)
             self.text_scale_ = float(np.linalg.norm(txt - self.text_mean_, axis=1).mean())
         else:
@@ -617,8 +613,8 @@ class SpliceDecomposer:
     def center(self, embeddings: np.ndarray, modality: str = "image") -> np.ndarray:
         """(n, k) SpLiCE targets: normalize(normalize(x) - mean of the modality)."""
         mean, _ = self._mean(modality)
-        x = _unit(_check_matrix(embeddings, self.dim, f"{modality} embeddings"))
-        return _unit(x - mean)
+        x = normalize_rows(_check_matrix(embeddings, self.dim, f"{modality} embeddings"))
+        return normalize_rows(x - mean)
 
     def transform(
         self, embeddings: np.ndarray, modality: str = "image", l1_penalty: float | None = None
@@ -650,15 +646,15 @@ class SpliceDecomposer:
         """
         mean, scale = self._mean(modality)
         w = _dense(codes)
-        return _unit(scale * (w @ self.dictionary_) + mean)
+        return normalize_rows(scale * (w @ self.dictionary_) + mean)
 
     def reconstruction_cosine(
         self, embeddings: np.ndarray, codes: sp.csr_matrix, modality: str = "image"
     ) -> dict[str, float]:
         """Mean cosine of targets with their reconstructions, centred and uncentred."""
         z = self.center(embeddings, modality)
-        zc = _unit(np.asarray(codes @ self.dictionary_))
-        x = _unit(embeddings)
+        zc = normalize_rows(np.asarray(codes @ self.dictionary_))
+        x = normalize_rows(embeddings)
         xr = self.recompose(codes, modality)
         return {
             "cosine_centered": float((z * zc).sum(axis=1).mean()),

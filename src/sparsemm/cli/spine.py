@@ -22,7 +22,7 @@ from typing import Any
 
 from sparsemm.data.paths import default_data_dir
 from sparsemm.errors import SparsemmError
-from sparsemm.io import read_json, write_json
+from sparsemm.io import write_json
 
 logger = logging.getLogger(__name__)
 
@@ -90,28 +90,8 @@ def register(subparsers: Any) -> None:
     ev.set_defaults(func=cmd_eval)
 
 
-def read_coco_captions(path: Path, split: str) -> list[str]:
-    """All captions of the images of ``split`` ('all' = every image) in a COCO-style JSON
-    ``{image_id: {"split": ..., "captions": [...]}}``."""
-    data = read_json(path)
-    if not isinstance(data, dict):
-        raise SparsemmError(f"{path}: expected a JSON object {{image_id: {{captions, split}}}}")
-    captions: list[str] = []
-    splits: set[str] = set()
-    for key, item in data.items():
-        if not isinstance(item, dict) or not isinstance(item.get("captions"), list):
-            raise SparsemmError(f"{path}: image {key!r} has no 'captions' list")
-        splits.add(str(item.get("split")))
-        if split == "all" or item.get("split") == split:
-            captions.extend(str(c) for c in item["captions"])
-    if not captions:
-        raise SparsemmError(
-            f"{path}: no captions in split {split!r}; splits present: {sorted(splits)} or 'all'"
-        )
-    return captions
-
-
 def cmd_train(args: argparse.Namespace) -> int:
+    from sparsemm.data.sources import read_coco
     from sparsemm.words.spine import (
         SpineConfig,
         build_sparse_vectors,
@@ -126,7 +106,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise SparsemmError("--threads must be at least 1")
         torch.set_num_threads(args.threads)
-    captions = read_coco_captions(args.captions, args.split) if args.captions else []
+    captions: list[str] = []
+    if args.captions:
+        split = None if args.split == "all" else args.split
+        captions = [c for item in read_coco(args.captions, split=split) for c in item["captions"]]
     glove = load_glove(args.glove)
     vocab = training_vocabulary(glove, captions, top_n=args.top_words)
     cfg_kwargs: dict[str, Any] = {"input_dim": glove.dim, "hidden_dim": args.hidden}

@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from sparsemm.errors import SparsemmError
+from sparsemm.eval.retrieval import normalize_rows
 
 ImageInput = Any  # PIL.Image.Image | str | Path
 
@@ -63,11 +64,8 @@ def get_encoder(name: str, **kwargs: Any) -> Encoder:
     return _REGISTRY[name](**kwargs)
 
 
-def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
-    """Row-wise L2 normalisation of an (n, d) array (zero rows stay zero)."""
-    x = np.asarray(x, dtype=np.float32)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return (x / np.maximum(norms, eps)).astype(np.float32)
+# Row-wise L2 normalisation of encoder outputs (n, d) -> float32, zero rows stay zero.
+l2_normalize = normalize_rows
 
 
 def _load_builtin() -> None:

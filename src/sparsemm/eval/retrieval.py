@@ -19,13 +19,15 @@ Matrix: TypeAlias = Any
 
 
 def normalize_rows(x: Matrix) -> Matrix:
-    """L2-normalise rows of a dense or sparse matrix (zero rows stay zero)."""
+    """L2-normalise the rows of a dense (n, d) array (or one (d,) row) or a sparse (n, d)
+    matrix: x / max(||x||, 1e-12), so zero rows stay zero. float32 out (CSR, with unsorted
+    indices, for sparse input)."""
     if sp.issparse(x):
         x = sp.csr_matrix(x, dtype=np.float32)
         norms = np.sqrt(np.asarray(x.multiply(x).sum(axis=1)).ravel())
         return sp.diags(1.0 / np.maximum(norms, 1e-12)).astype(np.float32) @ x
     x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
 def score_block(queries: Matrix, items: Matrix) -> np.ndarray:

@@ -51,6 +51,7 @@ from sparsemm.index.store import (
     _check_dense_query,
     _dense_plan,
     _Plan,
+    _ranked,
     _sparse_rescore,
     dense_scores,
     iter_batches,
@@ -317,27 +318,14 @@ class QdrantStore(Store):
         try:
             for lo, hi in iter_batches(n, batch_size):
                 batch_ids = id_list[lo:hi]
-                clash = self.client.count(
-                    self.name,
-                    count_filter=models.Filter(
-                        must=[
-                            models.FieldCondition(
-                                key=ID_FIELD, match=models.MatchAny(any=batch_ids)
-                            )
-                        ]
-                    ),
-                    exact=True,
-                ).count
+                same_ids = models.Filter(
+                    must=[models.FieldCondition(key=ID_FIELD, match=models.MatchAny(any=batch_ids))]
+                )
+                clash = self.client.count(self.name, count_filter=same_ids, exact=True).count
                 if clash:  # only points of committed rows count: orphans are re-sent below
                     hits, _ = self.client.scroll(
                         self.name,
-                        scroll_filter=models.Filter(
-                            must=[
-                                models.FieldCondition(
-                                    key=ID_FIELD, match=models.MatchAny(any=batch_ids)
-                                )
-                            ]
-                        ),
+                        scroll_filter=same_ids,
                         limit=len(batch_ids),
                         with_payload=[ID_FIELD],
                     )
@@ -432,18 +420,42 @@ class QdrantStore(Store):
                 return valid
             limit *= 2
 
-    def _result(self, pts: list[Any], scores: np.ndarray, k: int, positive: bool) -> SearchResult:
+    def _exact_top(
+        self,
+        query: Any,
+        using: str,
+        flt: Any,
+        k: int,
+        delta: float,
+        rescore: Callable[[list[Any]], np.ndarray],
+        positive: bool,
+        params: Any = None,
+    ) -> SearchResult:
+        """Exact top k of ``query`` against the named vector ``using``: the candidates of
+        :meth:`_collect`, rescored by ``rescore(points)`` (n,) f32, ties by row; with
+        ``positive`` only scores > 0."""
+
+        def fetch(limit: int) -> list[Any]:
+            return list(
+                self.client.query_points(
+                    self.name,
+                    query=query,
+                    using=using,
+                    query_filter=flt,
+                    search_params=params,
+                    limit=limit,
+                    with_payload=[ID_FIELD],
+                    with_vectors=[using],
+                ).points
+            )
+
+        pts = self._collect(fetch, k, delta, positive)
+        scores = rescore(pts)
         rows = np.asarray([int(p.id) for p in pts], np.int64)
-        keep = scores > 0 if positive else np.ones(len(rows), bool)
-        rows, scores = rows[keep], scores[keep]
-        order = np.lexsort((rows, -scores))[:k]
-        by_row = {int(p.id): p for p in pts}
-        top = rows[order]
-        return SearchResult(
-            rows=top,
-            ids=[str(by_row[r].payload[ID_FIELD]) for r in top.tolist()],
-            scores=scores[order].astype(np.float32),
-        )
+        if positive:
+            keep = scores > 0
+            rows, scores = rows[keep], scores[keep]
+        return _ranked(rows, scores, k, {int(p.id): str(p.payload[ID_FIELD]) for p in pts})
 
     def search(
         self, query: QueryLike, k: int = 10, exclude: Exclusion | None = None
@@ -456,34 +468,22 @@ class QdrantStore(Store):
             return SearchResult(np.zeros(0, np.int64), [], np.zeros(0, np.float32))
         qdims, qvals = terms.merged()
         name = self.config.sparse_name
+
+        def rescore(pts: list[Any]) -> np.ndarray:
+            indptr = np.zeros(len(pts) + 1, np.int64)
+            idx_parts, val_parts = [], []
+            for i, p in enumerate(pts):
+                sv = p.vector[name]
+                idx_parts.append(np.asarray(sv.indices, np.int64))
+                val_parts.append(np.asarray(sv.values, np.float32))
+                indptr[i + 1] = indptr[i] + len(sv.indices)
+            idx = np.concatenate(idx_parts) if idx_parts else np.zeros(0, np.int64)
+            vals = np.concatenate(val_parts) if val_parts else np.zeros(0, np.float32)
+            return _sparse_rescore(terms.terms_dims, terms.terms_w, indptr, idx, vals)
+
         vector = models.SparseVector(indices=qdims, values=qvals)
-
-        def fetch(limit: int) -> list[Any]:
-            return list(
-                self.client.query_points(
-                    self.name,
-                    query=vector,
-                    using=name,
-                    query_filter=flt,
-                    limit=limit,
-                    with_payload=[ID_FIELD],
-                    with_vectors=[name],
-                ).points
-            )
-
         delta = terms.error_bound(float(self._meta["max_norm"]))
-        pts = self._collect(fetch, k, delta, positive=True)
-        indptr = np.zeros(len(pts) + 1, np.int64)
-        idx_parts, val_parts = [], []
-        for i, p in enumerate(pts):
-            sv = p.vector[name]
-            idx_parts.append(np.asarray(sv.indices, np.int64))
-            val_parts.append(np.asarray(sv.values, np.float32))
-            indptr[i + 1] = indptr[i] + len(sv.indices)
-        idx = np.concatenate(idx_parts) if idx_parts else np.zeros(0, np.int64)
-        vals = np.concatenate(val_parts) if val_parts else np.zeros(0, np.float32)
-        scores = _sparse_rescore(terms.terms_dims, terms.terms_w, indptr, idx, vals)
-        return self._result(pts, scores, k, positive=True)
+        return self._exact_top(vector, name, flt, k, delta, rescore, positive=True)
 
     def search_dense(
         self, vector: Any, k: int = 10, exclude: Exclusion | None = None
@@ -495,25 +495,12 @@ class QdrantStore(Store):
         if self._count == 0:
             return SearchResult(np.zeros(0, np.int64), [], np.zeros(0, np.float32))
         name = self.config.dense_name
-        params = models.SearchParams(exact=self.config.exact_dense)
-        qlist = q.tolist()
 
-        def fetch(limit: int) -> list[Any]:
-            return list(
-                self.client.query_points(
-                    self.name,
-                    query=qlist,
-                    using=name,
-                    query_filter=flt,
-                    search_params=params,
-                    limit=limit,
-                    with_payload=[ID_FIELD],
-                    with_vectors=[name],
-                ).points
-            )
+        def rescore(pts: list[Any]) -> np.ndarray:
+            mat = np.asarray([p.vector[name] for p in pts], np.float32).reshape(len(pts), len(q))
+            return dense_scores(mat, q)
 
         dn = float(np.linalg.norm(q.astype(np.float64)))
         delta = 4.0 * (len(q) + 2) * _U32 * dn * float(self._meta["max_dense_norm"]) + 1e-30
-        pts = self._collect(fetch, k, delta, positive=False)
-        mat = np.asarray([p.vector[name] for p in pts], np.float32).reshape(len(pts), len(q))
-        return self._result(pts, dense_scores(mat, q), k, positive=False)
+        params = models.SearchParams(exact=self.config.exact_dense)
+        return self._exact_top(q.tolist(), name, flt, k, delta, rescore, False, params)

@@ -31,7 +31,7 @@ import contextlib
 import logging
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -202,6 +202,14 @@ def _top(rows: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.n
         rows, scores = rows[cand], scores[cand]
     order = np.lexsort((rows, -scores))[:k]
     return rows[order], scores[order]
+
+
+def _ranked(
+    rows: np.ndarray, scores: np.ndarray, k: int, ids: Sequence[str] | Mapping[int, str]
+) -> SearchResult:
+    """The top k of parallel (rows, scores) (:func:`_top`), with ``ids[row]`` as ids."""
+    top_rows, top_scores = _top(rows, scores, k)
+    return SearchResult(rows=top_rows, ids=[ids[r] for r in top_rows.tolist()], scores=top_scores)
 
 
 def _positive(res: SearchResult) -> SearchResult:
@@ -689,11 +697,7 @@ class LocalStore(Store):
         if plan.ban_dims.size:
             banned = self.index._rows_above(plan.ban_dims, plan.threshold)
             rows, scores = rows[~banned], scores[~banned]
-        top_rows, top_scores = _top(rows, scores, k)
-        ids = self.index.ids
-        return SearchResult(
-            rows=top_rows, ids=[ids[r] for r in top_rows.tolist()], scores=top_scores
-        )
+        return _ranked(rows, scores, k, self.index.ids)
 
 
 # --------------------------------------------------------------------------------------------

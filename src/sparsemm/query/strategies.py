@@ -66,6 +66,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
+from sparsemm.eval.retrieval import normalize_rows
 from sparsemm.words.bias import tokenize
 
 logger = logging.getLogger(__name__)
@@ -223,15 +224,9 @@ class ReferenceSet:
         return self._index.mentions(term, min_positives, head_ratio)
 
 
-def _normalize_dense(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
-
 def _normalize_csr(x: sp.csr_matrix) -> sp.csr_matrix:
-    x = sp.csr_matrix(x, dtype=np.float32)
-    norms = np.sqrt(np.asarray(x.multiply(x).sum(axis=1)).ravel())
-    out = sp.csr_matrix(sp.diags(1.0 / np.maximum(norms, 1e-12)).astype(np.float32) @ x)
+    """:func:`normalize_rows` of a CSR matrix, with its indices sorted."""
+    out = normalize_rows(x)
     out.sort_indices()
     return out
 
@@ -307,7 +302,7 @@ class ExclusionContext:
         self.n_items = n.pop()
         if "{}" not in template:
             raise SparsemmError(f"the term template must contain '{{}}', got {template!r}")
-        self.items_dense = None if items_dense is None else _normalize_dense(items_dense)
+        self.items_dense = None if items_dense is None else normalize_rows(items_dense)
         self.items_codes = None if items_codes is None else sp.csr_matrix(items_codes)
         if self.items_codes is not None and (self.items_codes.data < 0).any():
             logger.warning("item codes have negative values; magnitudes use absolute values")
@@ -406,7 +401,7 @@ class ExclusionContext:
         found = {t: self._emb[t] for t in dict.fromkeys(texts) if t in self._emb}
         missing = [t for t in dict.fromkeys(texts) if t not in found]
         if missing:
-            emb = _normalize_dense(self.text_encoder.encode_text(missing))
+            emb = normalize_rows(self.text_encoder.encode_text(missing))
             for t, e in zip(missing, emb, strict=True):
                 self._emb[t] = found[t] = e
         return np.stack([found[t] for t in texts]) if texts else np.zeros((0, 0))
@@ -596,7 +591,7 @@ class CodeArith(Strategy):
     params: ClassVar[dict[str, Any]] = {"w": 0.5}
 
     def scores(self, a: str, b: str) -> np.ndarray:
-        qa, qb = _normalize_dense(self.ctx.term_code(a)), _normalize_dense(self.ctx.term_code(b))
+        qa, qb = normalize_rows(self.ctx.term_code(a)), normalize_rows(self.ctx.term_code(b))
         return np.asarray(self.ctx.codes_unit @ (qa - self.p["w"] * qb), dtype=np.float64)
 
 
@@ -646,7 +641,7 @@ class _TermDims(Strategy):
         d = self.ctx.codes_unit.shape[1]
         w = np.zeros(d)
         if mode == "query":
-            qb = np.abs(_normalize_dense(self.ctx.term_code(b)))
+            qb = np.abs(normalize_rows(self.ctx.term_code(b)))
             dims = vector_active_dims(qb, share)
             w[dims] = qb[dims]
         elif mode == "items":
@@ -835,14 +830,14 @@ class Detector(Strategy):
             return self.ctx.codes_unit * self.p["scale"]
         if which == "ref":
             assert ref.dense is not None
-            return _normalize_dense(ref.dense) * self.p["scale"]
+            return normalize_rows(ref.dense) * self.p["scale"]
         assert self.ctx.items_dense is not None
         return self.ctx.items_dense * self.p["scale"]
 
     def _query(self, term: str) -> np.ndarray:
         """The term's unit query vector in the feature space (code or embedding)."""
         if self.p["features"] == "codes":
-            return _normalize_dense(self.ctx.term_code(term))
+            return normalize_rows(self.ctx.term_code(term))
         return self.ctx.term_embedding(term)
 
     def similarity(self, term: str) -> np.ndarray:

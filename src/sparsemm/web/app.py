@@ -47,7 +47,7 @@ from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.query.parse import MAX_QUERY_CHARS, Query, parse_query
 from sparsemm.query.searcher import Concept, ExcludedCheck, Hit, Searcher
-from sparsemm.query.strategies import HardFilter, available_strategies, get_spec
+from sparsemm.query.strategies import HardFilter, available_strategies
 
 try:
     from fastapi import FastAPI, HTTPException
@@ -436,26 +436,6 @@ class SearchService:
             filter_threshold=float(HardFilter.params["threshold"]),
         )
 
-    def check_terms(self, query: Query, strategy: str) -> None:
-        """Raise SparsemmError for query terms that mean nothing to the model: their query
-        code (sparse strategies) or text embedding (dense ones) is all zeros, so searching
-        for them returns nothing and excluding them silently excludes nothing.
-
-        Call under the lock: the context caches the codes it computes.
-        """
-        if strategy not in available_strategies():
-            return  # the searcher names the unknown strategy
-        ctx = self.searcher.context
-        sparse = get_spec(strategy).kind == "sparse"
-        for side, terms in (("search for", query.include), ("exclude", query.exclude)):
-            for term in terms:
-                vec = ctx.term_code(term) if sparse else ctx.term_embedding(term)
-                if not np.any(vec):
-                    raise SparsemmError(
-                        f"{term!r} matches no concept of this collection's model, so it "
-                        f"cannot {side} anything; check the spelling or try another word"
-                    )
-
     def _bound_caches(self) -> None:
         """Drop the strategy context's per-query caches once they pass MAX_CACHE_BYTES
         (checked every CACHE_CHECK_EVERY requests; call under the lock)."""
@@ -477,8 +457,7 @@ class SearchService:
         query = build_query(req.q, req.include, req.exclude)
         strategy = req.strategy or self.searcher.default_strategy
         with self._lock:
-            try:
-                self.check_terms(query, strategy)
+            try:  # the searcher names unknown strategies and terms (Searcher.check_terms)
                 hits = self.searcher.search(query, k=req.k, strategy=strategy, offset=req.offset)
             finally:
                 self._bound_caches()
