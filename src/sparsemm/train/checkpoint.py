@@ -6,14 +6,18 @@ written under a temp name (``.checkpoint.<pid>.*``) and swapped in, so a crash m
 the previous checkpoint; the temp folders of killed writers are removed by the next save. A
 full disk or a read-only folder raises :class:`sparsemm.io.WriteError` naming the folder.
 Training loops draw their randomness from generators seeded by ``(seed, epoch)``, so resuming
-at epoch e replays exactly what an uninterrupted run would have done.
+at epoch e replays exactly what an uninterrupted run would have done. A loop stores what its
+run depends on (settings, a fingerprint of the data) in each checkpoint's state;
+:func:`resume_checkpoint` refuses a checkpoint whose entries differ.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,8 @@ from safetensors.torch import load_file, save_file
 from sparsemm.errors import SparsemmError
 from sparsemm.io import find_dir, old_dir, read_json, replace_dir, write_error, write_json
 from sparsemm.models.base import sweep_temp_dirs
+
+log = logging.getLogger(__name__)
 
 CKPT_DIR = "checkpoint"
 TMP_PREFIX = ".checkpoint."  # + "<pid>.": a checkpoint being written
@@ -125,3 +131,61 @@ def load_checkpoint(
     if scheduler is not None and "scheduler" in full:
         scheduler.load_state_dict(full["scheduler"])
     return dict(full["state"])
+
+
+def read_checkpoint_state(out_dir: str | Path) -> dict[str, Any]:
+    """The loop state of ``out_dir/checkpoint`` without loading any weights."""
+    return dict(read_json(_checkpoint_dir(out_dir) / "state.json")["state"])
+
+
+def load_matching_checkpoint(
+    out_dir: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    expected: Mapping[str, Any],
+) -> dict[str, Any]:
+    """:func:`load_checkpoint`, refused unless every entry of ``expected`` is in its state.
+
+    ``expected`` (JSON values: settings, data fingerprint, ...) is what the current run
+    depends on; the loop writes the same entries into each checkpoint's state.
+    """
+    state = load_checkpoint(out_dir, model, optimizer)
+    if any(state.get(k) != v for k, v in expected.items()):
+        raise SparsemmError(
+            f"the checkpoint in {Path(out_dir)} was made with other settings or data; use the "
+            "same ones, another output folder, or start over without --resume"
+        )
+    return state
+
+
+def resume_checkpoint(
+    out_dir: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    expected: Mapping[str, Any],
+    resume: bool,
+) -> dict[str, Any] | None:
+    """Where a training run starts: the checkpoint's state (model and optimizer restored)
+    when ``resume`` and ``out_dir`` holds one, else None (from scratch).
+
+    A checkpoint made with other ``expected`` entries raises SparsemmError
+    (:func:`load_matching_checkpoint`).
+    """
+    if not resume:
+        return None
+    if not has_checkpoint(out_dir):
+        log.info("no checkpoint in %s; starting from scratch", out_dir)
+        return None
+    return load_matching_checkpoint(out_dir, model, optimizer, expected)
+
+
+def checkpoint_due(done: int, every: int, total: int) -> bool:
+    """True after ``done`` of ``total`` epochs/steps: every ``every`` of them and at the end."""
+    return done % every == 0 or done == total
+
+
+def remove_checkpoint(out_dir: str | Path) -> None:
+    """Delete ``out_dir``'s checkpoint (once the finished model is saved)."""
+    ck = _checkpoint_dir(out_dir)
+    if ck.is_dir():
+        shutil.rmtree(ck, ignore_errors=True)

@@ -56,7 +56,14 @@ from sparsemm.models.lexlip import (
     flops_loss,
     load_tokenizer,
 )
-from sparsemm.train.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from sparsemm.train.checkpoint import (
+    checkpoint_due,
+    has_checkpoint,
+    load_matching_checkpoint,
+    read_checkpoint_state,
+    remove_checkpoint,
+    save_checkpoint,
+)
 from sparsemm.train.losses import info_nce
 
 log = logging.getLogger(__name__)
@@ -722,19 +729,19 @@ def train_lexlip(
     model = LexLIPModel(config, vocab_ids)
     momentum = MomentumEncoders(model)
     state_mod = _TrainState(model, momentum)
-    settings = {"config": dataclasses.asdict(config), "train": dataclasses.asdict(train)}
-    fingerprint = data.fingerprint()
-    vocab_fp = hashlib.sha256(model.vocab_ids.numpy().tobytes()).hexdigest()
+    expected = {  # stored in each checkpoint and history.json; a resume must match all of it
+        "config": dataclasses.asdict(config),
+        "train": dataclasses.asdict(train),
+        "data": data.fingerprint(),
+        "vocab": hashlib.sha256(model.vocab_ids.numpy().tobytes()).hexdigest(),
+    }
 
     phase, history = 1, []
     resume_state: dict[str, Any] | None = None
     if resume and has_checkpoint(out):
         # The optimizer is rebuilt per phase; peek at the phase first.
-        from sparsemm.io import find_dir, read_json
-
-        peek = read_json(find_dir(out / "checkpoint") / "state.json")["state"]
-        phase = int(peek["phase"])
-        resume_state = peek
+        resume_state = read_checkpoint_state(out)
+        phase = int(resume_state["phase"])
     elif resume:
         log.info("no checkpoint in %s; starting from scratch", out)
 
@@ -749,16 +756,7 @@ def train_lexlip(
         opt = torch.optim.AdamW(_param_groups(model, train), foreach=True)
         step = 0
         if resume_state is not None:
-            st = load_checkpoint(out, state_mod, opt)
-            if (
-                any(st.get(k) != v for k, v in settings.items())
-                or st.get("data") != fingerprint
-                or st.get("vocab") != vocab_fp
-            ):
-                raise SparsemmError(
-                    f"the checkpoint in {out} was made with other settings or data; use the "
-                    "same ones, another output folder, or start over without --resume"
-                )
+            st = load_matching_checkpoint(out, state_mod, opt, expected)
             step, history = int(st["step"]), list(st["history"])
             resume_state = None
             log.info("resuming LexLIP phase %d at step %d/%d", phase, step, total)
@@ -815,14 +813,13 @@ def train_lexlip(
                     ", ".join(f"{k}={v:.4f}" for k, v in record.items() if k not in PHASE_KEYS),
                 )
             last = done == total
-            if (done % train.checkpoint_every == 0 or last) and not (last and phase == final_phase):
+            due = checkpoint_due(done, train.checkpoint_every, total)
+            if due and not (last and phase == final_phase):
                 st = {
                     "phase": phase + 1 if last else phase,
                     "step": 0 if last else done,
                     "history": history,
-                    **settings,
-                    "data": fingerprint,
-                    "vocab": vocab_fp,
+                    **expected,
                 }
                 # At a phase end the next phase starts with a fresh optimizer.
                 ck_opt = (
@@ -834,23 +831,9 @@ def train_lexlip(
         phase += 1
     model.eval()
     model.save_pretrained(out)
-    write_json(
-        out / "history.json",
-        {**settings, "data": fingerprint, "vocab": vocab_fp, "history": history},
-    )
-    _remove_checkpoint(out)
+    write_json(out / "history.json", {**expected, "history": history})
+    remove_checkpoint(out)  # the finished model is saved; its checkpoint is no longer needed
     return model, history
-
-
-def _remove_checkpoint(out: Path) -> None:
-    """The finished model is saved; its training checkpoint is no longer needed."""
-    import shutil
-
-    from sparsemm.io import find_dir
-
-    ck = find_dir(out / "checkpoint")
-    if ck.is_dir():
-        shutil.rmtree(ck, ignore_errors=True)
 
 
 def trained_matches(

@@ -8,21 +8,17 @@ sparse models of a comparison have seen exactly the same data. Resumable (checkp
 from __future__ import annotations
 
 import dataclasses
-import logging
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-from sparsemm.errors import SparsemmError
 from sparsemm.io import write_json
 from sparsemm.models.lit import AlignConfig, LinearAligner
-from sparsemm.train.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from sparsemm.train.checkpoint import save_checkpoint
+from sparsemm.train.loop import fit_epochs, pair_tensors
 from sparsemm.train.losses import info_nce
 from sparsemm.train.sr import SRTrainConfig, data_fingerprint
-
-log = logging.getLogger(__name__)
 
 
 def train_aligner(
@@ -42,67 +38,33 @@ def train_aligner(
     ``out_dir/{config.json, model.safetensors, history.json}`` and ``out_dir/checkpoint``.
     """
     train = train or SRTrainConfig()
-    n_pairs = len(text_emb)
-    if len(pair_item) != n_pairs:
-        raise SparsemmError("pair_item must have one entry per text embedding")
-    if n_pairs < 2:
-        raise SparsemmError("alignment training needs at least 2 (image, caption) pairs")
-    if image_emb.shape[1] != config.image_dim or text_emb.shape[1] != config.text_dim:
-        raise SparsemmError(
-            f"embedding dims ({image_emb.shape[1]}, {text_emb.shape[1]}) do not match the "
-            f"config ({config.image_dim}, {config.text_dim})"
-        )
+    img_t, txt_t, item_t = pair_tensors(
+        image_emb, text_emb, pair_item, config.image_dim, config.text_dim, "alignment"
+    )
     torch.manual_seed(train.seed)
     model = LinearAligner(config)
-    opt = torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
     out = Path(out_dir)
     settings = {"config": dataclasses.asdict(config), "train": dataclasses.asdict(train)}
     fingerprint = data_fingerprint(image_emb, text_emb, np.asarray(pair_item))
-    start_epoch, history = 0, []
-    if resume and has_checkpoint(out):
-        state = load_checkpoint(out, model, opt)
-        if any(state.get(k) != v for k, v in settings.items()) or state.get("data") != fingerprint:
-            raise SparsemmError(
-                f"the checkpoint in {out} was made with other settings or data; use the same "
-                "ones, another output folder, or start over without --resume"
-            )
-        start_epoch, history = int(state["epoch"]), list(state["history"])
 
-    img_t = torch.from_numpy(np.ascontiguousarray(image_emb, dtype=np.float32))
-    txt_t = torch.from_numpy(np.ascontiguousarray(text_emb, dtype=np.float32))
-    item_t = torch.from_numpy(np.asarray(pair_item, dtype=np.int64))
-    model.train()
-    for epoch in range(start_epoch, train.epochs):
-        perm = np.random.default_rng([train.seed, epoch]).permutation(n_pairs)
-        total, n_batches = 0.0, 0
-        bar = tqdm(
-            range(0, n_pairs, train.batch_size),
-            desc=f"align epoch {epoch + 1}/{train.epochs}",
-            disable=not progress,
-            leave=False,
-        )
-        for s in bar:
-            idx = perm[s : s + train.batch_size]
-            if len(idx) < 2:
-                continue
-            items = item_t[idx]
-            zi, zt = model(img_t[items], txt_t[idx])
-            loss = info_nce(zi, zt, config.tau, groups=items)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            total += float(loss.detach())
-            n_batches += 1
-        history.append({"epoch": epoch + 1, "nce": total / max(n_batches, 1)})
-        log.info("align epoch %d: nce=%.4f", epoch + 1, history[-1]["nce"])
-        if (epoch + 1) % train.checkpoint_every == 0 or epoch + 1 == train.epochs:
-            save_checkpoint(
-                out,
-                model,
-                opt,
-                {"epoch": epoch + 1, "history": history, **settings, "data": fingerprint},
-            )
-    model.eval()
+    def batch_loss(idx: np.ndarray) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        items = item_t[idx]
+        zi, zt = model(img_t[items], txt_t[idx])
+        loss = info_nce(zi, zt, config.tau, groups=items)
+        return loss, {"nce": loss}
+
+    history = fit_epochs(
+        model,
+        len(text_emb),
+        batch_loss,
+        out,
+        train,
+        {**settings, "data": fingerprint},
+        resume=resume,
+        progress=progress,
+        desc="align",
+        save=save_checkpoint,  # this module's name: tests stop a run after a checkpoint
+    )
     model.save_pretrained(out)
     write_json(out / "history.json", {"train": dataclasses.asdict(train), "history": history})
     return model, history

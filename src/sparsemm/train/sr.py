@@ -12,13 +12,12 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 import torch
-from tqdm.auto import tqdm
 
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.io import write_json
 from sparsemm.models.sr import SRConfig, SRModel
-from sparsemm.train.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from sparsemm.train.loop import fit_epochs, pair_tensors
 from sparsemm.train.losses import sr_loss
 from sparsemm.words.bias import sentence_bias
 from sparsemm.words.spine import SparseWordVectors
@@ -135,98 +134,50 @@ def fit_sr(
     and the ``total`` are logged. Leaves ``model`` in eval mode; the caller saves it.
     """
     config: SRConfig = sr.config
-    out = Path(out_dir)
     n_pairs = len(text_emb)
-    if len(pair_item) != n_pairs:
-        raise SparsemmError("pair_item must have one entry per text embedding")
     if bias is not None and bias.shape != (n_pairs, config.latent_dim):
         raise SparsemmError(
             f"bias has shape {bias.shape}, expected ({n_pairs}, {config.latent_dim}); the SPINE "
             "hidden size must equal the SR latent_dim"
         )
-    if n_pairs < 2:
-        raise SparsemmError("SR training needs at least 2 (image, caption) pairs")
-    if image_emb.shape[1] != config.image_dim or text_emb.shape[1] != config.text_dim:
-        raise SparsemmError(
-            f"embedding dims ({image_emb.shape[1]}, {text_emb.shape[1]}) do not match the "
-            f"config ({config.image_dim}, {config.text_dim})"
-        )
-
-    opt = torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
-    start_epoch, history = 0, []
+    img_t, txt_t, item_t = pair_tensors(
+        image_emb, text_emb, pair_item, config.image_dim, config.text_dim, "SR"
+    )
     fingerprint = data_fingerprint(image_emb, text_emb, np.asarray(pair_item), bias)
-    if resume and has_checkpoint(out):
-        state = load_checkpoint(out, model, opt)
-        if any(state.get(k) != v for k, v in settings.items()) or state.get("data") != fingerprint:
-            raise SparsemmError(
-                f"the checkpoint in {out} was made with other settings or data; use the same "
-                "ones, another output folder, or start over without --resume"
-            )
-        start_epoch, history = int(state["epoch"]), list(state["history"])
-        log.info("resuming %s training at epoch %d/%d", desc, start_epoch + 1, train.epochs)
-    elif resume:
-        log.info("no checkpoint in %s; starting from scratch", out)
-
-    img_t = torch.from_numpy(np.ascontiguousarray(image_emb, dtype=np.float32))
-    txt_t = torch.from_numpy(np.ascontiguousarray(text_emb, dtype=np.float32))
-    item_t = torch.from_numpy(np.asarray(pair_item, dtype=np.int64))
     bias_csr = sp.csr_matrix(bias, dtype=np.float32) if bias is not None else None
 
-    model.train()
-    for epoch in range(start_epoch, train.epochs):
-        perm = np.random.default_rng([train.seed, epoch]).permutation(n_pairs)
-        sums: dict[str, float] = {}
-        n_batches = 0
-        batches = range(0, n_pairs, train.batch_size)
-        bar = tqdm(
-            batches,
-            desc=f"{desc} epoch {epoch + 1}/{train.epochs}",
-            disable=not progress,
-            leave=False,
+    def batch_loss(idx: np.ndarray) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        items = item_t[idx]
+        b = torch.from_numpy(bias_csr[idx].toarray()) if bias_csr is not None else None
+        out_b = sr(img_t[items], txt_t[idx], b)
+        losses = sr_loss(
+            out_b,
+            img_t[items],
+            txt_t[idx],
+            config.tau,
+            config.contrastive_weight,
+            config.recon_weight,
+            groups=items,
         )
-        for s in bar:
-            idx = perm[s : s + train.batch_size]
-            if len(idx) < 2:
-                continue
-            items = item_t[idx]
-            b = torch.from_numpy(bias_csr[idx].toarray()) if bias_csr is not None else None
-            out_b = sr(img_t[items], txt_t[idx], b)
-            losses = sr_loss(
-                out_b,
-                img_t[items],
-                txt_t[idx],
-                config.tau,
-                config.contrastive_weight,
-                config.recon_weight,
-                groups=items,
-            )
-            objective = losses["loss"]
-            if extra_loss is not None:
-                parts, added = extra_loss(out_b, idx, items)
-                objective = objective + added
-                losses = {**losses, **parts, "total": objective}
-            opt.zero_grad()
-            objective.backward()
-            opt.step()
-            for k, v in losses.items():
-                sums[k] = sums.get(k, 0.0) + float(v.detach())
-            n_batches += 1
-            bar.set_postfix(loss=f"{float(objective.detach()):.3f}")
-        record = {"epoch": epoch + 1, **{k: v / max(n_batches, 1) for k, v in sums.items()}}
-        history.append(record)
-        log.info(
-            "%s epoch %d: %s",
-            desc,
-            epoch + 1,
-            ", ".join(f"{k}={v:.4f}" for k, v in record.items() if k != "epoch"),
-        )
-        if (epoch + 1) % train.checkpoint_every == 0 or epoch + 1 == train.epochs:
-            state = {"epoch": epoch + 1, "history": history, **settings, "data": fingerprint}
-            save_checkpoint(out, model, opt, state)
-        if on_epoch_end is not None:
-            on_epoch_end(epoch + 1, record)
-    model.eval()
-    return history
+        objective = losses["loss"]
+        if extra_loss is not None:
+            parts, added = extra_loss(out_b, idx, items)
+            objective = objective + added
+            losses = {**losses, **parts, "total": objective}
+        return objective, losses
+
+    return fit_epochs(
+        model,
+        n_pairs,
+        batch_loss,
+        out_dir,
+        train,
+        {**settings, "data": fingerprint},
+        resume=resume,
+        progress=progress,
+        on_epoch_end=on_epoch_end,
+        desc=desc,
+    )
 
 
 def sr_pairs_from_collection(

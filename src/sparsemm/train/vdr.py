@@ -40,7 +40,8 @@ from tqdm.auto import tqdm
 from sparsemm.errors import SparsemmError
 from sparsemm.io import write_json
 from sparsemm.models.vdr import VDRModel, sparsify
-from sparsemm.train.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from sparsemm.train.checkpoint import checkpoint_due, resume_checkpoint, save_checkpoint
+from sparsemm.train.loop import epoch_permutation
 
 log = logging.getLogger(__name__)
 
@@ -422,24 +423,17 @@ def train_vdr(
     _freeze(model, train)
     opt = torch.optim.AdamW(_param_groups(model, train), weight_decay=train.weight_decay)
     base_lrs = [g["lr"] for g in opt.param_groups]
-    settings = {
+    expected = {  # stored in each checkpoint; a resume must match all of it
         "config": json_safe(dataclasses.asdict(model.config)),
         "train": dataclasses.asdict(train),
         "hard_negatives": hard_negatives,
+        "data": data_fingerprint(data),
     }
-    fingerprint = data_fingerprint(data)
     start, history = 0, []
-    if resume and has_checkpoint(out):
-        state = load_checkpoint(out, model, opt)
-        if any(state.get(k) != v for k, v in settings.items()) or state.get("data") != fingerprint:
-            raise SparsemmError(
-                f"the checkpoint in {out} was made with other settings or data; use the same "
-                "ones, another output folder, or start over without --resume"
-            )
+    state = resume_checkpoint(out, model, opt, expected, resume)
+    if state is not None:
         start, history = int(state["step"]), list(state["history"])
         log.info("resuming VDR training at step %d/%d", start, total)
-    elif resume:
-        log.info("no checkpoint in %s; starting from scratch", out)
 
     model.train()
     sums: dict[str, float] = {}
@@ -448,7 +442,7 @@ def train_vdr(
     bar = tqdm(range(start, total), desc="VDR", disable=not progress, leave=False)
     for step in bar:
         epoch, b = divmod(step, per_epoch)
-        perm = np.random.default_rng([train.seed, epoch]).permutation(n)
+        perm = epoch_permutation(train.seed, epoch, n)
         idx = perm[b * bs : (b + 1) * bs]
         torch.manual_seed(train.seed * 1_000_003 + step)  # dropout, replayable on resume
         for g, lr0 in zip(opt.param_groups, base_lrs, strict=True):
@@ -507,9 +501,8 @@ def train_vdr(
             )
             if on_log is not None:
                 on_log(record)
-        if done % train.checkpoint_every == 0 or done == total:
-            state = {"step": done, "history": history, **settings, "data": fingerprint}
-            save_checkpoint(out, model, opt, state)
+        if checkpoint_due(done, train.checkpoint_every, total):
+            save_checkpoint(out, model, opt, {"step": done, "history": history, **expected})
     model.eval()
     for p in model.parameters():
         p.requires_grad_(True)
