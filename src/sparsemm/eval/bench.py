@@ -325,22 +325,38 @@ def retrieval_table(
     return out
 
 
-def _retrieval_markdown(table: Mapping[str, Mapping[str, float]], sparse_name: str) -> str:
+def retrieval_markdown(
+    table: Mapping[str, Mapping[str, float]],
+    labels: Mapping[str, str] | None = None,
+    bold_best: bool = False,
+) -> str:
+    """A Markdown table of :func:`retrieval_table`-style rows (AP@k columns, nnz): one row
+    per entry, named by ``labels`` (default: its key); ``bold_best`` bolds each column's
+    best value (after rounding to 3 decimals). A missing value shows as "-"."""
     cols = [c for c in next(iter(table.values())) if c.startswith(("i2t", "t2i"))]
     lines = [
         "| representation | " + " | ".join(cols) + " | nnz image | nnz text |",
         "|---|" + "---:|" * (len(cols) + 2),
     ]
+    best: dict[str, float] = {}
+    if bold_best:
+        for c in cols:
+            vals = [v for row in table.values() if (v := row.get(c)) is not None]
+            if vals:
+                best[c] = round(max(vals), 3)
     for name, row in table.items():
-        label = "dense" if name == "dense" else sparse_name
+        cells = []
+        for c in cols:
+            v = row.get(c)
+            text = "-" if v is None else f"{v:.3f}"
+            cells.append(f"**{text}**" if v is not None and round(v, 3) == best.get(c) else text)
         nnz = (
             [f"{row['nnz_image']:.1f}", f"{row['nnz_text']:.1f}"]
             if "nnz_image" in row
             else ["dense", "dense"]
         )
-        lines.append(
-            f"| {label} | " + " | ".join(f"{row[c]:.3f}" for c in cols) + f" | {' | '.join(nnz)} |"
-        )
+        label = (labels or {}).get(name, name)
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {' | '.join(nnz)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -533,7 +549,7 @@ def run_exclusion_bench(
     sparse_name = str((run_info or {}).get("sparse_model_name", "sparse codes"))
     report = render_report(content, run_config)
     report += "\n## Standard retrieval (image views vs captions, AP@k)\n\n"
-    report += _retrieval_markdown(retrieval, sparse_name)
+    report += retrieval_markdown(retrieval, {"sparse": sparse_name})
     report += "\n## Methods\n\n" + "".join(
         f"- **{m}**: {get_spec(m).description}\n" for m in methods
     )

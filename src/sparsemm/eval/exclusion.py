@@ -522,6 +522,24 @@ def write_report(
     return content
 
 
+def read_per_query(
+    run_dir: str | Path,
+) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """A run folder's ``per_query.npz`` as written by :func:`write_report`: per-query values
+    ``{method: {metric: (q,)}}`` and the subset masks ``{name: (q,) bool}``."""
+    with np.load(Path(run_dir) / "per_query.npz", allow_pickle=False) as z:
+        arrays = {k: np.asarray(z[k]) for k in z.files}
+    per: dict[str, dict[str, np.ndarray]] = {}
+    subsets: dict[str, np.ndarray] = {}
+    for key, val in arrays.items():
+        head, name = key.split("|", 1)
+        if head == "subset":
+            subsets[name] = val.astype(bool)
+        else:
+            per.setdefault(head, {})[name] = val
+    return per, subsets
+
+
 def render_report(content: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> str:
     """``report.md`` text from ``metrics.json`` content: one table per subset."""
     title = (config or {}).get("name") or "Benchmark report"

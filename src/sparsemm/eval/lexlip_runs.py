@@ -60,6 +60,7 @@ from sparsemm.eval.exclusion import (
     hard_mask,
     markdown_table,
     query_matrices,
+    read_per_query,
     significance,
     summarize,
 )
@@ -359,9 +360,8 @@ def retrieval_metrics(
 
 
 def _per_query(run_dir: Path, methods: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
-    with np.load(run_dir / "per_query.npz", allow_pickle=False) as z:
-        data = {k: np.asarray(z[k]) for k in z.files}
-    return {m: {k: data[f"{m}|{k}"] for k in METRICS} for m in methods}
+    per, _ = read_per_query(run_dir)
+    return {m: {k: per[m][k] for k in METRICS} for m in methods}
 
 
 def _label(method: str, prefix_dense: str, prefix_sparse: str) -> str:

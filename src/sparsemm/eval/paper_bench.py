@@ -35,11 +35,17 @@ import numpy as np
 import scipy.sparse as sp
 
 import sparsemm.baselines.cbe  # noqa: F401 - registers the "cbe" strategy
-from sparsemm.data.collection import Collection, open_collection
+from sparsemm.data.collection import Collection, open_collection, sha256_file
 from sparsemm.data.encode import encode_source
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.bench import METRICS, BenchConfig, run_exclusion_bench
-from sparsemm.eval.exclusion import bar_plot, git_commit, markdown_table, write_report
+from sparsemm.eval.bench import METRICS, BenchConfig, retrieval_markdown, run_exclusion_bench
+from sparsemm.eval.exclusion import (
+    bar_plot,
+    git_commit,
+    markdown_table,
+    read_per_query,
+    write_report,
+)
 from sparsemm.eval.sr_coco import ProxyRunConfig, coco_json, prepare_spine, torch_threads
 from sparsemm.io import atomic_open, read_json, write_json
 from sparsemm.query.strategies import QueryCoder, sr_query_coder
@@ -109,14 +115,6 @@ QUICK: dict[str, Any] = {
 }
 
 
-def _sha_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -170,17 +168,8 @@ class _Runner:
 
     def per_query(self, name: str) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
         """Per-query values ``{method: {metric: (q,)}}`` and subset masks of one run."""
-        with np.load(self.out / "runs" / name / "per_query.npz") as z:
-            arrays = {k: z[k] for k in z.files}
-        per: dict[str, dict[str, np.ndarray]] = {}
-        subsets: dict[str, Any] = {}
-        for key, val in arrays.items():
-            a, b = key.split("|", 1)
-            if a == "subset":
-                subsets[b] = val.astype(bool)
-            else:
-                per.setdefault(a, {})[b] = val
-        return per, subsets
+        per, subsets = read_per_query(self.out / "runs" / name)
+        return per, dict(subsets)
 
 
 # ------------------------------------------------------------------------------ models
@@ -247,7 +236,7 @@ def _vdr_codes(
         model, info = train_or_load(out / "vdr", data, vcfg, True, None, progress)
         codes = VDRCodes(model, vcfg.top_k, progress, cache_dir=out / "vdr")
         codes.encode_items(patches, mask)
-    model_id = _sha_file(out / "vdr" / "model.safetensors")
+    model_id = sha256_file(out / "vdr" / "model.safetensors")
     return codes.items(vcfg.top_k), codes.query_coder(vcfg.top_k), model_id, info
 
 
@@ -344,31 +333,6 @@ def _retrieval_rows(runner: _Runner, systems: Mapping[str, str]) -> dict[str, di
         if row:
             out[label] = row
     return out
-
-
-def _retrieval_markdown(table: Mapping[str, Mapping[str, float]]) -> str:
-    cols = ["i2t_AP@1", "i2t_AP@5", "i2t_AP@10", "t2i_AP@1", "t2i_AP@5", "t2i_AP@10"]
-    lines = [
-        "| representation | " + " | ".join(cols) + " | nnz image | nnz text |",
-        "|---|" + "---:|" * (len(cols) + 2),
-    ]
-    best = {
-        c: round(max((row.get(c, float("-inf")) for row in table.values()), default=0.0), 3)
-        for c in cols
-    }
-    for name, row in table.items():
-        cells = []
-        for c in cols:
-            v = row.get(c)
-            s = "-" if v is None else f"{v:.3f}"
-            cells.append(f"**{s}**" if v is not None and round(v, 3) == best[c] else s)
-        nnz = (
-            [f"{row['nnz_image']:.1f}", f"{row['nnz_text']:.1f}"]
-            if "nnz_image" in row
-            else ["dense", "dense"]
-        )
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {' | '.join(nnz)} |")
-    return "\n".join(lines) + "\n"
 
 
 def _table3(runner: _Runner, sweep: Mapping[str, str]) -> dict[str, dict[str, float | None]]:
@@ -511,7 +475,7 @@ def run_paper_bench(
         runner.run(
             name,
             methods,
-            _sha_file(out / "sr" / name / "model.safetensors"),
+            sha256_file(out / "sr" / name / "model.safetensors"),
             item_codes=item_codes,
             query_coder=sr_query_coder(model),
             word_vectors=vectors,
@@ -652,7 +616,7 @@ def render_paper_report(m: Mapping[str, Any]) -> str:
         "",
         "## Table 2: standard retrieval (AP@k)",
         "",
-        _retrieval_markdown(m["table2"]),
+        retrieval_markdown(m["table2"], bold_best=True),
         "![retrieval](plots/table2_retrieval.png)",
         "",
         "## Table 3: SR latent dimension and the SPINE bias",
