@@ -56,7 +56,13 @@ from sparsemm.io import (
     write_json,
 )
 from sparsemm.models.vdr import VDRModel, explain_pair, fast_bf16_available, resparsify
-from sparsemm.query.strategies import QueryCoder, TextEncoder, get_spec, register_strategy
+from sparsemm.query.strategies import (
+    QueryCoder,
+    TextEncoder,
+    get_spec,
+    register_strategy,
+    sr_query_coder,
+)
 from sparsemm.train.checkpoint import has_checkpoint
 from sparsemm.train.vdr import CrossModalData, preset_train_config, train_vdr
 
@@ -638,12 +644,7 @@ def _sr_coders(
     strategies' possibly aligned ones) and a query coder over the raw text backbone."""
     base = getattr(text_encoder, "base", text_encoder)
     items = sp.csr_matrix(sr_model.encode(collection.image_embeddings(), "image"))
-
-    def query(emb: np.ndarray, texts: Sequence[str]) -> sp.csr_matrix:
-        raw = base.encode_text(list(texts))
-        return sp.csr_matrix(sr_model.encode(raw, "text"))
-
-    return items, query
+    return items, sr_query_coder(sr_model, text_encoder=base)
 
 
 def run_dataset(
