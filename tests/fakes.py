@@ -34,6 +34,46 @@ def keyword_vectors(texts: Sequence[str], keywords: Sequence[str]) -> np.ndarray
     return out / np.maximum(norms, 1e-12)
 
 
+def term_word_encoder(
+    words: Sequence[str], name: str = "keyword", fallback: bool = False, register: bool = False
+) -> type:
+    """A fake text encoder class: one dimension per word, 1 when the text's term tokens
+    (:func:`sparsemm.query.strategies.term_tokens`) contain it, rows L2-normalised.
+
+    ``fallback`` puts texts with none of the words on the last dimension (never an all-zero
+    embedding); ``register`` registers the class under ``name`` so collections can name it.
+    """
+    from sparsemm.encoders.base import register_encoder
+    from sparsemm.query.strategies import term_tokens
+
+    vocab = {w: j for j, w in enumerate(words)}
+
+    class TermWordEncoder:
+        modalities = ("text",)
+
+        def __init__(self, model: str | None = None) -> None:
+            pass
+
+        def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
+            out = np.zeros((len(texts), len(vocab)), dtype=np.float32)
+            for i, t in enumerate(texts):
+                for tok in term_tokens(t):
+                    if tok in vocab:
+                        out[i, vocab[tok]] = 1.0
+            if fallback:
+                out[out.sum(axis=1) == 0, -1] = 1.0
+            if not normalize:
+                return out
+            return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+
+        def encode_image(self, images, batch_size=32, normalize=True, progress=False):
+            raise SparsemmError("text only")
+
+    TermWordEncoder.name = name  # type: ignore[attr-defined]
+    TermWordEncoder.dim = len(vocab)  # type: ignore[attr-defined]
+    return register_encoder(name)(TermWordEncoder) if register else TermWordEncoder
+
+
 class KeywordEncoder:
     """Fake encoder: text -> keyword counts; an image -> the keywords in its file name."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fakes import term_word_encoder
 from sparsemm.baselines.cbe import ContentBasedExclusion, top_mean
 from sparsemm.errors import SparsemmError
 from sparsemm.query.strategies import (
@@ -12,25 +13,12 @@ from sparsemm.query.strategies import (
     ExclusionContext,
     ReferenceSet,
     get_strategy,
-    term_tokens,
 )
 
 WORDS = ["dog", "cat", "car", "tree"]
 
 
-class KeywordEncoder:
-    """Fake text encoder: one dimension per keyword, 1 if the text contains it."""
-
-    name = "keyword"
-    dim = len(WORDS)
-
-    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for i, t in enumerate(texts):
-            toks = set(term_tokens(t))
-            for j, w in enumerate(WORDS):
-                out[i, j] = float(w in toks)
-        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+KeywordEncoder = term_word_encoder(WORDS)
 
 
 def _unit(x) -> np.ndarray:

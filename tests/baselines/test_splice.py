@@ -9,6 +9,7 @@ import pytest
 import scipy.sparse as sp
 from sklearn.linear_model import Lasso
 
+from fakes import term_word_encoder
 from sparsemm.baselines.splice import (
     SpliceDecomposer,
     embed_concepts,
@@ -18,9 +19,7 @@ from sparsemm.baselines.splice import (
     splice_query_coder,
 )
 from sparsemm.data.collection import write_collection
-from sparsemm.encoders.base import register_encoder
 from sparsemm.errors import SparsemmError
-from sparsemm.query.strategies import term_tokens
 from testdata import SHARED_DATA
 
 
@@ -204,28 +203,9 @@ FILLER = ["park", "street", "grass", "sky"]
 DIM = len(WORDS) + len(FILLER)
 
 
-@register_encoder("keyword-splice-test")
-class KeywordEncoder:
-    """Fake text encoder: one dimension per known word, 1 if the text contains it."""
-
-    name = "keyword-splice-test"
-    dim = DIM
-    modalities = ("text",)
-
-    def __init__(self, model: str | None = None) -> None:
-        self.vocab = {w: j for j, w in enumerate(WORDS + FILLER)}
-
-    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
-        out = np.zeros((len(texts), DIM), dtype=np.float32)
-        for i, t in enumerate(texts):
-            for tok in term_tokens(t):
-                if tok in self.vocab:
-                    out[i, self.vocab[tok]] = 1.0
-        out[out.sum(axis=1) == 0, -1] = 1.0
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
-
-    def encode_image(self, images, batch_size=32, normalize=True, progress=False):
-        raise SparsemmError("text only")
+KeywordEncoder = term_word_encoder(
+    WORDS + FILLER, "keyword-splice-test", fallback=True, register=True
+)
 
 
 def _collection(path, n_train: int = 60, n_test: int = 40):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from fakes import term_word_encoder
 from sparsemm.cli import bench as bench_cli
 from sparsemm.data.collection import write_collection
-from sparsemm.encoders.base import register_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.bench import (
     METRICS,
@@ -21,7 +21,7 @@ from sparsemm.eval.bench import (
     run_exclusion_bench,
 )
 from sparsemm.models.sr import SRConfig
-from sparsemm.query.strategies import available_strategies, sr_query_coder, term_tokens
+from sparsemm.query.strategies import available_strategies, sr_query_coder
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 from sparsemm.words.spine import SparseWordVectors
 
@@ -30,28 +30,9 @@ FILLER = ["park", "street", "grass", "sky"]
 DIM = len(WORDS) + len(FILLER)
 
 
-@register_encoder("keyword-bench-test")
-class KeywordEncoder:
-    """Fake text encoder: one dimension per known word, 1 if the text contains it."""
-
-    name = "keyword-bench-test"
-    dim = DIM
-    modalities = ("text",)
-
-    def __init__(self, model: str | None = None) -> None:
-        self.vocab = {w: j for j, w in enumerate(WORDS + FILLER)}
-
-    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
-        out = np.zeros((len(texts), DIM), dtype=np.float32)
-        for i, t in enumerate(texts):
-            for tok in term_tokens(t):
-                if tok in self.vocab:
-                    out[i, self.vocab[tok]] = 1.0
-        out[out.sum(axis=1) == 0, -1] = 1.0  # never an all-zero embedding
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
-
-    def encode_image(self, images, batch_size=32, normalize=True, progress=False):
-        raise SparsemmError("text only")
+KeywordEncoder = term_word_encoder(
+    WORDS + FILLER, "keyword-bench-test", fallback=True, register=True
+)
 
 
 def _collection(path, n_train: int = 60, n_test: int = 40):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from fakes import term_word_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.models.sr import SRConfig, SRModel
 from sparsemm.query.strategies import (
@@ -27,20 +28,7 @@ from sparsemm.query.strategies import (
 WORDS = ["dog", "cat", "car", "tree"]
 
 
-class KeywordEncoder:
-    """Fake text encoder: one dimension per keyword, 1 if the text contains it."""
-
-    name = "keyword"
-    dim = len(WORDS)
-
-    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for i, t in enumerate(texts):
-            toks = set(term_tokens(t))
-            for j, w in enumerate(WORDS):
-                out[i, j] = float(w in toks)
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        return out / np.maximum(norms, 1e-12) if normalize else out
+KeywordEncoder = term_word_encoder(WORDS)
 
 
 def identity_coder(emb: np.ndarray, texts) -> sp.csr_matrix:
