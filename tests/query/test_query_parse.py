@@ -59,7 +59,85 @@ CASES = [
     ("dog, dog, DOG", ["dog"], []),
     ("dog -no", ["dog"], ["no"]),
     ('"not" -"but"', ["not"], ["but"]),
+    # A query may only exclude: items are then ranked by absence.
+    ("not cat", [], ["cat"]),
+    ("-cat", [], ["cat"]),
+    ('-"hot dog"', [], ["hot dog"]),
+    ("without cat and dog", [], ["cat", "dog"]),
+    ("no people", [], ["people"]),
+    ("photos without text", [], ["text"]),
+    # A stray double quote is ignored (captions hold them).
+    ('dog -"cat', ["dog"], ["cat"]),
+    ('A plate of food "with a fork', ["plate of food with a fork"], []),
 ]
+
+# Sentences with negation: one family of cues per line (issue 15's list), several
+# negations, plurals, any position, across sentence boundaries.
+SENTENCES = [
+    # "no X", "there is/are no X", presence filler after the object
+    ("A man is making pizzas in a kitchen, but there is no chair in sight.",
+     ["man is making pizzas in a kitchen"], ["chair"]),
+    ("A man is making pizzas in a kitchen. There is no chair in the image.",
+     ["man is making pizzas in a kitchen"], ["chair"]),
+    ("There is no horse in the image. A herd of cattle grazing.",
+     ["herd of cattle grazing"], ["horse"]),
+    ("No car is present in the image, where a person skates", ["person skates"], ["car"]),
+    ("There are no dogs to be seen, just two cats on a bed", ["just two cats on a bed"], ["dogs"]),
+    ("A street at night with no traffic light anywhere", ["street at night"], ["traffic light"]),
+    ("Two giraffes standing in a field, with no zebra visible",
+     ["two giraffes standing in a field"], ["zebra"]),
+    ("A kitchen with no chair in the kitchen corner", ["kitchen in the kitchen corner"], ["chair"]),
+    # "not a X", "not a single X", "isn't/aren't", "doesn't have/contain", "not holding"
+    ("A train at a station, not a single person in sight", ["train at a station"], ["person"]),
+    ("A snowy mountain with skiers, there aren't any dogs.", ["snowy mountain with skiers"], ["dogs"]),
+    ("The picture doesn't contain any cars, a bicycle leans on a wall",
+     ["bicycle leans on a wall"], ["cars"]),
+    ("A woman is not holding a handbag", ["woman"], ["handbag"]),
+    # "without (any / a single) X"
+    ("A dog on a couch without any cats or dogs", ["dog on a couch"], ["cats", "dogs"]),
+    ("A cat sits on the hood of a car without a single person around",
+     ["cat sits on the hood of a car"], ["person"]),
+    # postfix: absent, missing, nowhere to be seen, not present, not visible, not in sight
+    ("A dog sleeping on a couch. The cat is nowhere to be seen.",
+     ["dog sleeping on a couch"], ["cat"]),
+    ("A dog sleeping on a couch; cats are absent", ["dog sleeping on a couch"], ["cats"]),
+    ("A man riding a horse, the dog is missing", ["man riding a horse"], ["dog"]),
+    ("Pizza on a table and a knife is not present", ["pizza on a table"], ["knife"]),
+    ("A bus stop where benches are not visible", ["bus stop"], ["benches"]),
+    ("Sheep grazing on a hill, the dog not in sight", ["sheep grazing on a hill"], ["dog"]),
+    ("A man surfing a wave, with surfboards out of sight", ["man surfing a wave"], ["surfboards"]),
+    # lacks / lacking / devoid of / free of / empty of / no sign of / inverted "absent is"
+    ("A kitchen lacking a refrigerator", ["kitchen"], ["refrigerator"]),
+    ("The desk lacks any laptops", ["desk"], ["laptops"]),
+    ("A living room devoid of people", ["living room"], ["people"]),
+    ("A bathroom free of toilets", ["bathroom"], ["toilets"]),
+    ("Empty of people, a street at night", ["street at night"], ["people"]),
+    ("A cup on a table, no sign of a laptop", ["cup on a table"], ["laptop"]),
+    ("noticeably absent is any chair", [], ["chair"]),
+    ("A bus on a street; noticeably absent is any traffic light.",
+     ["bus on a street"], ["traffic light"]),
+    ("A desk with a laptop. Missing: keyboards.", ["desk with a laptop"], ["keyboards"]),
+    # person: nobody, no one, unoccupied, uninhabited, deserted
+    ("a beach with nobody around", ["beach"], ["person"]),
+    ("no one is in the picture of the kitchen", ["kitchen"], ["person"]),
+    ("An unoccupied bench in a park", ["bench in a park"], ["person"]),
+    ("A deserted street with parked cars", ["street with parked cars"], ["person"]),
+    ("an uninhabited island beach", ["island beach"], ["person"]),
+    # several negations, lists, plurals
+    ("A kitchen with no dining table and no chairs", ["kitchen"], ["dining table", "chairs"]),
+    ("Broccoli and carrots on a plate, no fork or knife visible",
+     ["broccoli and carrots on a plate"], ["fork", "knife"]),
+    ("No people. No cars. A quiet road through the hills",
+     ["quiet road through the hills"], ["people", "cars"]),
+    ("A woman holding an umbrella and no handbag", ["woman holding an umbrella"], ["handbag"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "include", "exclude"), SENTENCES)
+def test_sentences(text: str, include: list[str], exclude: list[str]) -> None:
+    q = parse_query(text)
+    assert q == Query(tuple(include), tuple(exclude))
+    assert parse_query(q.text) == q
 
 
 @pytest.mark.parametrize(("text", "include", "exclude"), CASES)
@@ -90,10 +168,6 @@ MALFORMED = [
     ("   \t\n", "empty query"),
     ("???", "no search term"),
     ("a photo of", "no search term"),
-    ("not cat", "only excludes"),
-    ("-cat", "only excludes"),
-    ('-"hot dog"', "only excludes"),
-    ("without cat and dog", "only excludes"),
     ("dog but not", "'but not' is not followed"),
     ("dog without", "'without' is not followed"),
     ("dog without a", "'without' is not followed"),
@@ -103,7 +177,6 @@ MALFORMED = [
     ("dog -", "'-' must be followed"),
     ("dog -, cat", "'-' must be followed"),
     ('dog -""', "'-' must be followed"),
-    ('dog -"cat', "unbalanced double quote"),
     ("dog but not dog", "both included and excluded"),
     ("dog, cat -dog -cat", "'dog', 'cat' are both included"),
     ("x" * (MAX_QUERY_CHARS + 1), "limit is 512"),
@@ -125,13 +198,13 @@ def test_malformed_exclude_argument() -> None:
         parse_query("dog", exclude=[3])  # type: ignore[list-item]
     with pytest.raises(SparsemmError, match="must be text"):
         parse_query(None)  # type: ignore[arg-type]
-    with pytest.raises(SparsemmError, match="only excludes"):
-        parse_query(" . ", exclude=["cat"])
+    assert parse_query(" . ", exclude=["cat"]) == Query((), ("cat",))
 
 
 def test_query_validates_direct_construction() -> None:
-    with pytest.raises(SparsemmError, match="at least one include"):
-        Query((), ("cat",))
+    with pytest.raises(SparsemmError, match="at least one term"):
+        Query((), ())
+    assert Query((), ("cat",)).text == "-cat"
     with pytest.raises(SparsemmError, match="both included and excluded"):
         Query(("cat",), ("cat",))
     with pytest.raises(SparsemmError, match="bad include term"):
@@ -166,7 +239,7 @@ def _parse_or_none(text: str, exclude: list[str] | None = None) -> Query | None:
 def test_only_sparsemm_errors_and_round_trip(text: str, exclude: list[str]) -> None:
     q = _parse_or_none(text, exclude)  # any other exception fails the test
     if q is not None:
-        assert q.include
+        assert q.include or q.exclude
         assert not set(q.include) & set(q.exclude)
         assert parse_query(q.text) == q
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import numpy as np
@@ -138,10 +140,20 @@ def test_cli_index_and_search(tmp_path: Path, capsys) -> None:
     assert "indexed 12 items" in capsys.readouterr().out
     assert main(["search", str(col), "pizza -car", "-k", "3", "--explain"]) == 0
     out = capsys.readouterr().out
-    assert "p1" in out and "p2" not in out and "matched dim" in out and "checked 'car'" in out
+    assert "[hybrid]" in out and "matched dim" in out and "checked 'car'" in out
+    # The default scorer demotes the item with a car below the clean pizza item.
+    assert out.index(" p1 ") < out.index(" p2 ")
+    assert main(["search", str(col), "pizza -car", "-k", "3", "--strategy", "filter"]) == 0
+    out = capsys.readouterr().out
+    assert "p1" in out and "p2" not in out
     assert main(["search", str(col), "pizza -car", "--engine", "index", "--json"]) == 0
     assert '"id": "p1"' in capsys.readouterr().out
-    assert main(["search", str(col), "but not car"]) == 2
+    # Only an exclusion: items are ranked by absence, the car items last.
+    assert main(["search", str(col), "no car", "-k", "12", "--json"]) == 0
+    ids = [h["id"] for h in json.loads(capsys.readouterr().out)]
+    with_car = [i for i in ids if "car" in ITEMS[i]]
+    assert set(ids[-len(with_car) :]) == set(with_car) == {"p2", "r1"}
+    assert main(["search", str(col), "   "]) == 2
     assert capsys.readouterr().err.startswith("error:")
 
 

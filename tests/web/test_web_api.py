@@ -41,7 +41,7 @@ def test_health_and_page(client: TestClient) -> None:
     info = client.get("/api/health").json()
     assert info["status"] == "ok" and info["items"] == len(ITEMS) and info["dims"] == len(WORDS)
     assert info["images"] == len(ITEMS) - len(NO_IMAGE) - 2  # minus the txt and missing file
-    assert "filter" in info["strategies"] and info["default_strategy"] == "filter"
+    assert "filter" in info["strategies"] and info["default_strategy"] == "hybrid"
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert 'id="include"' in page.text and 'id="exclude"' in page.text
@@ -53,7 +53,9 @@ def test_health_and_page(client: TestClient) -> None:
 
 
 def test_search_excludes_and_explains(client: TestClient) -> None:
-    resp = client.get("/api/search", params={"q": "dog but not cat", "k": 20})
+    resp = client.get(
+        "/api/search", params={"q": "dog but not cat", "k": 20, "strategy": "filter"}
+    )
     dog_items = with_("dog", without=("cat",))
     got = ids(resp)
     assert dog_items <= set(got) and not with_("cat") & set(got)
@@ -73,12 +75,20 @@ def test_search_excludes_and_explains(client: TestClient) -> None:
 
 
 def test_post_with_term_lists(client: TestClient) -> None:
-    resp = client.post("/api/search", json={"q": "dog", "exclude": ["cat, ball"], "k": 20})
+    f = {"strategy": "filter"}  # the hard filter: exact sets
+    resp = client.post("/api/search", json={"q": "dog", "exclude": ["cat, ball"], "k": 20, **f})
     assert set(ids(resp)) == with_("dog", without=("cat", "ball"))
-    resp = client.post("/api/search", json={"include": ["pizza"], "exclude": ["car"]})
+    resp = client.post("/api/search", json={"include": ["pizza"], "exclude": ["car"], **f})
     assert set(ids(resp)) == with_("pizza", without=("car",))
+    # The default scorer (soft) ranks a clean item first and demotes the others.
+    got = ids(client.post("/api/search", json={"q": "dog", "exclude": ["cat, ball"], "k": 20}))
+    clean = with_("dog", without=("cat", "ball"))
+    assert got[0] in clean and got.index("dc1") > max(got.index(c) for c in clean)
     # the same through GET with repeated list parameters
-    resp = client.get("/api/search", params=[("q", "dog"), ("exclude", "cat"), ("exclude", "ball")])
+    resp = client.get(
+        "/api/search",
+        params=[("q", "dog"), ("exclude", "cat"), ("exclude", "ball"), ("strategy", "filter")],
+    )
     assert set(ids(resp)) == with_("dog", without=("cat", "ball"))
     assert resp.json()["query"]["exclude"] == ["cat", "ball"]
 
@@ -172,9 +182,9 @@ def test_dims_endpoint(client: TestClient) -> None:
         ({"q": ""}, "type what to search for"),
         ({"q": "   "}, "type what to search for"),
         ({"q": "x" * 513}, "512"),
-        ({"q": "but not car"}, "only excludes"),
+        ({"q": "but not"}, "'but not' is not followed"),
         ({"q": "dog -dog"}, "both included and excluded"),
-        ({"q": 'dog -"cat'}, "unbalanced"),
+        ({"q": 'dog -"'}, "must be followed"),
         ({"q": "dog", "k": 0}, "k:"),
         ({"q": "dog", "k": 101}, "k:"),
         ({"q": "dog", "k": "many"}, "k:"),

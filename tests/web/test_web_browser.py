@@ -67,7 +67,11 @@ pytestmark = [
 @pytest.fixture()
 def server(web_collection: Path) -> Iterator[str]:
     """uvicorn on a free 127.0.0.1 port in a thread; yields the base URL."""
-    app = create_app(searcher=Searcher(web_collection, encoder=WebKeywordEncoder()))
+    searcher = Searcher(web_collection, encoder=WebKeywordEncoder())
+    # The page mechanics are checked against exact sets: serve the hard `filter` (the
+    # default scorer's soft ranking is tested in tests/query and tests/eval).
+    searcher.default_strategy = "filter"
+    app = create_app(searcher=searcher)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

@@ -96,6 +96,7 @@ def register(sub: Any) -> None:
     ex.add_argument("--seed", type=int, default=0)
     ex.add_argument("--no-progress", action="store_true")
     ex.set_defaults(func=run_exclusion)
+    _register_negation(kinds, STRATEGIES)
     register_paper(kinds)
     register_vdr(kinds)
     register_lexlip(kinds)
@@ -129,6 +130,121 @@ def _train_sr(col: Any, split: str, vectors: Any, out: Path, quick: bool, seed: 
     log.info("no --sr given: training SR on the %s split into %s", split, out)
     model, _ = train_sr(image, text, pair_item, bias, cfg, out, tc, resume=True, progress=False)
     return model
+
+
+def _register_negation(kinds: Any, strategies: Any) -> None:
+    ng = kinds.add_parser(
+        "negation",
+        help="sentences with negation ('a kitchen, but there is no chair in sight'): "
+        "parse exact match, R@1/5/10 and neg-violation@5 of every strategy",
+        description="Join evaluation captions with the negation of an object their image does "
+        "not carry, in 34 phrasing families (20 for tuning, 14 held out); score the parser "
+        "(exact match), dense on the raw sentence, dense on the caption without its negation, "
+        "the parsed query through every strategy and the served default.",
+    )
+    ng.add_argument("--data", type=Path, default=None, help="folder holding coco/val2017.json")
+    ng.add_argument("--collection", type=Path, help="collection folder (sparsemm encode)")
+    ng.add_argument("--sr", type=Path, help="trained SR model folder (sparsemm train sr)")
+    ng.add_argument(
+        "--methods", nargs="+", choices=list(strategies), metavar="METHOD",
+        help="strategies to run on the parsed queries (default all)",
+    )  # fmt: skip
+    ng.add_argument("--split", default="test", help="evaluation split (default test)")
+    ng.add_argument(
+        "--tune-split", default="train",
+        help="split of the detectors' reference captions and of --tune (default train)",
+    )  # fmt: skip
+    ng.add_argument(
+        "--tune", action="store_true",
+        help="also grid-search the served scorer on the tune split of both benchmarks",
+    )  # fmt: skip
+    ng.add_argument("--per-item", type=int, default=2, help="sentences per evaluation image")
+    ng.add_argument("--top-k", type=int, default=None, help="SR top-k (default: the model's)")
+    ng.add_argument("-o", "--out", type=Path, required=True, help="report folder")
+    ng.add_argument("--quick", action="store_true", help="smoke run (as bench exclusion)")
+    ng.add_argument("--seed", type=int, default=0)
+    ng.add_argument("--no-progress", action="store_true")
+    ng.set_defaults(func=run_negation)
+
+
+def _collection_model(args: argparse.Namespace, tune: str | None) -> tuple[Any, Any, Any]:
+    """(collection, text encoder, SR model) of a bench run: given or built (cached in OUT)."""
+    from sparsemm.data.collection import open_collection
+    from sparsemm.data.encode import encode_source
+    from sparsemm.encoders.base import get_encoder
+    from sparsemm.eval.sr_coco import coco_json
+    from sparsemm.models.sr import SRModel
+
+    out: Path = args.out
+    if args.collection is not None:
+        col = open_collection(args.collection)
+        model_id = col.manifest.get("encoder", {}).get("model")
+        kwargs = {}
+        if model_id and Path(str(model_id)).expanduser().is_dir():
+            kwargs["model"] = model_id
+        encoder = get_encoder(col.encoder_name, **kwargs)
+    else:
+        src = coco_json(args.data or _default_data_dir())
+        encoder = get_encoder("minilm")
+        col = encode_source(
+            src,
+            out / "collection",
+            format="coco",
+            encoder=encoder,
+            limit=QUICK_ITEMS if args.quick else None,
+            progress=not args.no_progress,
+        )
+    if args.sr is not None:
+        model = SRModel.from_pretrained(args.sr)
+    else:
+        model = _train_sr(col, tune or "train", None, out / "sr", args.quick, args.seed)
+    return col, encoder, model
+
+
+def run_negation(args: argparse.Namespace) -> int:
+    from sparsemm.eval.negation import SERVED, NegationConfig, run_negation_bench
+    from sparsemm.query.strategies import sr_query_coder
+
+    out: Path = args.out
+    tune = None if str(args.tune_split).lower() == "none" else args.tune_split
+    if args.per_item < 1:
+        raise SparsemmError(f"--per-item must be at least 1, got {args.per_item}")
+    col, encoder, model = _collection_model(args, tune)
+    cfg = NegationConfig(
+        split=args.split,
+        tune_split=tune,
+        methods=tuple(args.methods or ()),
+        per_item=args.per_item,
+        limit_items=QUICK_EVAL_ITEMS if args.quick else None,
+        tune=bool(args.tune),
+        max_grid=QUICK_GRID if args.quick else None,
+        seed=args.seed,
+    )
+    info = {
+        "sr": str(args.sr) if args.sr is not None else str(out / "sr"),
+        "top_k": args.top_k or model.config.inference_top_k or model.config.top_k,
+        "quick": bool(args.quick),
+    }
+    top_k = info["top_k"]
+    content = run_negation_bench(
+        col,
+        out,
+        encoder,
+        item_coder=lambda x: model.encode(x, "image", top_k=top_k),
+        query_coder=sr_query_coder(model, top_k=top_k),
+        config=cfg,
+        run_info=info,
+    )
+    print(f"report: {out / 'report.md'}  (metrics: {out / 'metrics.json'})")
+    for sub in ("tune families", "held-out families"):
+        means = content["subsets"][sub]["means"]
+        row = means.get(SERVED) or next(iter(means.values()))
+        print(
+            f"{sub}: {content['subsets'][sub]['n_queries']} sentences; served default R@5 "
+            f"{row['recall@5']:.3f}, neg-violation@5 {row['violation@5']:.3f}; parse exact "
+            f"match {content['parse']['exact_match'].get(sub, float('nan')):.3f}"
+        )
+    return 0
 
 
 def run_exclusion(args: argparse.Namespace) -> int:

@@ -25,7 +25,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "that matched and the excluded concepts that were checked.",
     )
     p.add_argument("collection", type=Path)
-    p.add_argument("query", help='e.g. "dog without cat", "kitchen, no person, no oven"')
+    p.add_argument(
+        "query",
+        help='e.g. "dog without cat", "kitchen, no person, no oven", '
+        '"a man making pizza, but there is no chair in sight"',
+    )
     p.add_argument(
         "--exclude",
         action="append",
@@ -39,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--strategy",
         default=None,
         help=f"exclusion strategy (default: the model's; {DEFAULT_STRATEGY} for SR, "
-        "code_arith for VDR); see --list-strategies",
+        "code_arith for VDR; filter with --engine index or --backend qdrant)",
     )
     p.add_argument(
         "--engine",
@@ -80,7 +84,10 @@ def run(args: argparse.Namespace) -> int:
 
     query = parse_query(args.query, exclude=tuple(args.exclude))
     searcher = Searcher(args.collection)
-    args.strategy = args.strategy or searcher.default_strategy
+    # The index engine and Qdrant serve the `filter` strategy (issue 16 brings the default
+    # scorer to them); the strategy engine serves the model's default.
+    engine_strategy = "filter" if args.backend == "qdrant" or args.engine == "index" else None
+    args.strategy = args.strategy or engine_strategy or searcher.default_strategy
     if args.backend == "qdrant":
         if args.strategy != "filter" or args.offset:
             raise SparsemmError("--backend qdrant supports --strategy filter without --offset")
@@ -100,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([h.to_dict() for h in hits], indent=1))
         return 0
     excl = f"  but not: {', '.join(query.exclude)}" if query.exclude else ""
-    print(f"query: {', '.join(query.include)}{excl}   [{args.strategy}]")
+    print(f"query: {', '.join(query.include) or '(anything)'}{excl}   [{args.strategy}]")
     for h in hits:
         print(f"{h.rank:>3}. {h.id}  {h.score:.3f}  {h.caption}")
         if args.explain:

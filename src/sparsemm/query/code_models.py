@@ -50,7 +50,9 @@ class CodeModel(Protocol):
 
 class SRCodeModel:
     kind = "sr"
-    default_strategy = "filter"  # the index engine's hard filter on B's concept dims
+    # One scorer for label pairs and sentences (sparsemm.query.strategies.Hybrid), tuned on
+    # the train split of both benchmarks (docs/negation.md).
+    default_strategy = "hybrid"
 
     def __init__(self, path: str | Path, top_k: int | None = None) -> None:
         from sparsemm.models.sr import SRModel

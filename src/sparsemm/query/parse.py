@@ -1,46 +1,63 @@
 """Parse typed search text into a :class:`Query` of include and exclude terms.
 
-Accepted phrasings (case and whitespace are normalised; terms come out lower-case)::
+Two kinds of input are understood, and may be mixed:
+
+Label-style queries (short terms and operators)::
 
     sports but not basketball          dog without cat          beach not umbrella
     pizza -person                      pizza -"hot dog"         car except truck
     kitchen, no person, no oven        pizza with no person     dog AND NOT cat
     cat and dog but not bird           a photo of a dog, excluding cats
-    no people, beach                   dog without cat but with grass
+
+Sentences with negation, as people write them::
+
+    A man is making pizzas in a kitchen, but there is no chair in sight.
+    There is no horse in the image. A herd of cattle grazing.
+    No car is present in the image, where a person skates
+    A bus on a street; noticeably absent is any traffic light.
+    A living room devoid of people          a beach with nobody around
+    no people          photos without text          (exclusion only: ranked by absence)
 
 Rules, in the order they matter:
 
 * ``"..."`` (straight or curly double quotes) keeps its content as one term, verbatim apart
-  from case, whitespace and punctuation at its two ends: no splitting, no keyword handling,
-  no filler stripping. Quote a term that would otherwise be split (``"black and white"``).
+  from case, whitespace and punctuation at its two ends. A stray, unbalanced quote is
+  ignored (captions contain them).
 * ``-term`` / ``-"a phrase"`` (a ``-`` at the start of a word) excludes exactly the next word
-  or quoted phrase, search-engine style; the words after it are included again
-  (``pizza -person table`` = include pizza, table; exclude person). A ``-`` inside a word
-  (``t-shirt``) is part of the word.
-* Exclusion keywords ``not``, ``no``, ``without``, ``except`` (``except for``),
-  ``excluding``, ``exclude``, ``minus``, ``w/o`` open an exclusion scope. ``but``, ``and``,
-  ``or``, ``with`` and ``yet`` right before a keyword belong to it (``but not``,
-  ``with no``, ``and not``). The scope runs to the end of the query, so
-  ``dog but not cat, bird`` excludes both cat and bird; a ``but`` that is not followed by a
-  keyword closes it (``dog without cat but with grass`` includes grass). A scope that opens
-  the query (``no people, beach``) closes at the first ``,`` / ``;`` / ``&`` / ``+``.
-* Terms are split on ``,`` ``;`` ``&`` ``+`` and the word ``and``; inside an exclusion scope
-  also on ``or`` and ``nor``. Everything else between those stays one phrase: ``hot dog``,
-  ``dining table``, ``dog with frisbee``, ``dog or cat`` (outside an exclusion scope) are
-  single terms.
-* Leading filler is stripped from unquoted terms: articles (``a``, ``an``, ``the``,
-  ``some``, ``any``) and "<photo|picture|image|...> of", so ``a photo of a dog`` -> ``dog``.
-  Punctuation at the two ends of a word is dropped (``dog.`` -> ``dog``). Plurals are kept as
-  typed (``cats`` stays ``cats``): matching them to a vocabulary is the searcher's job.
+  or quoted phrase, search-engine style; the words after it are included again. A ``-``
+  inside a word (``t-shirt``) is part of the word.
+* **Prefix negation cues** open an exclusion of the noun phrase that follows them: ``no``,
+  ``not``, ``without``, ``except (for)``, ``excluding``, ``exclude``, ``minus``, ``w/o``,
+  ``lacks``/``lacking``/``lack of``, ``devoid of``, ``free of``/``free from``, ``empty of``,
+  ``absence of``, ``no sign/trace of``, ``isn't``/``aren't``, ``doesn't have/contain/show``,
+  ``not wearing/holding/...``, and the inverted ``absent is any X`` / ``missing: X``.
+  Determiners after a cue are skipped (``without any``, ``not a single``). Words that only
+  set up the cue are dropped from the include (``there is no``, ``the image has no``,
+  ``with no``).
+* **Postfix cues** exclude the noun phrase just before them: ``X is absent``, ``missing``,
+  ``nowhere to be seen``, ``not present``, ``not visible``, ``not in sight``, ``out of
+  sight``.
+* **Person cues** exclude ``person``: ``nobody``, ``no one``, ``unoccupied``,
+  ``uninhabited``, ``deserted``, ``unpopulated``.
+* The excluded noun phrase is at most three words and ends before a preposition, a verb,
+  a clause word or punctuation (``no dining table in the room`` -> ``dining table``).
+  Presence filler after it is dropped: ``in the image``, ``in sight``, ``to be seen``,
+  ``in the scene``, ``is visible``, ``anywhere``, ``at all``... A list continues the
+  exclusion: ``no dogs or cats``, ``dog but not cat, bird`` (a comma continues only when the
+  exclusion did not open the query: ``no people, beach`` includes beach).
+* The include is what remains. Split on ``,`` ``;`` ``&`` ``+``, ``and`` and sentence ends,
+  the pieces are *terms* when each has at most three words (``cat and dog`` -> cat, dog),
+  else the remaining text is kept whole as one *phrase*, the form a similarity scorer needs
+  (``man is making pizzas in a kitchen``). Leading articles and "<photo|picture|...> of"
+  are stripped; plurals are kept as typed (matching them is the searcher's job).
 * ``exclude=`` values (the CLI's ``--exclude``) are added to the excluded terms; a value may
   hold several comma-separated terms. Duplicates are dropped, first occurrence wins.
-* Control characters count as spaces and invisible format characters (zero-width spaces,
-  bidirectional overrides) are dropped, so a query of only such characters is empty and no
-  term carries them into an error message or a terminal.
+* Control characters count as spaces and invisible format characters are dropped.
 
-Malformed input raises :class:`~sparsemm.errors.SparsemmError`: an empty query, a query with
-nothing to include, a term both included and excluded, a ``-`` or keyword with no term after
-it, an unbalanced quote, or more than ``MAX_QUERY_CHARS`` characters.
+A query may include nothing and only exclude (``no people``): a searcher then ranks items by
+the absence of what is excluded. Malformed input raises :class:`~sparsemm.errors.SparsemmError`:
+an empty query, a query with no term at all, a term both included and excluded, a ``-`` or
+cue with no term after it, or more than ``MAX_QUERY_CHARS`` characters.
 """
 
 from __future__ import annotations
@@ -53,38 +70,152 @@ from dataclasses import dataclass
 from sparsemm.errors import SparsemmError
 
 MAX_QUERY_CHARS = 512
+MAX_NP_WORDS = 3  # an excluded noun phrase: "dining table", "baseball glove", "hot dog"
+MAX_TERM_WORDS = 3  # include pieces up to this long are terms; longer text is one phrase
 
-# Words that open an exclusion scope.
-NEGATIONS = frozenset({"not", "no", "without", "except", "excluding", "exclude", "minus", "w/o"})
-# Words absorbed into a following negation: "but not", "with no", "and not".
+# Single-word prefix cues: the noun phrase after them is excluded.
+NEGATIONS = frozenset(
+    {"not", "no", "without", "except", "excluding", "exclude", "minus", "w/o", "sans"}
+)
+# Multi-word prefix cues (token tuples), longest first when matched.
+_PREFIX_CUES: tuple[tuple[str, ...], ...] = tuple(
+    sorted(
+        (
+            ("except", "for"),
+            ("no", "sign", "of"),
+            ("no", "signs", "of"),
+            ("no", "trace", "of"),
+            ("no", "hint", "of"),
+            ("not", "a", "sign", "of"),
+            ("devoid", "of"),
+            ("free", "of"),
+            ("free", "from"),
+            ("empty", "of"),
+            ("absence", "of"),
+            ("lack", "of"),
+            ("lacks",),
+            ("lack",),
+            ("lacking",),
+            ("isn't",),
+            ("aren't",),
+            ("wasn't",),
+            ("weren't",),
+            ("none", "of", "the"),
+            ("none", "of"),
+        ),
+        key=len,
+        reverse=True,
+    )
+)
+# "doesn't have X", "does not contain X", "not wearing X": the verb after the cue is skipped.
+_AUX_NEG = frozenset({"doesn't", "don't", "didn't", "cannot", "can't"})
+_HAVE_VERBS = frozenset(
+    {
+        "have", "has", "contain", "contains", "show", "shows", "include", "includes",
+        "feature", "features", "hold", "holds", "depict", "depicts", "display", "displays",
+        "wear", "carry", "see", "find",
+        "wearing", "holding", "having", "carrying", "showing", "containing", "including",
+        "featuring", "using", "depicting",
+    }
+)  # fmt: skip
+# Postfix cues: "X is absent", "X is missing", "X nowhere to be seen", "X is not present".
+_POSTFIX = frozenset({"absent", "missing", "nowhere", "gone", "lacking"})
+_NOT_PRESENT = frozenset(
+    {
+        "present", "visible", "shown", "pictured", "seen", "included", "there", "here",
+        "around", "anywhere", "nearby", "in", "to", "depicted", "found", "featured",
+    }
+)  # fmt: skip
+# Words meaning "no person".
+PERSON = "person"
+_PERSON_WORDS = frozenset(
+    {"nobody", "noone", "no-one", "unoccupied", "uninhabited", "deserted", "unpopulated"}
+)
+# Skipped between a cue and its noun phrase.
+_DETERMINERS = frozenset(
+    {"a", "an", "the", "any", "some", "single", "one", "more", "other", "such", "even"}
+)
+# Words that end an excluded noun phrase (prepositions, verbs, clause words, cues, filler).
+_NP_STOP = frozenset(
+    {
+        "is", "are", "was", "were", "be", "been", "being", "am", "'s", "can", "could", "may",
+        "might", "will", "would", "should", "has", "have", "had", "do", "does", "did",
+        "in", "on", "at", "near", "by", "with", "from", "into", "onto", "inside", "outside",
+        "under", "over", "above", "below", "behind", "beside", "besides", "next", "of", "to",
+        "for", "around", "anywhere", "nearby", "here", "there", "visible", "present", "seen",
+        "shown", "whatsoever", "either", "and", "or", "nor", "but", "yet", "while", "where",
+        "which", "that", "who", "whose", "whereas", "although", "though", "so", "as", "than",
+        "then", "because", "when", "if", "it", "its", "this", "these", "those", "they",
+        "he", "she", "we", "you", "i", "absent", "missing", "nowhere", "gone", "lacking",
+        "all", "anymore", "too", "also", "just", "only", "really",
+        "out", "off", "up", "down", "against", "among", "along", "across", "through",
+        "there's", "isn't", "aren't", "doesn't", "don't", "wasn't", "weren't", "nobody",
+    }
+)  # fmt: skip
+_NP_NOT_VERB = frozenset(
+    {"building", "buildings", "ceiling", "clothing", "painting", "paintings", "bedding",
+     "railing", "awning", "icing", "frosting", "topping", "toppings", "stuffing", "pudding",
+     "seed", "seeds", "bed", "beds", "sled", "sleds", "shed", "bread", "steed"}
+)  # fmt: skip
+# Presence filler after an excluded phrase ("in the image", "to be seen", "is visible").
+_FILLER = frozenset(
+    {
+        "is", "are", "was", "were", "be", "been", "being", "can", "could", "seen", "visible",
+        "present", "shown", "found", "pictured", "depicted", "included", "featured", "to",
+        "in", "within", "on", "the", "this", "that", "image", "images", "picture", "pictures",
+        "photo", "photos", "photograph", "pic", "scene", "frame", "shot", "view", "sight",
+        "anywhere", "at", "all", "whatsoever", "around", "nearby", "here", "there", "either",
+        "background", "foreground", "appear", "appears", "seem", "seems", "of", "it",
+        "anymore", "evident", "apparent", "out", "nowhere", "really", "whatever", "any", "more", "spotted", "detected", "immediately", "clearly", "obviously",
+    }
+)  # fmt: skip
+# A filler run not followed by a clause boundary must hold one of these to count as filler
+# ("no chair in the kitchen" keeps "in the kitchen"; "no chair in the image" drops it).
+_FILLER_ANCHOR = frozenset(
+    {
+        "image", "images", "picture", "pictures", "photo", "photos", "photograph", "pic",
+        "scene", "frame", "shot", "view", "sight", "seen", "visible", "present", "shown",
+        "found", "pictured", "depicted", "anywhere", "whatsoever", "around", "nearby",
+        "here", "there", "evident", "apparent", "spotted", "detected", "all",
+    }
+)  # fmt: skip
+# Words that only set up a prefix cue: dropped from the end of the include before it
+# ("there is no X", "the image has no X", "a kitchen with no X").
+_CUE_SETUP = frozenset(
+    {
+        "there", "there's", "is", "are", "was", "were", "has", "have", "had", "with", "shows",
+        "show", "showing", "contains", "contain", "containing", "includes", "include",
+        "including", "features", "featuring", "it", "its", "this", "that", "the", "image",
+        "picture", "photo", "photograph", "pic", "scene", "frame", "shot", "view", "i", "we",
+        "you", "can", "could", "see", "sees", "also", "and", "but", "yet", "while", "where",
+        "whereas", "though", "although", "or", "nor", "so", "in", "noticeably", "notably",
+        "conspicuously", "completely", "entirely", "totally", "clearly", "visibly",
+        "obviously", "absolutely", "curiously", "strikingly", "utterly", "wholly", "almost",
+        "virtually", "seems", "appears", "to", "be", "does", "do", "did",
+    }
+)  # fmt: skip
+# Dropped from the two ends of an include piece ("where a person skates", "cat and").
+_CONNECTIVES = frozenset(
+    {"and", "but", "yet", "while", "where", "whereas", "though", "although", "so", "with",
+     "as", "or", "nor", "also", "plus", "then", "which", "that"}
+)  # fmt: skip
+# Words that separate include terms ("cat and dog"; "but" ends a label-style exclusion).
+_SPLIT_WORDS = frozenset({"and", "but"})
+_LIST_WORDS = frozenset({"or", "nor", "and"})
+# Words that, right before a cue, are part of how it is said in label queries.
 _CONNECTORS = frozenset({"but", "and", "or", "with", "yet"})
-# Separators: always "and"; inside an exclusion scope also "or" / "nor".
-_SCOPE_SEPARATORS = frozenset({"or", "nor"})
-# After "but" closes an exclusion scope: "but with grass", "but also grass".
-_REINCLUDE = frozenset({"with", "also"})
-# Unquoted words that must be quoted when a term is rendered back to text.
-_SPECIAL_WORDS = NEGATIONS | _CONNECTORS | _SCOPE_SEPARATORS
 
 _ARTICLES = frozenset({"a", "an", "the", "some", "any"})
 _MEDIA = frozenset(
     {
-        "photo",
-        "photos",
-        "picture",
-        "pictures",
-        "image",
-        "images",
-        "photograph",
-        "photographs",
-        "pic",
-        "pics",
-        "shot",
-        "shots",
-        "snapshot",
+        "photo", "photos", "picture", "pictures", "image", "images", "photograph",
+        "photographs", "pic", "pics", "shot", "shots", "snapshot",
     }
-)
+)  # fmt: skip
 
-_QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u201e": '"', "\uff02": '"'})
+_QUOTES = str.maketrans(
+    {"\u201c": '"', "\u201d": '"', "\u201e": '"', "\uff02": '"', "\u2019": "'", "\u2018": "'"}
+)
 _TOKEN_RE = re.compile(
     r"""
       (?P<space>\s+)
@@ -96,27 +227,30 @@ _TOKEN_RE = re.compile(
     """,
     re.VERBOSE,
 )
+_SENTENCE_END = re.compile(r"[.!?:]+$")
 _VALUE_SPLIT_RE = re.compile(r"[,;]")
-_EXAMPLE = "e.g. 'dog but not cat' or 'pizza -person'"
+_EXAMPLE = "e.g. 'dog but not cat', 'pizza -person' or 'a kitchen with no person'"
 
 
 @dataclass(frozen=True)
 class Query:
     """Terms to find (``include``) and terms whose items to leave out (``exclude``).
 
-    Terms are normalised strings (lower-case, single spaces). ``text`` renders the query
-    back in the canonical ``include, include -exclude -"multi word"`` form, and
+    Terms are normalised strings (lower-case, single spaces). An include term is a label
+    ("dog", "hot dog") or, for a sentence, the whole positive phrase. ``include`` may be
+    empty when ``exclude`` is not (rank by absence). ``text`` renders the query back in the
+    canonical ``include, include -exclude -"multi word"`` form, and
     ``parse_query(q.text) == q`` for every parsed query.
     """
 
-    include: tuple[str, ...]
+    include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "include", _check_terms(self.include, "include"))
         object.__setattr__(self, "exclude", _check_terms(self.exclude, "exclude"))
-        if not self.include:
-            raise SparsemmError("a query needs at least one include term")
+        if not self.include and not self.exclude:
+            raise SparsemmError("a query needs at least one term to include or exclude")
         both = sorted(set(self.include) & set(self.exclude))
         if both:
             raise SparsemmError(
@@ -126,9 +260,15 @@ class Query:
     @property
     def text(self) -> str:
         """The canonical text form, e.g. ``hot dog, cat -person -"dining table"``."""
-        parts = [", ".join(_render(t) for t in self.include)]
+        many = len(self.include) > 1
+        parts = [", ".join(_render(t, many=many) for t in self.include)] if self.include else []
         parts += [f"-{_render(t, single_word=True)}" for t in self.exclude]
         return " ".join(parts)
+
+    @property
+    def include_text(self) -> str:
+        """The include side as one text ("cat and dog"; "" when nothing is included)."""
+        return " and ".join(self.include)
 
     def __str__(self) -> str:
         return self.text
@@ -147,18 +287,13 @@ def parse_query(text: str, exclude: Sequence[str] = ()) -> Query:
             "Shorten it to the few concepts you want and don't want"
         )
     text = _clean(text)
-    if not text.strip():
+    if not text.strip() and not exclude:
         raise SparsemmError(f"empty query: type what to search for, {_EXAMPLE}")
-    include, excluded = _Parser(_tokenize(text.translate(_QUOTES).lower())).run()
+    include, excluded = _parse(text)
     excluded += _exclude_values(exclude)
     include = list(dict.fromkeys(include))
     excluded = list(dict.fromkeys(excluded))
-    if not include:
-        if excluded:
-            raise SparsemmError(
-                f"the query only excludes ({_listing(excluded)}): say what to search for "
-                f"too, e.g. 'beach but not {excluded[0]}' or 'beach -{_render(excluded[0])}'"
-            )
+    if not include and not excluded:
         raise SparsemmError(f"no search term in {text!r}: type words to search for, {_EXAMPLE}")
     both = [t for t in include if t in set(excluded)]
     if both:
@@ -166,6 +301,11 @@ def parse_query(text: str, exclude: Sequence[str] = ()) -> Query:
             f"{_is_are(both)} both included and excluded in {text!r}; remove it from one side"
         )
     return Query(tuple(include), tuple(excluded))
+
+
+def _parse(text: str) -> tuple[list[str], list[str]]:
+    """(include terms, excluded terms) of cleaned text, before de-duplication."""
+    return _Parser(_tokenize(text.translate(_QUOTES).lower())).run()
 
 
 # --------------------------------------------------------------------------------- helpers
@@ -202,9 +342,8 @@ def _normalize(s: str) -> str:
     return _strip_edges(" ".join(s.split()))
 
 
-def _strip_filler(term: str) -> str:
-    """Strip leading articles and "<photo|image|...> of" from an unquoted term."""
-    words = term.split(" ")
+def _strip_filler_words(words: list[str]) -> list[str]:
+    """Strip leading articles and "<photo|image|...> of" from a list of words."""
     i = 0
     while i < len(words):
         if words[i] in _ARTICLES:
@@ -213,29 +352,47 @@ def _strip_filler(term: str) -> str:
             i += 2
         else:
             break
-    return " ".join(words[i:])
+    return words[i:]
+
+
+def _strip_filler(term: str) -> str:
+    """Strip leading articles and "<photo|image|...> of" from an unquoted term."""
+    return " ".join(_strip_filler_words(term.split(" ")))
 
 
 def _tokenize(text: str) -> list[tuple[str, str]]:
-    """Split lower-cased text into (kind, value) tokens: sep, minus, phrase, word."""
+    """Split lower-cased text into (kind, value) tokens: sep, end, minus, phrase, word.
+
+    ``end`` marks sentence punctuation (``.`` ``!`` ``?`` ``:``) at the end of a word. An
+    unbalanced double quote is dropped.
+    """
     tokens: list[tuple[str, str]] = []
     for m in _TOKEN_RE.finditer(text):
         kind = m.lastgroup
-        if kind == "space":
+        if kind in ("space", "quote"):
             continue
-        if kind == "quote":
-            raise SparsemmError(
-                'unbalanced double quote: close the quoted phrase, e.g. pizza -"hot dog"'
-            )
         if kind == "phrase":
             tokens.append(("phrase", m.group("phrase")))
         elif kind == "word":
-            word = _strip_edges(m.group())
+            raw = m.group()
+            word = _strip_edges(raw)
             if word:  # a word of pure punctuation ("...", "?") carries no term
                 tokens.append(("word", word))
+            end = _SENTENCE_END.search(raw.rstrip(")]}'"))
+            if end and (word or tokens):
+                tokens.append(("end", end.group()[-1]))
         else:
             tokens.append((str(kind), m.group()))
     return tokens
+
+
+@dataclass
+class _Piece:
+    """A run of include words (or one quoted phrase) and what separated it from the last."""
+
+    words: list[str]
+    quoted: bool = False
+    sep: str = ", "
 
 
 class _Parser:
@@ -243,105 +400,315 @@ class _Parser:
 
     def __init__(self, tokens: list[tuple[str, str]]) -> None:
         self.tokens = tokens
-        self.include: list[str] = []
+        self.pieces: list[_Piece] = []
         self.exclude: list[str] = []
-        self.words: list[str] = []  # unquoted words of the phrase being read
-        self.excluding = False  # inside an exclusion-keyword scope
-        self.leading = False  # that scope opened the query: it ends at the first separator
-        self.pending: str | None = None  # keyword still waiting for its term
-        self.minus = False  # a '-' waiting for its term
-        self.connector: str | None = None
+        self.words: list[str] = []  # include words of the piece being read
+        self.sep = ", "  # separator before the piece being read
 
+    # -- token access --------------------------------------------------------------------
+    def _word(self, i: int) -> str | None:
+        if 0 <= i < len(self.tokens) and self.tokens[i][0] == "word":
+            return self.tokens[i][1]
+        return None
+
+    def _kind(self, i: int) -> str | None:
+        return self.tokens[i][0] if 0 <= i < len(self.tokens) else None
+
+    # -- main loop -----------------------------------------------------------------------
     def run(self) -> tuple[list[str], list[str]]:
-        i = 0
-        n = len(self.tokens)
+        i, n = 0, len(self.tokens)
         while i < n:
             kind, value = self.tokens[i]
-            nxt = self.tokens[i + 1] if i + 1 < n else None
-            i += 1
-            if kind == "sep":
-                self._check_minus()
-                self._flush()
-                if self.excluding and self.leading:
-                    self._close_scope()
+            if kind in ("sep", "end"):
+                self._flush(", " if kind == "sep" else ". ")
+                i += 1
             elif kind == "minus":
-                self._flush()
-                self.minus = True
+                i = self._minus(i)
             elif kind == "phrase":
-                self._flush()
+                self._flush(" ")
                 term = _normalize(value)
                 if term:
-                    self._emit(term, self.minus or self.excluding)
-                    self.minus = False
-                else:
-                    self._check_minus()
-            elif self.minus:  # '-' takes the next word verbatim
-                self._emit(value, True)
-                self.minus = False
-            elif value in NEGATIONS:
-                self._flush()
-                if not self.excluding:
-                    self.excluding = True
-                    self.leading = not self.include
-                self.pending = f"{self.connector} {value}" if self.connector else value
-                self.connector = None
-                if value == "except" and nxt == ("word", "for"):
-                    i += 1
-            elif (
-                value in _CONNECTORS
-                and nxt is not None
-                and nxt[0] == "word"
-                and (nxt[1] in NEGATIONS)
-            ):
-                self._flush()
-                self.connector = value
-            elif value == "but":
-                self._flush()
-                if self.excluding:
-                    self._close_scope()
-                    if nxt is not None and nxt[0] == "word" and nxt[1] in _REINCLUDE:
-                        i += 1
-            elif value == "and" or (self.excluding and value in _SCOPE_SEPARATORS):
-                self._flush()
+                    self.pieces.append(_Piece([term], quoted=True, sep=self.sep))
+                    self.sep = " "
+                i += 1
             else:
-                self.words.append(value)
-        self._flush()
-        self._check_minus()
-        self._check_pending()
-        return self.include, self.exclude
+                i = self._word_at(i)
+        self._flush(", ")
+        return self._includes(), self.exclude
 
-    def _emit(self, term: str, excluded: bool) -> None:
-        if excluded:
-            self.exclude.append(term)
-            self.pending = None
-        else:
-            self.include.append(term)
-
-    def _flush(self) -> None:
-        if self.words:
-            term = _strip_filler(" ".join(self.words))
-            self.words = []
+    def _minus(self, i: int) -> int:
+        self._flush(" ")
+        kind = self._kind(i + 1)
+        if kind == "word":
+            self.exclude.append(self.tokens[i + 1][1])
+            return i + 2
+        if kind == "phrase":
+            term = _normalize(self.tokens[i + 1][1])
             if term:
-                self._emit(term, self.excluding)
+                self.exclude.append(term)
+                return i + 2
+        raise SparsemmError(
+            "a '-' must be followed by the term to exclude, e.g. 'pizza -person' "
+            "or 'pizza -\"hot dog\"'"
+        )
 
-    def _close_scope(self) -> None:
-        self._check_pending()
-        self.excluding = False
-        self.leading = False
+    def _word_at(self, i: int) -> int:
+        word = self.tokens[i][1]
+        # A connector right before a cue belongs to it ("but not", "and no", "with no").
+        if word in _CONNECTORS and self._prefix_cue(i + 1) is not None:
+            self.words.append(word)
+            return i + 1
+        cue = self._prefix_cue(i)
+        if cue is not None:
+            return self._exclude_after(i, cue)
+        if word in _PERSON_WORDS or (word == "no" and self._word(i + 1) == "one"):
+            self._drop_setup()
+            self.exclude.append(PERSON)
+            return self._skip_filler(i + (2 if word == "no" else 1))
+        post = self._postfix_cue(i)
+        if post is not None:
+            np = self._take_trailing_np()
+            if np:
+                self.exclude.append(np)
+                return self._skip_filler(post)
+        if word in _SPLIT_WORDS:
+            self._flush(" and " if word == "and" else ", ")
+            if word == "but" and self._word(i + 1) in ("with", "also"):
+                return i + 2
+            return i + 1
+        self.words.append(word)
+        return i + 1
 
-    def _check_minus(self) -> None:
-        if self.minus:
+    # -- cues ----------------------------------------------------------------------------
+    def _prefix_cue(self, i: int) -> int | None:
+        """Index after a prefix cue starting at token i (its verb skipped), or None."""
+        w = self._word(i)
+        if w is None:
+            return None
+        for cue in _PREFIX_CUES:
+            if all(self._word(i + j) == c for j, c in enumerate(cue)):
+                end = i + len(cue)
+                if cue[0] in ("lacks", "lack", "lacking") and not self._np_start(end):
+                    return None  # "chairs are lacking": a postfix cue
+                return end
+        if w in ("absent", "missing"):
+            nxt = self._word(i + 1)
+            if nxt in ("is", "are", "was", "were"):
+                return i + 2  # "absent is any chair"
+            if self._kind(i + 1) == "end" and self.tokens[i + 1][1] == ":":
+                return i + 2  # "missing: chairs"
+            return None
+        if w in _AUX_NEG or (w in ("does", "do", "did") and self._word(i + 1) == "not"):
+            j = i + (1 if w in _AUX_NEG else 2)
+            return j + 1 if self._word(j) in _HAVE_VERBS else None
+        if w == "not":
+            nxt = self._word(i + 1)
+            if nxt in _NOT_PRESENT and not self._np_start(i + 1, allow_stop=False):
+                return None  # "not present", "not visible": postfix
+            if nxt in _HAVE_VERBS:
+                return i + 2  # "not wearing a hat"
+            return i + 1
+        if w in NEGATIONS:
+            if w == "no" and self._word(i + 1) == "one":
+                return None  # "no one": a person cue
+            return i + 1
+        return None
+
+    def _postfix_cue(self, i: int) -> int | None:
+        """Index after a postfix cue at token i ("is absent", "not visible"), or None."""
+        w = self._word(i)
+        if w in _POSTFIX:
+            return i + 1
+        if w == "not" and self._word(i + 1) in _NOT_PRESENT:
+            return i + 2
+        if w == "out" and self._word(i + 1) == "of":
+            return i + 2
+        return None
+
+    def _np_start(self, i: int, allow_stop: bool = False) -> bool:
+        """True when token i can start a noun phrase (after optional determiners)."""
+        while self._word(i) in _DETERMINERS:
+            i += 1
+        if self._kind(i) == "phrase":
+            return True
+        w = self._word(i)
+        return w is not None and (allow_stop or w not in _NP_STOP) and w not in _FILLER
+
+    def _exclude_after(self, i: int, start: int) -> int:
+        """Handle the prefix cue at tokens i..start-1: exclude the noun phrase list after it."""
+        cue_words = [v for _, v in self.tokens[i:start]]
+        setup = self._drop_setup()
+        leading = not self.pieces and not self.words
+        label = " ".join([*([setup] if setup in _CONNECTORS else []), *cue_words])
+        j = start
+        if self._kind(j) == "end" and self.tokens[j][1] == ":":
+            j += 1
+        nps, j = self._np_list(j, leading)
+        if not nps:
             raise SparsemmError(
-                "a '-' must be followed by the term to exclude, e.g. 'pizza -person' "
-                "or 'pizza -\"hot dog\"'"
+                f"'{label}' is not followed by a term to exclude: write e.g. 'dog {label} cat'"
             )
+        self.exclude += nps
+        return self._skip_filler(j)
 
-    def _check_pending(self) -> None:
-        if self.pending is not None:
-            raise SparsemmError(
-                f"'{self.pending}' is not followed by a term to exclude: "
-                f"write e.g. 'dog {self.pending} cat'"
-            )
+    def _drop_setup(self) -> str | None:
+        """Drop the words that only set up a cue from the end of the current piece; return
+        the word right before the cue (for messages)."""
+        last = self.words[-1] if self.words else None
+        while self.words and self.words[-1] in _CUE_SETUP:
+            self.words.pop()
+        return last
+
+    # -- noun phrases --------------------------------------------------------------------
+    def _np(self, i: int) -> tuple[str | None, int]:
+        """The noun phrase starting at token i (determiners skipped) and the index after."""
+        while self._word(i) in _DETERMINERS:
+            i += 1
+        if self._kind(i) == "phrase":
+            term = _normalize(self.tokens[i][1])
+            return (term or None), i + 1
+        words: list[str] = []
+        while len(words) < MAX_NP_WORDS:
+            w = self._word(i)
+            if w is None or w in _NP_STOP or w in _PERSON_WORDS:
+                break
+            if words and (w in _DETERMINERS or _verb_like(w)):
+                break
+            if not words and w in NEGATIONS:
+                break
+            words.append(w)
+            i += 1
+        return (" ".join(words) or None), i
+
+    def _np_list(self, i: int, leading: bool) -> tuple[list[str], int]:
+        """A cue's noun phrases: the first, then more joined by or/nor/and/',' (a comma only
+        when the cue did not open the query) when each ends a clause."""
+        first, i = self._np(i)
+        if first is None:
+            return [], i
+        nps = [first]
+        while True:
+            j = i
+            kind, w = self._kind(j), self._word(j)
+            if w in _LIST_WORDS or (kind == "sep" and self.tokens[j][1] == "," and not leading):
+                j += 1
+                if self._word(j) in ("no", "not", "without"):
+                    j += 1
+                np, k = self._np(j)
+                if np is not None and self._ends_clause(k):
+                    nps.append(np)
+                    i = k
+                    continue
+            return nps, i
+
+    def _ends_clause(self, i: int) -> bool:
+        """True when token i ends a clause: end of text, punctuation, a clause word, a cue,
+        or presence filler that does."""
+        kind = self._kind(i)
+        if kind in (None, "sep", "end", "minus"):
+            return True
+        w = self._word(i)
+        if w in _LIST_WORDS or w in _CONNECTIVES or w in _SPLIT_WORDS:
+            return True
+        if self._prefix_cue(i) is not None or w in _PERSON_WORDS:
+            return True
+        return self._skip_filler(i) > i
+
+    def _skip_filler(self, i: int) -> int:
+        """Index after presence filler starting at token i ("in the image", "to be seen")."""
+        j = i
+        anchor = False
+        while self._word(j) in _FILLER:
+            anchor |= self._word(j) in _FILLER_ANCHOR
+            j += 1
+        if j == i:
+            return i
+        kind = self._kind(j)
+        boundary = kind in (None, "sep", "end", "minus") or self._word(j) in (
+            _CONNECTIVES | _SPLIT_WORDS | _LIST_WORDS
+        )
+        return j if anchor or boundary else i
+
+    def _take_trailing_np(self) -> str | None:
+        """Remove and return the noun phrase at the end of the current piece (before a
+        postfix cue: "a chair is missing" -> chair)."""
+        words = self.words
+        k = len(words)
+        while k and words[k - 1] in (
+            "is",
+            "are",
+            "was",
+            "were",
+            "be",
+            "seems",
+            "seem",
+            "appears",
+            "appear",
+            "remains",
+            "remain",
+            "being",
+        ):
+            k -= 1  # fmt: skip
+        start = k
+        while (
+            start > 0
+            and k - start < MAX_NP_WORDS
+            and words[start - 1] not in _NP_STOP
+            and words[start - 1] not in _DETERMINERS
+            and words[start - 1] not in _CONNECTIVES
+        ):
+            start -= 1
+        if start == k:
+            return None
+        np = " ".join(words[start:k])
+        while start and words[start - 1] in _DETERMINERS:
+            start -= 1
+        del words[start:]
+        while words and words[-1] in _CONNECTIVES:
+            words.pop()
+        return np
+
+    # -- include -------------------------------------------------------------------------
+    def _flush(self, sep: str) -> None:
+        if self.words:
+            self.pieces.append(_Piece(self.words, sep=self.sep))
+            self.words = []
+            self.sep = sep
+        elif sep == ". " or not self.pieces:
+            self.sep = sep if self.pieces else ", "
+
+    def _includes(self) -> list[str]:
+        """Include terms (label style) or one phrase (sentence style)."""
+        pieces: list[_Piece] = []
+        for p in self.pieces:
+            if p.quoted:
+                pieces.append(p)
+                continue
+            words = list(p.words)
+            while words and words[0] in _CONNECTIVES:
+                words.pop(0)
+            while words and words[-1] in _CONNECTIVES:
+                words.pop()
+            words = _strip_filler_words(words)
+            if words and all(w in _MEDIA for w in words) and len(self.pieces) == 1:
+                continue  # "photos without text": nothing to include
+            if words:
+                pieces.append(_Piece(words, sep=p.sep))
+        if not pieces:
+            return []
+        if all(p.quoted or len(p.words) <= MAX_TERM_WORDS for p in pieces):
+            return [" ".join(p.words) for p in pieces]
+        text = " ".join(pieces[0].words)
+        for p in pieces[1:]:
+            text += (p.sep if p.sep in (", ", " and ") else ", ") + " ".join(p.words)
+        return [_normalize(text)]
+
+
+def _verb_like(word: str) -> bool:
+    """A participle that ends a noun phrase ("no person standing", "no cars parked")."""
+    if word in _NP_NOT_VERB:
+        return False
+    return (len(word) > 4 and word.endswith("ing")) or (len(word) > 4 and word.endswith("ed"))
 
 
 def _exclude_values(values: Sequence[str] | str) -> list[str]:
@@ -379,25 +746,22 @@ def _check_terms(terms: Iterable[str], side: str) -> tuple[str, ...]:
     return out
 
 
-def _is_plain(term: str) -> bool:
-    """True when ``term`` reads back as itself without quotes."""
+def _is_plain(term: str, many: bool = False) -> bool:
+    """True when ``term`` reads back as itself without quotes (alone, or in a list)."""
+    if many and len(term.split(" ")) > MAX_TERM_WORDS:
+        return False
     try:
-        tokens = _tokenize(term)
+        include, exclude = _parse(term)
     except SparsemmError:
         return False
-    words = [v for _, v in tokens]
-    return (
-        all(kind == "word" for kind, _ in tokens)
-        and " ".join(words) == term
-        and not any(w in _SPECIAL_WORDS for w in words)
-        and _strip_filler(term) == term
-    )
+    return include == [term] and not exclude
 
 
-def _render(term: str, single_word: bool = False) -> str:
-    if _is_plain(term) and not (single_word and " " in term):
-        return term
-    return f'"{term}"'
+def _render(term: str, single_word: bool = False, many: bool = False) -> str:
+    if single_word:
+        plain = " " not in term and _is_plain(term) and not term.startswith(("-", "\u2212"))
+        return term if plain else f'"{term}"'
+    return term if _is_plain(term, many) else f'"{term}"'
 
 
 def _listing(terms: Sequence[str]) -> str:

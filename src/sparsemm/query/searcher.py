@@ -35,6 +35,7 @@ from sparsemm.models.base import check_encoders
 from sparsemm.models.lit import AlignedTextEncoder, LinearAligner
 from sparsemm.query.code_models import load_code_model
 from sparsemm.query.parse import Query, parse_query
+from sparsemm.query.rank import rank_query
 from sparsemm.query.strategies import (
     ExclusionContext,
     HardFilter,
@@ -42,7 +43,6 @@ from sparsemm.query.strategies import (
     available_strategies,
     get_spec,
     get_strategy,
-    top_rows,
 )
 from sparsemm.words.bias import tokenize
 
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 INDEX_DIR = "index"
 LEGACY_LABELS = "labels.json"
-DEFAULT_STRATEGY = "filter"
+DEFAULT_STRATEGY = "hybrid"
 
 
 def dimension_word_scores(
@@ -365,7 +365,8 @@ class Searcher:
         **params: Any,
     ) -> list[Hit]:
         """Top ``k`` hits (after ``offset``) for a query; several excluded terms all apply.
-        ``strategy`` defaults to the model's (``filter`` for SR, ``code_arith`` for VDR).
+        ``strategy`` defaults to the model's (``hybrid`` for SR, ``code_arith`` for VDR).
+        Ranks with :func:`sparsemm.query.rank.rank_query`, the function the benchmarks use.
 
         Raises SparsemmError for bad input, including a term the model knows nothing about
         (:meth:`check_terms`)."""
@@ -377,7 +378,6 @@ class Searcher:
             raise SparsemmError(
                 f"unknown strategy {strategy!r}; available: {', '.join(available_strategies())}"
             )
-        a = " and ".join(q.include)
         if get_spec(strategy).kind == "dense" and self.dense is None:
             raise SparsemmError(
                 f"strategy {strategy!r} is dense, but this collection's images and texts come "
@@ -387,21 +387,12 @@ class Searcher:
         ctx = self.context
         strat = get_strategy(strategy, ctx, **params)
         self.check_terms(q, strat.kind)
-        if not q.exclude:
-            plain = "code_a" if strat.kind == "sparse" else "dense_a"
-            scores = get_strategy(plain, ctx).scores(a, "")
-        else:
-            # An item must survive every exclusion: the worst score over the excluded terms.
-            scores = np.min(np.stack([strat.scores(a, b) for b in q.exclude]), axis=0)
-        if strat.kind == "sparse":
-            # An item sharing no concept dimension with the include code is not a match,
-            # whatever the strategy's score scale (cosines, log-probabilities, ...).
-            overlap = ctx.code_scores(ctx.term_code(a)) > 0
-            scores = np.where(overlap, scores, -np.inf)
-        rows = top_rows(scores, offset + k)[offset:]
+        # The same function the benchmarks rank with (sparsemm.query.rank).
+        rows, scores = rank_query(ctx, q, strat, k=k, offset=offset)
         why = self._explainer(q)
         return [
-            self._hit(offset + i + 1, int(r), float(scores[r]), why) for i, r in enumerate(rows)
+            self._hit(offset + i + 1, int(r), float(s), why)
+            for i, (r, s) in enumerate(zip(rows, scores, strict=True))
         ]
 
     def _hit(self, rank: int, row: int, score: float, why: _Explainer) -> Hit:
@@ -423,7 +414,7 @@ class Searcher:
         code and each excluded term's dimensions (those the ``filter`` strategy drops items
         on: the active dims of the term's query code) with their words."""
         ctx = self.context
-        a = " and ".join(q.include)
+        a = q.include_text
         filt = get_strategy("filter", ctx, dims="query")
         assert isinstance(filt, HardFilter)
         checks = []
@@ -432,7 +423,8 @@ class Searcher:
             dims = [int(j) for j in np.flatnonzero(on)]
             words = sorted({w for j in dims[:3] for w in self.dim_words(j)[:2]})
             checks.append((b, dims, on, words))
-        return _Explainer(ctx.term_code(a), checks, self.dim_words, n_dims)
+        include_code = ctx.term_code(a) if a else np.zeros(self.codes.shape[1], np.float32)
+        return _Explainer(include_code, checks, self.dim_words, n_dims)
 
     def explain(
         self, row: int, q: Query, n_dims: int = 5
@@ -458,7 +450,12 @@ class Searcher:
         strat = get_strategy("filter", self.context, **{"dims": "query", **params})
         assert isinstance(strat, HardFilter)
         self.check_terms(q, "sparse")
-        a = " and ".join(q.include)
+        if not q.include:
+            raise SparsemmError(
+                "the index engine needs something to include; an exclusion-only query is "
+                "ranked by the default strategy (drop --engine index)"
+            )
+        a = q.include_text
         ex = None
         if q.exclude:
             dims = np.unique(

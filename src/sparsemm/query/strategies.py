@@ -72,6 +72,7 @@ from sparsemm.words.bias import tokenize
 logger = logging.getLogger(__name__)
 
 TERM_TEMPLATE = "a photo of a {}"
+TEMPLATE_MAX_WORDS = 3  # longer terms are phrases, embedded as written (parse.MAX_TERM_WORDS)
 SLQ_TEMPLATE = "a photo of a {a} without a {b}"
 
 
@@ -390,6 +391,10 @@ class ExclusionContext:
 
     # -- query texts ---------------------------------------------------------------------
     def term_text(self, term: str) -> str:
+        """The text embedded for a term: the template around a label-like term ("a photo of
+        a dog"); a longer phrase (a sentence's include) is embedded as written."""
+        if len(term.split()) > TEMPLATE_MAX_WORDS:
+            return term
         return self.template.format(term)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -511,6 +516,31 @@ class Strategy(ABC):
     @abstractmethod
     def scores(self, a: str, b: str) -> np.ndarray:
         """(n_items,) float64 scores for "a but not b"; -inf marks an item left out."""
+
+    def similarity(self, term: str) -> np.ndarray:
+        """(n_items,) cosine of the term's query with the items, in the strategy's space
+        (sparse codes or dense embeddings)."""
+        if self.kind == "sparse":
+            return self.ctx.code_scores(self.ctx.term_code(term))
+        assert self.ctx.items_dense is not None
+        return np.asarray(self.ctx.items_dense @ self.ctx.term_embedding(term), dtype=np.float64)
+
+    def score_query(self, include: Sequence[str], exclude: Sequence[str]) -> np.ndarray:
+        """(n_items,) scores of a whole query: several include terms (read as one text,
+        "cat and dog") and any number of excluded terms, or none.
+
+        Generic rule: the include text alone when nothing is excluded (cosine in the
+        strategy's space); else the worst of ``scores(a, b)`` over the excluded terms (an
+        item must survive every exclusion); with nothing included, items are ranked by
+        absence (minus their best similarity to an excluded term). Strategies that model a
+        whole query override this (:class:`Hybrid`).
+        """
+        a = " and ".join(include)
+        if not include:
+            return -np.max(np.stack([self.similarity(b) for b in exclude]), axis=0)
+        if not exclude:
+            return self.similarity(a)
+        return np.min(np.stack([self.scores(a, b) for b in exclude]), axis=0)
 
     def rank(self, a: str, b: str, k: int) -> np.ndarray:
         """Rows of the top-``k`` items, best first (fewer when items are left out)."""
@@ -951,6 +981,112 @@ class Detector(Strategy):
         return s
 
 
+class Hybrid(Detector):
+    """The default scorer: one model of a whole query, for label pairs and sentences alike.
+
+    For include terms I (read as one text) and excluded terms B_1..B_m::
+
+        alpha cos(code(I), x) + delta sum_{t in I, t has a detector} log P(t | x)
+            + beta sum_{j: B_j has a detector} log(1 - P(B_j | x) / c_j)
+            - gamma sum_j cos(code(B_j), x)
+
+    A term *has a detector* when it is label-like (at most ``max_words`` words) and at
+    least ``min_positives`` reference items' captions mention it; its detector is the
+    :class:`Detector`'s (caption-mention logistic regression, positive-unlabelled
+    correction c_j). A sentence's include ("man making pizza in a kitchen") has no detector
+    and is scored by its code's similarity alone; an excluded word without one (or any
+    term, on a collection without captions) falls back to code arithmetic. With nothing
+    included, items are ranked by absence. Summing over excluded terms is log P(none of
+    them present) for independent detectors.
+    """
+
+    requires = ("codes", "text_encoder", "query_coder")
+    params: ClassVar[dict[str, Any]] = {
+        **Detector.params,
+        "alpha": 10.0,
+        "delta": 1.0,
+        "gamma": 3.0,
+        "max_words": 3,
+        # Leave out items whose exclusion evidence is decisive: P(B present | x) >= drop
+        # for a term with a detector; for one without, similarity to B at least that to the
+        # include. 0 turns it off (a purely soft ranking).
+        "drop": 0.0,
+    }
+
+    def __init__(self, ctx: ExclusionContext, **params: Any) -> None:
+        # Detectors are optional here: without a captioned reference set every term falls
+        # back to code similarity (a collection without captions).
+        Strategy.__init__(self, ctx, **params)
+        if self.p["features"] not in ("codes", "dense"):
+            raise SparsemmError(
+                f"hybrid features must be 'codes' or 'dense', not {self.p['features']!r}"
+            )
+        if self.p["features"] == "dense":
+            ctx.require("dense")
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return "sparse" if self.p["features"] == "codes" else "dense"
+
+    def has_detector(self, term: str) -> bool:
+        """True when ``term`` is label-like and mentioned by enough reference captions."""
+        ref = self.ctx.reference
+        if ref is None or (ref.codes is None and self.p["features"] == "codes"):
+            return False
+        if not term or len(term.split()) > int(self.p["max_words"]):
+            return False
+        key = ("has_detector", term, int(self.p["min_positives"]), self.p["head_ratio"])
+        if key not in self.ctx.cache:
+            hits = ref.mentions(term, int(self.p["min_positives"]), self.p["head_ratio"])
+            self.ctx.cache[key] = bool(hits.sum() >= int(self.p["min_positives"]))
+        return bool(self.ctx.cache[key])
+
+    def prepare(self, terms: Iterable[str]) -> None:
+        terms = list(terms)
+        Strategy.prepare(self, terms)
+        self.fit([t for t in terms if self.has_detector(t)])
+
+    def scores(self, a: str, b: str) -> np.ndarray:
+        return self.score_query([a] if a else [], [b] if b else [])
+
+    def present(self, term: str) -> np.ndarray:
+        """(n_items,) P(term present | x) = P(mention | x) / c (clipped to [0, 1])."""
+        c = float(self.p["mention_rate"])
+        if self.p["rate"] == "pu":
+            self.fit([term])
+            c *= self.ctx.cache[self._key()][term][2]
+        prob = np.exp(_log_sigmoid(self.logits(term)))
+        return np.clip(prob / max(c, 1e-3), 0.0, 1.0)
+
+    def score_query(self, include: Sequence[str], exclude: Sequence[str]) -> np.ndarray:
+        p = self.p
+        s = np.zeros(self.ctx.n_items)
+        sim_i = None
+        if include:
+            sim_i = self.similarity(" and ".join(include))
+            s = s + p["alpha"] * sim_i
+            if p["delta"]:
+                for t in include:
+                    if self.has_detector(t):
+                        s = s + p["delta"] * _log_sigmoid(self.logits(t))
+        drop = np.zeros(self.ctx.n_items, dtype=bool)
+        for b in exclude:
+            detector = self.has_detector(b)
+            if p["beta"] and detector:
+                s = s + p["beta"] * self.log_absent(b)
+            sim_b = self.similarity(b) if p["gamma"] or (p["drop"] and not detector) else None
+            if p["gamma"]:
+                assert sim_b is not None
+                s = s - p["gamma"] * sim_b
+            if p["drop"] and sim_i is not None:
+                if detector:
+                    drop |= self.present(b) >= p["drop"]
+                else:
+                    assert sim_b is not None
+                    drop |= (sim_b >= sim_i) & (sim_b > 0)
+        return np.where(drop, -np.inf, s)
+
+
 # ------------------------------------------------------------------------------ registry
 
 
@@ -1072,6 +1208,12 @@ register_strategy(
         "ratio": [1.0, 2.0, 4.0],
         "lam": [0.25, 0.5, 1.0, 2.0],
     },
+)
+register_strategy(
+    "hybrid",
+    Hybrid,
+    "sparse (default): alpha cos(code(include), x) + detectors where a term has one; "
+    "excluded terms by detector absence, else code arithmetic",
 )
 register_strategy(
     "detector",

@@ -276,7 +276,7 @@ def build_query(q: str = "", include: Sequence[str] = (), exclude: Sequence[str]
                 "leave out, e.g. 'cat, ball'"
             )
         exc += part.include
-    if not inc:
+    if not inc and not exc:
         raise SparsemmError("type what to search for, e.g. 'dog' (and what not to: 'cat')")
     inc = list(dict.fromkeys(inc))
     exc = list(dict.fromkeys(exc))
