@@ -86,7 +86,7 @@ SENTENCES = [
     ("A street at night with no traffic light anywhere", ["street at night"], ["traffic light"]),
     ("Two giraffes standing in a field, with no zebra visible",
      ["two giraffes standing in a field"], ["zebra"]),
-    ("A kitchen with no chair in the kitchen corner", ["kitchen in the kitchen corner"], ["chair"]),
+    ("A kitchen with no chair in the kitchen corner", ["kitchen, in the kitchen corner"], ["chair"]),
     # "not a X", "not a single X", "isn't/aren't", "doesn't have/contain", "not holding"
     ("A train at a station, not a single person in sight", ["train at a station"], ["person"]),
     ("A snowy mountain with skiers, there aren't any dogs.", ["snowy mountain with skiers"], ["dogs"]),

@@ -48,6 +48,8 @@ from sparsemm.eval.exclusion import (
 from sparsemm.eval.metrics import evaluate_rankings
 from sparsemm.eval.retrieval import multi_target_ap
 from sparsemm.io import atomic_open, write_json
+from sparsemm.query.parse import Query
+from sparsemm.query.rank import rank_query
 from sparsemm.query.strategies import (
     STRATEGIES,
     ExclusionContext,
@@ -140,9 +142,14 @@ def evaluate_strategy(
     k: int = 10,
     metrics: Sequence[str] = METRICS,
 ) -> dict[str, np.ndarray]:
-    """Per-query metric arrays of strategy ``name`` with ``params`` on ``queries``."""
+    """Per-query metric arrays of strategy ``name`` with ``params`` on ``queries``, ranked
+    by :func:`sparsemm.query.rank.rank_query` (the served path) for "A but not B"."""
     strategy = get_spec(name).build(ctx, **params)
-    rankings = strategy.rank_many([(q.a, q.b) for q in queries], k)
+    strategy.prepare({t for q in queries for t in (q.a, q.b)})
+    rankings = np.full((len(queries), k), -1, dtype=np.int64)
+    for i, q in enumerate(queries):
+        rows, _ = rank_query(ctx, Query((q.a,), (q.b,)), strategy, k=k)
+        rankings[i, : len(rows)] = rows
     rel, has_a, has_b = matrices
     return evaluate_rankings(rankings, rel, list(metrics), excluded=has_b, included=has_a)
 

@@ -72,6 +72,7 @@ from sparsemm.errors import SparsemmError
 MAX_QUERY_CHARS = 512
 MAX_NP_WORDS = 3  # an excluded noun phrase: "dining table", "baseball glove", "hot dog"
 MAX_TERM_WORDS = 3  # include pieces up to this long are terms; longer text is one phrase
+MAX_LABEL_WORDS = 5  # ...and only while all pieces together stay this short
 
 # Single-word prefix cues: the noun phrase after them is excluded.
 NEGATIONS = frozenset(
@@ -126,6 +127,7 @@ _NOT_PRESENT = frozenset(
         "around", "anywhere", "nearby", "in", "to", "depicted", "found", "featured",
     }
 )  # fmt: skip
+_OUT_OF = frozenset({"sight", "view", "frame", "picture", "image", "shot", "photo"})
 # Words meaning "no person".
 PERSON = "person"
 _PERSON_WORDS = frozenset(
@@ -185,9 +187,9 @@ _CUE_SETUP = frozenset(
     {
         "there", "there's", "is", "are", "was", "were", "has", "have", "had", "with", "shows",
         "show", "showing", "contains", "contain", "containing", "includes", "include",
-        "including", "features", "featuring", "it", "its", "this", "that", "the", "image",
+        "including", "features", "featuring", "this", "that", "the", "image",
         "picture", "photo", "photograph", "pic", "scene", "frame", "shot", "view", "i", "we",
-        "you", "can", "could", "see", "sees", "also", "and", "but", "yet", "while", "where",
+        "you", "see", "sees", "also", "and", "but", "yet", "while", "where",
         "whereas", "though", "although", "or", "nor", "so", "in", "noticeably", "notably",
         "conspicuously", "completely", "entirely", "totally", "clearly", "visibly",
         "obviously", "absolutely", "curiously", "strikingly", "utterly", "wholly", "almost",
@@ -199,6 +201,7 @@ _CONNECTIVES = frozenset(
     {"and", "but", "yet", "while", "where", "whereas", "though", "although", "so", "with",
      "as", "or", "nor", "also", "plus", "then", "which", "that"}
 )  # fmt: skip
+_LEADING_CONNECTIVES = _CONNECTIVES - {"that", "which"}
 # Words that separate include terms ("cat and dog"; "but" ends a label-style exclusion).
 _SPLIT_WORDS = frozenset({"and", "but"})
 _LIST_WORDS = frozenset({"or", "nor", "and"})
@@ -261,7 +264,11 @@ class Query:
     def text(self) -> str:
         """The canonical text form, e.g. ``hot dog, cat -person -"dining table"``."""
         many = len(self.include) > 1
-        parts = [", ".join(_render(t, many=many) for t in self.include)] if self.include else []
+        inc = [_render(t, many=many) for t in self.include]
+        plain_words = sum(len(r.split(" ")) for r in inc if not r.startswith('"'))
+        if many and plain_words > MAX_LABEL_WORDS:
+            inc = [f'"{t}"' for t in self.include]  # read back as terms, not one phrase
+        parts = [", ".join(inc)] if inc else []
         parts += [f"-{_render(t, single_word=True)}" for t in self.exclude]
         return " ".join(parts)
 
@@ -403,6 +410,8 @@ class _Parser:
         self.pieces: list[_Piece] = []
         self.exclude: list[str] = []
         self.words: list[str] = []  # include words of the piece being read
+        self.widx: list[int] = []  # their token indices
+        self.removed: set[int] = set()  # tokens that belong to an exclusion
         self.sep = ", "  # separator before the piece being read
 
     # -- token access --------------------------------------------------------------------
@@ -441,11 +450,13 @@ class _Parser:
         kind = self._kind(i + 1)
         if kind == "word":
             self.exclude.append(self.tokens[i + 1][1])
+            self.removed.update((i, i + 1))
             return i + 2
         if kind == "phrase":
             term = _normalize(self.tokens[i + 1][1])
             if term:
                 self.exclude.append(term)
+                self.removed.update((i, i + 1))
                 return i + 2
         raise SparsemmError(
             "a '-' must be followed by the term to exclude, e.g. 'pizza -person' "
@@ -456,7 +467,7 @@ class _Parser:
         word = self.tokens[i][1]
         # A connector right before a cue belongs to it ("but not", "and no", "with no").
         if word in _CONNECTORS and self._prefix_cue(i + 1) is not None:
-            self.words.append(word)
+            self._add(word, i)
             return i + 1
         cue = self._prefix_cue(i)
         if cue is not None:
@@ -464,20 +475,28 @@ class _Parser:
         if word in _PERSON_WORDS or (word == "no" and self._word(i + 1) == "one"):
             self._drop_setup()
             self.exclude.append(PERSON)
-            return self._skip_filler(i + (2 if word == "no" else 1))
+            return self._remove(i, self._skip_filler(i + (2 if word == "no" else 1)))
         post = self._postfix_cue(i)
         if post is not None:
             np = self._take_trailing_np()
             if np:
                 self.exclude.append(np)
-                return self._skip_filler(post)
+                return self._remove(i, self._skip_filler(post))
         if word in _SPLIT_WORDS:
             self._flush(" and " if word == "and" else ", ")
             if word == "but" and self._word(i + 1) in ("with", "also"):
                 return i + 2
             return i + 1
-        self.words.append(word)
+        self._add(word, i)
         return i + 1
+
+    def _add(self, word: str, i: int) -> None:
+        self.words.append(word)
+        self.widx.append(i)
+
+    def _remove(self, start: int, end: int) -> int:
+        self.removed.update(range(start, end))
+        return end
 
     # -- cues ----------------------------------------------------------------------------
     def _prefix_cue(self, i: int) -> int | None:
@@ -522,7 +541,9 @@ class _Parser:
         if w == "not" and self._word(i + 1) in _NOT_PRESENT:
             return i + 2
         if w == "out" and self._word(i + 1) == "of":
-            return i + 2
+            j = i + 2 + (self._word(i + 2) in ("the", "this"))
+            if self._word(j) in _OUT_OF:
+                return j + 1  # "out of sight", "out of the picture"
         return None
 
     def _np_start(self, i: int, allow_stop: bool = False) -> bool:
@@ -549,7 +570,7 @@ class _Parser:
                 f"'{label}' is not followed by a term to exclude: write e.g. 'dog {label} cat'"
             )
         self.exclude += nps
-        return self._skip_filler(j)
+        return self._remove(i, self._skip_filler(j))
 
     def _drop_setup(self) -> str | None:
         """Drop the words that only set up a cue from the end of the current piece; return
@@ -557,6 +578,7 @@ class _Parser:
         last = self.words[-1] if self.words else None
         while self.words and self.words[-1] in _CUE_SETUP:
             self.words.pop()
+            self.removed.add(self.widx.pop())
         return last
 
     # -- noun phrases --------------------------------------------------------------------
@@ -664,8 +686,11 @@ class _Parser:
         while start and words[start - 1] in _DETERMINERS:
             start -= 1
         del words[start:]
+        self.removed.update(self.widx[start:])
+        del self.widx[start:]
         while words and words[-1] in _CONNECTIVES:
             words.pop()
+            self.removed.add(self.widx.pop())
         return np
 
     # -- include -------------------------------------------------------------------------
@@ -673,6 +698,7 @@ class _Parser:
         if self.words:
             self.pieces.append(_Piece(self.words, sep=self.sep))
             self.words = []
+            self.widx = []
             self.sep = sep
         elif sep == ". " or not self.pieces:
             self.sep = sep if self.pieces else ", "
@@ -696,12 +722,49 @@ class _Parser:
                 pieces.append(_Piece(words, sep=p.sep))
         if not pieces:
             return []
-        if all(p.quoted or len(p.words) <= MAX_TERM_WORDS for p in pieces):
+        plain = [p for p in pieces if not p.quoted]
+        if all(len(p.words) <= MAX_TERM_WORDS for p in plain) and (
+            sum(len(p.words) for p in plain) <= MAX_LABEL_WORDS
+        ):
             return [" ".join(p.words) for p in pieces]
-        text = " ".join(pieces[0].words)
-        for p in pieces[1:]:
-            text += (p.sep if p.sep in (", ", " and ") else ", ") + " ".join(p.words)
-        return [_normalize(text)]
+        return [self._phrase()]
+
+    def _phrase(self) -> str:
+        """The include of a sentence: its text with every exclusion (cue, object, filler,
+        set-up words) cut out, and the connectives next to a cut dropped."""
+        items: list[str | None] = []  # words; "," for punctuation; None for a cut
+        for idx, (kind, value) in enumerate(self.tokens):
+            if idx in self.removed:
+                if not items or items[-1] is not None:
+                    items.append(None)
+            elif kind == "word":
+                items.append(value)
+            elif kind == "phrase" and _normalize(value):
+                items.append(_normalize(value))
+            elif kind in ("sep", "end") and items and items[-1] not in (",", None):
+                items.append(",")
+
+        def near_cut(j: int, step: int) -> bool:
+            j += step
+            while 0 <= j < len(items) and items[j] == ",":
+                j += step
+            return not 0 <= j < len(items) or items[j] is None
+
+        words: list[str] = []
+        for j, w in enumerate(items):
+            if w is None or (w in _CONNECTIVES and (near_cut(j, 1) or near_cut(j, -1))):
+                if words and words[-1] != ",":
+                    words.append(",")
+                continue
+            if w == "," and (not words or words[-1] == ","):
+                continue
+            words.append(w)
+        while words and words[-1] in (",", *_CONNECTIVES):
+            words.pop()
+        while words and (words[0] == "," or words[0] in _LEADING_CONNECTIVES):
+            words.pop(0)
+        words = _strip_filler_words(words)
+        return _normalize(" ".join(words).replace(" ,", ","))
 
 
 def _verb_like(word: str) -> bool:
@@ -726,7 +789,7 @@ def _exclude_values(values: Sequence[str] | str) -> list[str]:
         # Quotes have no meaning here (the value is already one argument); they would
         # break the rendered text, so they become spaces.
         text = _clean(value).translate(_QUOTES).replace('"', " ").lower()
-        terms = [_strip_filler(_normalize(part)) for part in _VALUE_SPLIT_RE.split(text)]
+        terms = [_normalize(_strip_filler(_normalize(p))) for p in _VALUE_SPLIT_RE.split(text)]
         terms = [t for t in terms if t]
         if not terms:
             raise SparsemmError(f"empty excluded term {value!r}: give a word such as 'cat'")
