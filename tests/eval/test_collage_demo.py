@@ -66,7 +66,7 @@ def test_demo_collages_end_to_end(
     html = (out / "report" / "index.html").read_text()
     for q in ("sneaker but not bag", "dress but not sandal"):
         assert q in html
-    assert "dense: avg_emb_0.5" in html and "SR: detector" in html
+    assert "dense: avg_emb_0.5" in html and "SR: hybrid" in html
     metrics = json.loads((out / "bench" / "metrics.json").read_text())
     assert {"avg_emb_0.5", "dense_detector", "paper", "filter", "detector"} <= set(
         metrics["methods"]

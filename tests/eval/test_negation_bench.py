@@ -101,9 +101,10 @@ def test_cli_quick(trained, capsys) -> None:
 def test_cli_ranking_equals_benchmark_ranking(trained, capsys) -> None:
     """The served path is the measured path: `sparsemm search` returns the ranking that
     rank_query (the benchmarks' ranking function) gives for the same query and items."""
+    from test_bench import KeywordEncoder
+
     from sparsemm.data.collection import open_collection
     from sparsemm.models.sr import SRModel
-    from test_bench import KeywordEncoder
 
     col_dir = trained / "collection"
     assert main(["index", str(col_dir), "--model", str(trained / "sr")]) == 0

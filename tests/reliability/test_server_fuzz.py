@@ -102,7 +102,8 @@ def test_build_query_gives_a_query_or_a_sparsemm_error(
     except SparsemmError as exc:
         assert str(exc) and "\n" not in str(exc)
     else:
-        assert query.include and not set(query.include) & set(query.exclude)
+        assert query.include or query.exclude
+        assert not set(query.include) & set(query.exclude)
         assert len(query.include) <= 16 and len(query.exclude) <= 16
 
 

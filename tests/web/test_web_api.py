@@ -53,9 +53,7 @@ def test_health_and_page(client: TestClient) -> None:
 
 
 def test_search_excludes_and_explains(client: TestClient) -> None:
-    resp = client.get(
-        "/api/search", params={"q": "dog but not cat", "k": 20, "strategy": "filter"}
-    )
+    resp = client.get("/api/search", params={"q": "dog but not cat", "k": 20, "strategy": "filter"})
     dog_items = with_("dog", without=("cat",))
     got = ids(resp)
     assert dog_items <= set(got) and not with_("cat") & set(got)

@@ -37,7 +37,7 @@ from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 
 log = logging.getLogger(__name__)
 
-HEADLINE = ("avg_emb_0.5", "dense_detector", "code_arith", "detector")
+HEADLINE = ("avg_emb_0.5", "dense_detector", "code_arith", "detector", "hybrid")
 DEMO_QUERIES = (
     "sneaker but not bag",
     "dress but not sandal",

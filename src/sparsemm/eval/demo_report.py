@@ -24,7 +24,7 @@ from sparsemm.query.searcher import Hit, Searcher, dimension_word_scores
 log = logging.getLogger(__name__)
 
 DENSE_STRATEGY = "avg_emb_0.5"  # the SR paper's strongest dense baseline
-SPARSE_STRATEGY = "detector"
+SPARSE_STRATEGY = "hybrid"  # the served default (sparsemm.query.rank.DEFAULT_STRATEGY)
 N_CLOUD_WORDS = 30
 TABLE_METRICS = ("ap@10", "ndcg@10", "mrr@10", "violation@10", "inclusion@10")
 

@@ -429,7 +429,7 @@ def tune_hybrid(
 
     pairs = build_exclusion_queries(labels)
     pair_q = [Query((q.a,), (q.b,)) for q in pairs]
-    rel_p, has_a, has_b = query_matrices(pairs, ctx.n_items)
+    rel_p, _, has_b = query_matrices(pairs, ctx.n_items)
     parsed, _ = parse_all(sentence_queries)
     s_mat = query_truth(sentence_queries, labels)
     # Bars from the dense references on the same tuning items.
@@ -454,18 +454,17 @@ def tune_hybrid(
             rp[i, : len(r)] = r
         lab = evaluate_rankings(rp, rel_p, ["ap@10", "violation@10"], excluded=has_b)
         sen = evaluate_method(ctx, sentence_queries, parsed, s_mat, "hybrid", point, k)
-        row = {
+        ap, viol = float(lab["ap@10"].mean()), float(lab["violation@10"].mean())
+        r5, neg = float(sen["recall@5"].mean()), float(sen["violation@5"].mean())
+        row: dict[str, Any] = {
             "params": point,
-            "label_ap@10": float(lab["ap@10"].mean()),
-            "label_violation@10": float(lab["violation@10"].mean()),
-            "sentence_recall@5": float(sen["recall@5"].mean()),
-            "sentence_violation@5": float(sen["violation@5"].mean()),
+            "label_ap@10": ap,
+            "label_violation@10": viol,
+            "sentence_recall@5": r5,
+            "sentence_violation@5": neg,
+            "sum": ap + r5,
+            "within_bars": viol <= bar_viol + 1e-12 and neg <= bar_neg + 1e-12,
         }
-        row["sum"] = row["label_ap@10"] + row["sentence_recall@5"]
-        row["within_bars"] = (
-            row["label_violation@10"] <= bar_viol + 1e-12
-            and row["sentence_violation@5"] <= bar_neg + 1e-12
-        )
         rows.append(row)
         logger.debug("hybrid %s -> %s", point, row)
     ok = [i for i, r in enumerate(rows) if r["within_bars"]] or list(range(len(rows)))

@@ -168,7 +168,8 @@ _FILLER = frozenset(
         "photo", "photos", "photograph", "pic", "scene", "frame", "shot", "view", "sight",
         "anywhere", "at", "all", "whatsoever", "around", "nearby", "here", "there", "either",
         "background", "foreground", "appear", "appears", "seem", "seems", "of", "it",
-        "anymore", "evident", "apparent", "out", "nowhere", "really", "whatever", "any", "more", "spotted", "detected", "immediately", "clearly", "obviously",
+        "anymore", "evident", "apparent", "out", "nowhere", "really", "whatever", "any", "more",
+        "spotted", "detected", "immediately", "clearly", "obviously",
     }
 )  # fmt: skip
 # A filler run not followed by a clause boundary must hold one of these to count as filler

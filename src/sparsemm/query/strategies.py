@@ -815,7 +815,7 @@ class Detector(Strategy):
     query code (codes) or of the query embedding (dense).
     """
 
-    requires = ("reference",)
+    requires: ClassVar[tuple[str, ...]] = ("reference",)
     params: ClassVar[dict[str, Any]] = {
         "features": "codes",
         "l2": 1e-3,
