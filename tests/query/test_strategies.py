@@ -364,3 +364,48 @@ def test_caches_are_bounded_lru_and_answers_do_not_change() -> None:
         )
     assert max(len(small._emb), len(small._code), len(small.cache)) <= 16
     assert len(big.cache) > 16  # the same work caches more without the bound
+
+
+def test_reference_labels_count_as_mentions() -> None:
+    from sparsemm.query.strategies import ReferenceSet
+
+    caps = [["a dog on grass"], ["a sofa"], ["two cats"], ["a street"]]
+    ref = ReferenceSet(caps, labels=[["dog"], ["couch", "cat"], [], ["dining table"]])
+    assert ref.mentions("dog", 1).tolist() == [True, False, False, False]
+    # "cats" in a caption, "cat" as a label of item 1: both are mentions of "cat"
+    assert ref.mentions("cat", 1).tolist() == [False, True, True, False]
+    assert ref.mentions("couch", 1).tolist() == [False, True, False, False]
+    assert ref.mentions("dining tables", 1).tolist() == [False, False, False, True]
+    assert not ReferenceSet(caps).mentions("couch", 1).any()
+    with pytest.raises(SparsemmError, match="labels have 1 rows"):
+        ReferenceSet(caps, labels=[["dog"]])
+
+
+def test_hybrid_falls_back_to_code_arithmetic_without_captions() -> None:
+    """No reference set (a collection without captions): hybrid = alpha cos(I) - gamma cos(B)."""
+    from sparsemm.query.parse import Query
+    from sparsemm.query.rank import score_query
+
+    codes = sp.csr_matrix(np.array([[1, 0, 0], [1, 1, 0], [0, 1, 0], [0, 0, 1]], np.float32))
+    ctx = ExclusionContext(
+        items_codes=codes,
+        text_encoder=_OneHot(),
+        query_coder=lambda emb, texts: sp.csr_matrix(emb),
+    )
+    s = score_query(ctx, Query(("x0",), ("x1",)), "hybrid", alpha=1.0, gamma=1.0)
+    unit = codes.toarray() / np.linalg.norm(codes.toarray(), axis=1, keepdims=True)
+    expected = unit[:, 0] - unit[:, 1]
+    expected[unit[:, 0] <= 0] = -np.inf  # no concept in common with the include
+    assert np.allclose(s, expected)
+    absence = score_query(ctx, Query((), ("x1",)), "hybrid")  # ranked by absence
+    assert absence.argmax() in (0, 3) and absence[2] == absence.min()
+
+
+class _OneHot:
+    """Text "xJ" -> the J-th unit vector of R^3 (a fake text encoder)."""
+
+    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
+        out = np.zeros((len(texts), 3), np.float32)
+        for i, t in enumerate(texts):
+            out[i, int(t.split("x")[-1])] = 1.0
+        return out

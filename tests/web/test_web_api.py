@@ -252,3 +252,15 @@ def test_build_query_merges_lists() -> None:
     assert q.include == ("pizza",) and q.exclude == ("car",)
     with pytest.raises(SparsemmError, match="list of terms"):
         build_query("dog", exclude="cat")
+
+
+def test_sentences_and_exclusion_only_queries(client: TestClient) -> None:
+    body = client.get("/api/search", params={"q": "A dog on the grass, but there is no cat"}).json()
+    assert body["query"]["exclude"] == ["cat"] and body["strategy"] == "hybrid"
+    assert body["hits"][0]["id"] in with_("dog", without=("cat",))
+    # Nothing to include: items are ranked by absence, every cat item after the others.
+    body = client.get("/api/search", params={"q": "no cat", "k": 100}).json()
+    assert body["query"] == {"include": [], "exclude": ["cat"], "text": "-cat"}
+    got = [h["id"] for h in body["hits"]]
+    cats = [got.index(i) for i in with_("cat") if i in got]
+    assert cats and min(cats) > max(got.index(i) for i in got if i not in with_("cat"))

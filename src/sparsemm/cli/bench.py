@@ -94,6 +94,12 @@ def register(sub: Any) -> None:
         "a 2-epoch SR when none is given",
     )
     ex.add_argument("--seed", type=int, default=0)
+    ex.add_argument(
+        "--captions-only",
+        action="store_true",
+        help="detectors learn from the reference captions only (default: the reference "
+        "items' labels count as mentions too)",
+    )
     ex.add_argument("--no-progress", action="store_true")
     ex.set_defaults(func=run_exclusion)
     _register_negation(kinds, STRATEGIES)
@@ -163,6 +169,11 @@ def _register_negation(kinds: Any, strategies: Any) -> None:
     ng.add_argument("-o", "--out", type=Path, required=True, help="report folder")
     ng.add_argument("--quick", action="store_true", help="smoke run (as bench exclusion)")
     ng.add_argument("--seed", type=int, default=0)
+    ng.add_argument(
+        "--captions-only",
+        action="store_true",
+        help="detectors learn from the reference captions only (default: labels count too)",
+    )
     ng.add_argument("--no-progress", action="store_true")
     ng.set_defaults(func=run_negation)
 
@@ -219,6 +230,7 @@ def run_negation(args: argparse.Namespace) -> int:
         tune=bool(args.tune),
         max_grid=QUICK_GRID if args.quick else None,
         seed=args.seed,
+        label_targets=not args.captions_only,
     )
     info = {
         "sr": str(args.sr) if args.sr is not None else str(out / "sr"),
@@ -298,6 +310,7 @@ def run_exclusion(args: argparse.Namespace) -> int:
         limit_items=QUICK_EVAL_ITEMS if args.quick else None,
         max_grid=QUICK_GRID if args.quick else None,
         seed=args.seed,
+        label_targets=not args.captions_only,
     )
     info = {
         "sr": str(args.sr) if args.sr is not None else str(out / "sr"),

@@ -80,6 +80,9 @@ ItemCoder = Callable[[np.ndarray], sp.csr_matrix]
 class BenchConfig:
     split: str = "test"  # evaluation split (queries, items, reported numbers)
     tune_split: str | None = "train"  # split the parameters are chosen on; None: defaults
+    # The reference (tune split) items' labels count as mentions for the detectors, as a
+    # collection's own tags do in search; False: captions only.
+    label_targets: bool = True
     tune_fraction: float = 0.25  # share of the tune split scored during tuning (rest: reference)
     methods: tuple[str, ...] = ()  # strategy names; () = every registered strategy
     limit_items: int | None = None  # quick runs: first N items of each split
@@ -455,6 +458,9 @@ def run_exclusion_bench(
             "item must carry two labels"
         )
 
+    def ref_labels(items: ItemSet) -> list[list[str]] | None:
+        return items.labels if cfg.label_targets else None
+
     chosen: dict[str, dict[str, Any]] = {m: {} for m in methods}
     tuning: dict[str, list[dict[str, Any]]] = {}
     reference: ReferenceSet | None = None
@@ -477,7 +483,9 @@ def run_exclusion_bench(
                 tune_eval.codes,
                 text_encoder,
                 query_coder,
-                ReferenceSet(tune_ref.captions, tune_ref.dense, tune_ref.codes),
+                ReferenceSet(
+                    tune_ref.captions, tune_ref.dense, tune_ref.codes, ref_labels(tune_ref)
+                ),
                 word_vectors,
             )
             ref = cfg.violation_reference if cfg.violation_reference in methods else None
@@ -487,7 +495,9 @@ def run_exclusion_bench(
         else:
             logger.warning("no queries on the tuning items; using default parameters")
         full_ref = _item_set(collection, np.sort(tune_rows), coder, captions, dense_all)
-        reference = ReferenceSet(full_ref.captions, full_ref.dense, full_ref.codes)
+        reference = ReferenceSet(
+            full_ref.captions, full_ref.dense, full_ref.codes, ref_labels(full_ref)
+        )
     needs_ref = [m for m in methods if "reference" in get_spec(m).cls.requires]
     if reference is None and needs_ref:
         logger.warning("no tune split, so no reference set: skipping %s", ", ".join(needs_ref))

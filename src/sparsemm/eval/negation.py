@@ -405,9 +405,10 @@ def evaluate_dense_texts(
 # violation@10 no higher than dense arithmetic's (avg_emb_0.5) and sentence neg-violation@5
 # at most half that of dense on the raw sentence.
 HYBRID_GRID: dict[str, Sequence[Any]] = {
-    "alpha": [5.0, 10.0, 20.0],
+    "alpha": [2.0, 5.0, 10.0],
     "beta": [1.0, 2.0, 4.0],
     "gamma": [0.0, 3.0, 6.0],
+    "delta": [1.0, 2.0, 4.0],
 }
 
 
@@ -480,6 +481,7 @@ def tune_hybrid(
 class NegationConfig:
     split: str = "test"
     tune_split: str | None = "train"  # reference set (detectors) and joint tuning items
+    label_targets: bool = True  # reference items' labels count as mentions (see BenchConfig)
     tune_fraction: float = 0.25  # share of the tune split scored when tuning
     methods: tuple[str, ...] = ()  # strategies to run on the parsed queries (() = all)
     per_item: int = 2  # queries per evaluation image
@@ -529,7 +531,12 @@ def run_negation_bench(
     if cfg.tune_split is not None:
         tune_rows = rows_of(cfg.tune_split)
         ref_set = _item_set(collection, tune_rows, item_coder, captions, dense_all)
-        reference = ReferenceSet(ref_set.captions, ref_set.dense, ref_set.codes)
+        reference = ReferenceSet(
+            ref_set.captions,
+            ref_set.dense,
+            ref_set.codes,
+            ref_set.labels if cfg.label_targets else None,
+        )
         if cfg.tune and item_coder is not None:
             perm = np.random.default_rng(cfg.seed).permutation(len(tune_rows))
             n_eval = max(1, round(cfg.tune_fraction * len(tune_rows)))
@@ -548,7 +555,12 @@ def run_negation_bench(
                 t_ev.codes,
                 text_encoder,
                 query_coder,
-                ReferenceSet(t_ref.captions, t_ref.dense, t_ref.codes),
+                ReferenceSet(
+                    t_ref.captions,
+                    t_ref.dense,
+                    t_ref.codes,
+                    t_ref.labels if cfg.label_targets else None,
+                ),
                 cache_size=1 << 16,
             )
             chosen, grid_rows, bars = tune_hybrid(

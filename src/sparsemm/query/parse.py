@@ -108,6 +108,8 @@ _PREFIX_CUES: tuple[tuple[str, ...], ...] = tuple(
         reverse=True,
     )
 )
+# Sentence cues that may end without an object ("..., isn't it"): no error then.
+_SOFT_CUES = frozenset({"isn't", "aren't", "wasn't", "weren't", "lacking", "lacks", "lack"})
 # "doesn't have X", "does not contain X", "not wearing X": the verb after the cue is skipped.
 _AUX_NEG = frozenset({"doesn't", "don't", "didn't", "cannot", "can't"})
 _HAVE_VERBS = frozenset(
@@ -566,6 +568,8 @@ class _Parser:
         if self._kind(j) == "end" and self.tokens[j][1] == ":":
             j += 1
         nps, j = self._np_list(j, leading)
+        if not nps and cue_words[0] in _SOFT_CUES:
+            return self._remove(i, j)  # "..., isn't it?": no object, nothing to exclude
         if not nps:
             raise SparsemmError(
                 f"'{label}' is not followed by a term to exclude: write e.g. 'dog {label} cat'"
@@ -597,7 +601,7 @@ class _Parser:
                 break
             if words and (w in _DETERMINERS or _verb_like(w)):
                 break
-            if not words and w in NEGATIONS:
+            if w in NEGATIONS:
                 break
             words.append(w)
             i += 1

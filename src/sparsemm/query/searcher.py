@@ -312,9 +312,16 @@ class Searcher:
         if self._ctx is None:
             col = self.collection
             captions = [list(it.get("captions", [])) for it in col.items]
+            labels = [list(it.get("labels") or []) for it in col.items]
             reference = None
-            if any(captions):
-                reference = ReferenceSet(captions=captions, dense=self.dense, codes=self.codes)
+            if any(captions) or any(labels):
+                # The collection's own captions and tags supervise the word detectors.
+                reference = ReferenceSet(
+                    captions=captions,
+                    dense=self.dense,
+                    codes=self.codes,
+                    labels=labels if any(labels) else None,
+                )
             text_encoder: Any = self.encoder
             coder = self.model.query_coder()
             if self.aligner is not None:

@@ -202,13 +202,17 @@ class ReferenceSet:
     """Captioned reference items (e.g. the training split) for the detector strategies.
 
     ``captions[i]`` lists item i's captions; ``dense`` (m, k) and/or ``codes`` (m, d) are its
-    representations in the same spaces as the evaluation items'.
+    representations in the same spaces as the evaluation items'. ``labels[i]`` (optional)
+    lists item i's object labels (tags): an item labelled with a term counts as mentioning
+    it, so a collection's own tags supervise the detectors of those terms.
     """
 
     captions: list[list[str]]
     dense: np.ndarray | None = None
     codes: sp.csr_matrix | None = None
+    labels: list[list[str]] | None = None
     _index: CaptionIndex | None = field(default=None, repr=False)
+    _labels: dict[tuple[str, ...], np.ndarray] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         m = len(self.captions)
@@ -217,12 +221,29 @@ class ReferenceSet:
                 raise SparsemmError(
                     f"reference {what} has {arr.shape[0]} rows for {m} captioned items"
                 )
+        if self.labels is not None and len(self.labels) != m:
+            raise SparsemmError(f"reference labels have {len(self.labels)} rows for {m} items")
+
+    def labelled(self, term: str) -> np.ndarray:
+        """(m,) bool: reference item i carries a label equal to ``term`` (singular forms)."""
+        m = len(self.captions)
+        if self.labels is None:
+            return np.zeros(m, dtype=bool)
+        if self._labels is None:
+            self._labels = {}
+            for i, labs in enumerate(self.labels):
+                for lab in labs:
+                    key = tuple(term_tokens(str(lab)))
+                    self._labels.setdefault(key, np.zeros(m, dtype=bool))[i] = True
+        hit = self._labels.get(tuple(term_tokens(term)))
+        return np.zeros(m, dtype=bool) if hit is None else hit
 
     def mentions(self, term: str, min_positives: int = 5, head_ratio: float = 0.1) -> np.ndarray:
-        """(m,) bool targets: some caption of reference item i mentions ``term``."""
+        """(m,) bool targets: some caption of reference item i mentions ``term``, or the
+        item is labelled with it."""
         if self._index is None:
             self._index = CaptionIndex(self.captions)
-        return self._index.mentions(term, min_positives, head_ratio)
+        return self._index.mentions(term, min_positives, head_ratio) | self.labelled(term)
 
 
 def _normalize_csr(x: sp.csr_matrix) -> sp.csr_matrix:
@@ -1003,12 +1024,13 @@ class Hybrid(Detector):
     requires = ("codes", "text_encoder", "query_coder")
     params: ClassVar[dict[str, Any]] = {
         **Detector.params,
-        # alpha, beta, gamma: chosen by `sparsemm bench negation --tune` on the COCO
-        # caption-proxy train split (label-pair AP@10 + sentence R@5, docs/negation.md).
-        "alpha": 10.0,
+        # alpha, beta, gamma, delta: chosen by `sparsemm bench negation --tune` on the COCO
+        # caption-proxy train split (label-pair AP@10 + sentence R@5 under both violation
+        # bars; docs/negation.md).
+        "alpha": 5.0,
         "beta": 1.0,
-        "delta": 1.0,
-        "gamma": 6.0,
+        "delta": 2.0,
+        "gamma": 3.0,
         "max_words": 3,
         # Leave out items whose exclusion evidence is decisive: P(B present | x) >= drop
         # for a term with a detector; for one without, similarity to B at least that to the
