@@ -392,7 +392,7 @@ def test_hybrid_falls_back_to_code_arithmetic_without_captions() -> None:
         text_encoder=_OneHot(),
         query_coder=lambda emb, texts: sp.csr_matrix(emb),
     )
-    s = score_query(ctx, Query(("x0",), ("x1",)), "hybrid", alpha=1.0, gamma=1.0)
+    s = score_query(ctx, Query(("x0",), ("x1",)), "hybrid", alpha_phrase=1.0, gamma=1.0)
     unit = codes.toarray() / np.linalg.norm(codes.toarray(), axis=1, keepdims=True)
     expected = unit[:, 0] - unit[:, 1]
     expected[unit[:, 0] <= 0] = -np.inf  # no concept in common with the include

@@ -178,8 +178,11 @@ def _register_negation(kinds: Any, strategies: Any) -> None:
     ng.set_defaults(func=run_negation)
 
 
-def _collection_model(args: argparse.Namespace, tune: str | None) -> tuple[Any, Any, Any]:
-    """(collection, text encoder, SR model) of a bench run: given or built (cached in OUT)."""
+def _collection_model(
+    args: argparse.Namespace, tune: str | None, vectors: Any = None
+) -> tuple[Any, Any, Any]:
+    """(collection, text encoder, SR model) of a bench run: given or built (cached in OUT);
+    a model trained here uses the SPINE ``vectors`` for its bias when given."""
     from sparsemm.data.collection import open_collection
     from sparsemm.data.encode import encode_source
     from sparsemm.encoders.base import get_encoder
@@ -208,7 +211,7 @@ def _collection_model(args: argparse.Namespace, tune: str | None) -> tuple[Any, 
     if args.sr is not None:
         model = SRModel.from_pretrained(args.sr)
     else:
-        model = _train_sr(col, tune or "train", None, out / "sr", args.quick, args.seed)
+        model = _train_sr(col, tune or "train", vectors, out / "sr", args.quick, args.seed)
     return col, encoder, model
 
 
@@ -260,39 +263,13 @@ def run_negation(args: argparse.Namespace) -> int:
 
 
 def run_exclusion(args: argparse.Namespace) -> int:
-    from sparsemm.data.collection import open_collection
-    from sparsemm.data.encode import encode_source
-    from sparsemm.encoders.base import get_encoder
     from sparsemm.eval.bench import BenchConfig, run_exclusion_bench
-    from sparsemm.eval.sr_coco import coco_json
-    from sparsemm.models.sr import SRModel
     from sparsemm.query.strategies import sr_query_coder
 
     out: Path = args.out
     tune = None if str(args.tune_split).lower() == "none" else args.tune_split
-    if args.collection is not None:
-        col = open_collection(args.collection)
-        model_id = col.manifest.get("encoder", {}).get("model")
-        kwargs = {}
-        if model_id and Path(str(model_id)).expanduser().is_dir():
-            kwargs["model"] = model_id
-        encoder = get_encoder(col.encoder_name, **kwargs)
-    else:
-        src = coco_json(args.data or _default_data_dir())
-        encoder = get_encoder("minilm")
-        col = encode_source(
-            src,
-            out / "collection",
-            format="coco",
-            encoder=encoder,
-            limit=QUICK_ITEMS if args.quick else None,
-            progress=not args.no_progress,
-        )
     vectors = _load_vectors(args.spine) if args.spine is not None else None
-    if args.sr is not None:
-        model = SRModel.from_pretrained(args.sr)
-    else:
-        model = _train_sr(col, tune or "train", vectors, out / "sr", args.quick, args.seed)
+    col, encoder, model = _collection_model(args, tune, vectors)
     if vectors is not None and vectors.dim != model.config.latent_dim:
         log.warning(
             "SPINE vectors have %d dims but the SR model %d; ignoring --spine",

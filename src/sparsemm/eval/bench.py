@@ -136,6 +136,14 @@ def _item_set(
     return ItemSet(rows, dense, codes, labels, [captions[r] for r in rows])
 
 
+def split_tune_rows(rows: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The tune split's (scored, reference) rows: a seeded random ``fraction`` is scored,
+    the rest is the detectors' reference set (each sorted)."""
+    perm = np.random.default_rng(seed).permutation(len(rows))
+    n_eval = max(1, round(fraction * len(rows)))
+    return np.sort(rows[perm[:n_eval]]), np.sort(rows[perm[n_eval:]])
+
+
 def evaluate_strategy(
     ctx: ExclusionContext,
     name: str,
@@ -467,14 +475,9 @@ def run_exclusion_bench(
     n_tune_queries = n_tune_items = 0
     if cfg.tune_split is not None:
         tune_rows = rows_of(cfg.tune_split)
-        perm = np.random.default_rng(cfg.seed).permutation(len(tune_rows))
-        n_eval = max(1, round(cfg.tune_fraction * len(tune_rows)))
-        tune_eval = _item_set(
-            collection, np.sort(tune_rows[perm[:n_eval]]), coder, captions, dense_all
-        )
-        tune_ref = _item_set(
-            collection, np.sort(tune_rows[perm[n_eval:]]), coder, captions, dense_all
-        )
+        eval_rows, ref_rows = split_tune_rows(tune_rows, cfg.tune_fraction, cfg.seed)
+        tune_eval = _item_set(collection, eval_rows, coder, captions, dense_all)
+        tune_ref = _item_set(collection, ref_rows, coder, captions, dense_all)
         tune_queries = build_exclusion_queries(tune_eval.labels)
         n_tune_queries, n_tune_items = len(tune_queries), len(tune_eval.rows)
         if tune_queries:

@@ -1011,9 +1011,10 @@ class Hybrid(Detector):
             + beta sum_{j: B_j has a detector} log(1 - P(B_j | x) / c_j)
             - gamma sum_j cos(code(B_j), x)
 
-    A term *has a detector* when it is label-like (at most ``max_words`` words) and at
-    least ``min_positives`` reference items' captions mention it; its detector is the
-    :class:`Detector`'s (caption-mention logistic regression, positive-unlabelled
+    (``alpha_phrase`` replaces alpha when no include term has a detector: a sentence's
+    phrase.) A term *has a detector* when it is label-like (at most ``max_words`` words)
+    and at least ``min_positives`` reference items' captions (or labels) mention it; its
+    detector is the :class:`Detector`'s (caption-mention logistic regression, positive-unlabelled
     correction c_j). A sentence's include ("man making pizza in a kitchen") has no detector
     and is scored by its code's similarity alone; an excluded word without one (or any
     term, on a collection without captions) falls back to code arithmetic. With nothing
@@ -1031,6 +1032,10 @@ class Hybrid(Detector):
         "beta": 1.0,
         "delta": 2.0,
         "gamma": 3.0,
+        # Weight of cos(code(I), x) when no include term has a detector (a sentence's
+        # phrase, or a word the reference captions never mention): its similarity is then
+        # all the include evidence there is (None: alpha).
+        "alpha_phrase": 20.0,
         "max_words": 3,
         # Leave out items whose exclusion evidence is decisive: P(B present | x) >= drop
         # for a term with a detector; for one without, similarity to B at least that to the
@@ -1089,11 +1094,12 @@ class Hybrid(Detector):
         sim_i = None
         if include:
             sim_i = self.similarity(" and ".join(include))
-            s = s + p["alpha"] * sim_i
+            detected = [t for t in include if self.has_detector(t)]
+            alpha = p["alpha"] if detected or p["alpha_phrase"] is None else p["alpha_phrase"]
+            s = s + alpha * sim_i
             if p["delta"]:
-                for t in include:
-                    if self.has_detector(t):
-                        s = s + p["delta"] * _log_sigmoid(self.logits(t))
+                for t in detected:
+                    s = s + p["delta"] * _log_sigmoid(self.logits(t))
         drop = np.zeros(self.ctx.n_items, dtype=bool)
         for b in exclude:
             detector = self.has_detector(b)
