@@ -186,6 +186,21 @@ def test_search_page_end_to_end(server: str, tmp_path: Path) -> None:
             assert top and all("dog" in ITEMS[i] for i in top)
             page.click("#panel button.link >> text=back")
             page.wait_for_selector("#panel .checks")
+
+            # 6. a sentence with its negation, typed into the include box
+            page.fill("#exclude", "")
+            page.fill("#include", "A dog playing, but there is no cat in sight.")
+            page.click("#search-button")
+            page.wait_for_selector("#results[data-query='dog playing -cat']", state="attached")
+            assert "but not “cat”" in page.inner_text("#status")
+            assert not shown_ids(page) & with_("cat")  # the page serves `filter` here
+
+            # 7. only an exclusion: ranked by absence
+            page.fill("#include", "")
+            page.fill("#exclude", "dog")
+            page.press("#exclude", "Enter")
+            page.wait_for_selector("#results[data-query='-dog']", state="attached")
+            assert "anything but not “dog”" in page.inner_text("#status")
             assert not errors, errors
         finally:
             context.close()

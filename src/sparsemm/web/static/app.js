@@ -65,7 +65,7 @@
   const quoted = (terms) => terms.map((t) => `“${t}”`).join(", ");
 
   function describe(query) {
-    const found = quoted(query.include);
+    const found = query.include.length ? quoted(query.include) : "anything";
     return query.exclude.length ? `${found} but not ${quoted(query.exclude)}` : found;
   }
 
@@ -167,8 +167,8 @@
   /** Search with the boxes' contents (append: fetch the next page of the last search). */
   async function runSearch(append) {
     const q = includeBox.value.trim();
-    if (!q) {
-      showError("Type what to search for.");
+    if (!q && !splitTerms(excludeBox.value).length) {
+      showError("Type what to search for (or only what to leave out: 'no people').");
       return;
     }
     const request = append
