@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from sparsemm.errors import SparsemmError, require_extra
-from sparsemm.query.strategies import CaptionIndex, term_tokens
+from sparsemm.text import CaptionIndex, term_tokens
 
 logger = logging.getLogger(__name__)
 

@@ -215,6 +215,14 @@ def _collection_model(
     return col, encoder, model
 
 
+def _model_detectors(args: argparse.Namespace) -> Any:
+    """The SR model's own concept detectors when it has them (what search serves with)."""
+    from sparsemm.models.detectors import ConceptDetectors, has_detectors
+
+    model_dir = args.sr if args.sr is not None else args.out / "sr"
+    return ConceptDetectors.load(model_dir) if has_detectors(model_dir) else None
+
+
 def run_negation(args: argparse.Namespace) -> int:
     from sparsemm.eval.negation import SERVED, NegationConfig, run_negation_bench
     from sparsemm.query.strategies import sr_query_coder
@@ -249,6 +257,7 @@ def run_negation(args: argparse.Namespace) -> int:
         query_coder=sr_query_coder(model, top_k=top_k),
         config=cfg,
         run_info=info,
+        detectors=_model_detectors(args),
     )
     print(f"report: {out / 'report.md'}  (metrics: {out / 'metrics.json'})")
     for sub in ("tune families", "held-out families"):
@@ -308,6 +317,7 @@ def run_exclusion(args: argparse.Namespace) -> int:
         word_vectors=vectors,
         config=cfg,
         run_info=info,
+        detectors=_model_detectors(args),
     )
     means = content["subsets"]["all"]["means"]
     best = max(means, key=lambda m: means[m]["ap@10"])

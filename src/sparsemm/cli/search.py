@@ -118,6 +118,12 @@ def run(args: argparse.Namespace) -> int:
                     f"       checked '{e.term}': dims {e.dims[:6]} "
                     f"({', '.join(e.words[:4])}) item mass {e.item_mass:.3f}"
                 )
+            if h.scored_by:
+                how = ", ".join(
+                    f"'{t}' by {way}" + (" (no detector for it)" if way != "detector" else "")
+                    for t, way in h.scored_by.items()
+                )
+                print(f"       scored: {how}")
     if not hits:
         print("no results")
     return 0

@@ -1,4 +1,5 @@
-"""``sparsemm train sr``: train the SR model on a collection's (image, caption) pairs.
+"""``sparsemm train sr``: train the SR model on a collection's (image, caption) pairs, and its
+concept detectors (``sparsemm train detectors`` adds them to a model trained without).
 
 The saved model records the training collection's image and text encoders (config.json's
 ``training`` entry, :func:`sparsemm.models.base.encoder_record`), so ``sparsemm index`` and
@@ -10,12 +11,17 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from sparsemm.cli.train_lexlip import register_model as register_lexlip
 from sparsemm.cli.train_vdr import register_model as register_vdr
 from sparsemm.data.collection import open_collection
-from sparsemm.models.base import encoder_record
+from sparsemm.models.base import check_encoders, encoder_record
+from sparsemm.models.detectors import ConceptDetectors, DetectorConfig
 from sparsemm.models.sr import SRConfig
+from sparsemm.train.detectors import fit_concept_detectors
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 from sparsemm.words.spine import SparseWordVectors
 
@@ -52,7 +58,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     sr.add_argument("--seed", type=int, default=0)
     sr.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     sr.add_argument("--no-progress", action="store_true")
+    sr.add_argument(
+        "--no-detectors",
+        action="store_true",
+        help="skip the concept detectors (added later with `sparsemm train detectors`)",
+    )
+    _detector_args(sr)
     sr.set_defaults(func=run_sr)
+
+    de = models.add_parser(
+        "detectors",
+        help="fit a trained SR model's concept detectors (one per caption word / label)",
+        description="Fit one logistic regression per vocabulary term (caption words, frequent "
+        "two-word names, labels) over the model's codes of a split's items, and save them in "
+        "the model folder (detectors.safetensors + detectors.json). The served scorer uses "
+        "them instead of fitting detectors at query time.",
+    )
+    de.add_argument("model", type=Path, help="SR model folder (sparsemm train sr)")
+    de.add_argument("collection", type=Path, help="collection with captions and/or labels")
+    de.add_argument("--split", default="train", help="items used (default train; 'all': every)")
+    _detector_args(de)
+    de.add_argument("--no-progress", action="store_true")
+    de.set_defaults(func=run_detectors)
 
     al = models.add_parser(
         "align",
@@ -75,6 +102,49 @@ def register(sub: argparse._SubParsersAction) -> None:
     al.set_defaults(func=run_align)
     register_vdr(models)
     register_lexlip(models)
+
+
+def _detector_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--min-mentions", type=int, default=10, help="items a term needs (default 10)")
+    p.add_argument("--max-terms", type=int, default=4000, help="vocabulary size (default 4000)")
+    p.add_argument("--no-bigrams", action="store_true", help="single words and labels only")
+
+
+def _fit_detectors(
+    model: Any, col: Any, split: str, args: argparse.Namespace, out: Path
+) -> ConceptDetectors:
+    """Fit and save ``model``'s detectors on the items of ``split`` ("all": every item)."""
+    from sparsemm.errors import SparsemmError
+
+    cfg = DetectorConfig(
+        min_mentions=args.min_mentions, max_terms=args.max_terms, bigrams=not args.no_bigrams
+    )
+    mask = np.ones(len(col.items), bool) if split == "all" else col.split_mask(split)
+    rows = np.flatnonzero(mask)
+    if not len(rows):
+        raise SparsemmError(f"no items on split {split!r} to fit the detectors on")
+    captions: list[list[str]] = [[] for _ in rows]
+    text_rows, owner = col.caption_rows(mask)
+    for r, o in zip(text_rows, owner, strict=True):
+        captions[int(o)].append(str(col.texts[int(r)]["text"]))
+    labels = [list(col.items[int(r)].get("labels") or []) for r in rows]
+    codes = model.encode(col.image_embeddings()[rows], "image")
+    detectors = fit_concept_detectors(
+        codes, captions, labels if any(labels) else None, cfg, progress=not args.no_progress
+    )
+    detectors.save(out)
+    return detectors
+
+
+def run_detectors(args: argparse.Namespace) -> int:
+    from sparsemm.models.sr import SRModel
+
+    model = SRModel.from_pretrained(args.model)
+    col = open_collection(args.collection)
+    check_encoders(model.training_info, col.manifest, args.model, args.collection)
+    det = _fit_detectors(model, col, args.split, args, args.model)
+    print(f"fitted {len(det)} concept detectors ({args.split} split) -> {args.model}")
+    return 0
 
 
 def run_sr(args: argparse.Namespace) -> int:
@@ -119,10 +189,17 @@ def run_sr(args: argparse.Namespace) -> int:
     # record of another training run.
     model.training_info = encoder_record(col.manifest, args.collection)
     model.save_pretrained(args.out)
+    n_detectors = 0
+    if not args.no_detectors:
+        try:
+            n_detectors = len(_fit_detectors(model, col, args.split, args, args.out))
+        except SparsemmError as exc:  # a tiny or captionless collection: serve without
+            log.warning("no concept detectors saved: %s", exc)
     last = hist[-1] if hist else {}
     print(
         f"trained SR on {len(image)} items / {len(text)} captions -> {args.out} "
-        f"(loss {last.get('loss', float('nan')):.4f}, nce {last.get('nce', float('nan')):.4f})"
+        f"(loss {last.get('loss', float('nan')):.4f}, nce {last.get('nce', float('nan')):.4f}; "
+        f"{n_detectors} concept detectors)"
     )
     return 0
 

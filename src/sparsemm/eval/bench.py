@@ -48,6 +48,7 @@ from sparsemm.eval.exclusion import (
 from sparsemm.eval.metrics import evaluate_rankings
 from sparsemm.eval.retrieval import multi_target_ap
 from sparsemm.io import atomic_open, write_json
+from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query.parse import Query
 from sparsemm.query.rank import rank_query
 from sparsemm.query.strategies import (
@@ -409,6 +410,7 @@ def run_exclusion_bench(
     item_codes: sp.csr_matrix | None = None,
     dense_items: np.ndarray | None = None,
     dense_texts: DenseTexts | None = None,
+    detectors: ConceptDetectors | None = None,
 ) -> dict[str, Any]:
     """Run the exclusion benchmark and write the report folder ``out_dir``.
 
@@ -423,7 +425,9 @@ def run_exclusion_bench(
     in that space for the retrieval table: every caption's vector (n_texts, k), or a
     function ``rows -> (len(rows), k)`` called once with the caption rows of the evaluation
     items (:data:`DenseTexts`; only those captions need encoding). ``run_info`` (model
-    paths, settings) is stored in ``config.json``. Returns the ``metrics.json`` content.
+    paths, settings) is stored in ``config.json``. ``detectors`` are the sparse model's own
+    concept detectors (what search serves with; they were trained on the tune split's
+    items, so tuning with them is optimistic). Returns the ``metrics.json`` content.
     """
     cfg = config or BenchConfig()
     _check_dense_texts(dense_texts, collection)  # before the long run, not after it
@@ -490,6 +494,7 @@ def run_exclusion_bench(
                     tune_ref.captions, tune_ref.dense, tune_ref.codes, ref_labels(tune_ref)
                 ),
                 word_vectors,
+                detectors=detectors,
             )
             ref = cfg.violation_reference if cfg.violation_reference in methods else None
             chosen, tuning = tune_strategies(
@@ -513,6 +518,7 @@ def run_exclusion_bench(
         query_coder,
         reference,
         word_vectors,
+        detectors=detectors,
     )
     matrices = query_matrices(queries, ctx.n_items)
     per_query: dict[str, dict[str, np.ndarray]] = {}

@@ -43,6 +43,7 @@ from sparsemm.errors import SparsemmError
 from sparsemm.eval.exclusion import build_exclusion_queries, query_matrices, write_report
 from sparsemm.eval.metrics import evaluate_rankings
 from sparsemm.io import atomic_open, write_json
+from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query.parse import Query, _strip_filler_words, parse_query
 from sparsemm.query.rank import DEFAULT_STRATEGY, rank_query
 from sparsemm.query.strategies import (
@@ -52,8 +53,8 @@ from sparsemm.query.strategies import (
     ReferenceSet,
     TextEncoder,
     get_spec,
-    term_tokens,
 )
+from sparsemm.text import term_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -511,9 +512,11 @@ def run_negation_bench(
     config: NegationConfig | None = None,
     run_info: Mapping[str, Any] | None = None,
     dense_items: np.ndarray | None = None,
+    detectors: ConceptDetectors | None = None,
 ) -> dict[str, Any]:
     """Run the sentence negation benchmark and write ``out_dir`` (config.json, metrics.json,
-    per_query.npz, report.md, plots, queries.jsonl). Returns the metrics.json content."""
+    per_query.npz, report.md, plots, queries.jsonl). ``detectors``: the sparse model's own
+    (see :func:`sparsemm.eval.bench.run_exclusion_bench`). Returns the metrics.json content."""
     from sparsemm.eval.bench import _captions_by_item, _item_set, split_tune_rows
 
     cfg = config or NegationConfig()
@@ -567,6 +570,7 @@ def run_negation_bench(
                     t_ref.labels if cfg.label_targets else None,
                 ),
                 cache_size=1 << 16,
+                detectors=detectors,
             )
             chosen, grid_rows, bars = tune_hybrid(
                 tctx, t_queries, t_ev.labels, max_grid=cfg.max_grid
@@ -582,7 +586,13 @@ def run_negation_bench(
         methods = [m for m in methods if "reference" not in get_spec(m).cls.requires]
 
     ctx = ExclusionContext(
-        ev.dense, ev.codes, text_encoder, query_coder, reference, cache_size=1 << 16
+        ev.dense,
+        ev.codes,
+        text_encoder,
+        query_coder,
+        reference,
+        cache_size=1 << 16,
+        detectors=detectors,
     )
     parsed, parse_ok = parse_all(queries)
     mats = query_truth(queries, ev.labels)

@@ -24,6 +24,7 @@ import scipy.sparse as sp
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.io import read_json
+from sparsemm.models.detectors import ConceptDetectors, has_detectors
 from sparsemm.query.strategies import QueryCoder, sr_query_coder
 
 
@@ -34,6 +35,7 @@ class CodeModel(Protocol):
     default_strategy: str  # what a search uses when the user names no strategy
     top_k: int  # active dimensions per code at inference
     training_info: dict[str, Any] | None  # encoders it was trained on (None: unknown)
+    detectors: ConceptDetectors | None  # concept detectors saved with it (None: none)
 
     def encode_items(self, collection: Collection, progress: bool = False) -> sp.csr_matrix:
         """Codes (n_items, d) of every collection item."""
@@ -61,6 +63,9 @@ class SRCodeModel:
         cfg = self.model.config
         self.top_k = int(top_k or cfg.inference_top_k or cfg.top_k)
         self.training_info = self.model.training_info
+        self.detectors: ConceptDetectors | None = (
+            ConceptDetectors.load(path) if has_detectors(path) else None
+        )
 
     def encode_items(self, collection: Collection, progress: bool = False) -> sp.csr_matrix:
         return sp.csr_matrix(
@@ -87,6 +92,8 @@ class VDRCodeModel:
         self.top_k = int(top_k or self.model.config.image_top_k)
         self.text_top_k = int(top_k or self.model.config.text_top_k)
         self.training_info = self.model.training_info
+        # 30k-dim word-piece codes: no detectors
+        self.detectors: ConceptDetectors | None = None
 
     def patches(
         self, collection: Collection, progress: bool = False

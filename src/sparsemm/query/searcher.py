@@ -39,6 +39,7 @@ from sparsemm.query.rank import rank_query
 from sparsemm.query.strategies import (
     ExclusionContext,
     HardFilter,
+    Hybrid,
     ReferenceSet,
     available_strategies,
     get_spec,
@@ -194,6 +195,9 @@ class Hit:
     labels: list[str]
     matched: list[Concept] = field(default_factory=list)
     excluded: list[ExcludedCheck] = field(default_factory=list)
+    # How the served scorer judged each query term: "detector" (the model's, or one fitted
+    # on the collection's captions) or "code similarity" (no detector for that word).
+    scored_by: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -334,6 +338,7 @@ class Searcher:
                 text_encoder=text_encoder,
                 query_coder=coder,
                 reference=reference,
+                detectors=self.model.detectors,
             )
         return self._ctx
 
@@ -397,10 +402,17 @@ class Searcher:
         # The same function the benchmarks rank with (sparsemm.query.rank).
         rows, scores = rank_query(ctx, q, strat, k=k, offset=offset)
         why = self._explainer(q)
-        return [
+        scored_by: dict[str, str] = {}
+        if isinstance(strat, Hybrid):
+            for t in (*q.include, *q.exclude):
+                scored_by[t] = "detector" if strat.has_detector(t) else "code similarity"
+        hits = [
             self._hit(offset + i + 1, int(r), float(s), why)
             for i, (r, s) in enumerate(zip(rows, scores, strict=True))
         ]
+        for h in hits:
+            h.scored_by = dict(scored_by)
+        return hits
 
     def _hit(self, rank: int, row: int, score: float, why: _Explainer) -> Hit:
         item = self.collection.items[row]

@@ -67,7 +67,12 @@ import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.retrieval import normalize_rows
-from sparsemm.words.bias import tokenize
+from sparsemm.models.detectors import ConceptDetectors
+from sparsemm.text import CaptionIndex, caption_mentions, term_tokens
+from sparsemm.train.detectors import fit_detectors
+
+# Re-exported from the layers below.
+__all__ = ["CaptionIndex", "caption_mentions", "fit_detectors", "term_tokens"]
 
 logger = logging.getLogger(__name__)
 
@@ -120,78 +125,6 @@ def sr_query_coder(
         return sp.csr_matrix(model.encode(emb, "text", bias=bias, top_k=top_k, mask=mask))
 
     return code
-
-
-# ------------------------------------------------------------------------- term matching
-
-
-def _stem(token: str) -> str:
-    """Crude English singular: dogs -> dog, glasses -> glass, buses -> bus, skies -> sky."""
-    if len(token) > 4 and token.endswith("ies"):
-        return token[:-3] + "y"
-    if len(token) > 4 and token.endswith(("sses", "shes", "ches", "xes", "uses")):
-        return token[:-2]
-    if len(token) > 3 and token.endswith("s") and not token.endswith(("ss", "us", "is")):
-        return token[:-1]
-    return token
-
-
-def term_tokens(text: str) -> list[str]:
-    """Content tokens of ``text`` (the sparsemm.words tokenizer) in singular form."""
-    return [_stem(t) for t in tokenize(text)]
-
-
-def _contains(tokens: Sequence[str], phrase: Sequence[str]) -> bool:
-    n = len(phrase)
-    return any(list(tokens[i : i + n]) == list(phrase) for i in range(len(tokens) - n + 1))
-
-
-class CaptionIndex:
-    """Token lookup over items' captions for "does some caption of item i mention t?".
-
-    A caption mentions a term when its singular content tokens (:func:`term_tokens`) contain
-    the term's tokens as a contiguous phrase ("dining table" needs "dining table"). A
-    multi-word term matched by fewer than ``min_positives`` items, or by fewer than
-    ``head_ratio`` times the items its last word (the head noun) matches - a rare
-    specification of a common head, "dining table" vs "table" - also matches its head noun.
-    A term without content tokens matches nothing.
-    """
-
-    def __init__(self, captions: Sequence[Sequence[str]]) -> None:
-        self.n_items = len(captions)
-        self._tokens = [[term_tokens(c) for c in caps] for caps in captions]
-        self._postings: dict[str, set[int]] = {}
-        for i, caps in enumerate(self._tokens):
-            for toks in caps:
-                for tok in toks:
-                    self._postings.setdefault(tok, set()).add(i)
-
-    def _match(self, phrase: Sequence[str]) -> np.ndarray:
-        hit = np.zeros(self.n_items, dtype=bool)
-        cand = set.intersection(*(self._postings.get(t, set()) for t in phrase))
-        for i in cand:
-            if len(phrase) == 1 or any(_contains(t, phrase) for t in self._tokens[i]):
-                hit[i] = True
-        return hit
-
-    def mentions(self, term: str, min_positives: int = 5, head_ratio: float = 0.1) -> np.ndarray:
-        """(n_items,) bool: some caption of item i mentions ``term``."""
-        phrase = term_tokens(term)
-        if not phrase:
-            return np.zeros(self.n_items, dtype=bool)
-        hit = self._match(phrase)
-        if len(phrase) > 1:
-            head = self._match(phrase[-1:])
-            if hit.sum() < max(min_positives, head_ratio * head.sum()):
-                hit = hit | head
-        return hit
-
-
-def caption_mentions(
-    captions: Sequence[Sequence[str]], term: str, min_positives: int = 5, head_ratio: float = 0.1
-) -> np.ndarray:
-    """(n_items,) bool: some caption of item i mentions ``term`` (rules: :class:`CaptionIndex`)."""
-    return CaptionIndex(captions).mentions(term, min_positives, head_ratio)
 
 
 # ------------------------------------------------------------------------------ context
@@ -297,7 +230,9 @@ class ExclusionContext:
     ``items_dense`` (n, k) and ``items_codes`` (n, d) describe the n evaluation items (rows
     are what ``rank`` returns). ``text_encoder`` embeds query texts; ``query_coder`` maps
     those embeddings (and texts) to sparse codes. ``reference`` is a captioned reference set
-    for the detector strategies, ``word_vectors`` SPINE vectors (query bias masks).
+    for the detector strategies, ``word_vectors`` SPINE vectors (query bias masks),
+    ``detectors`` the model's own concept detectors (:mod:`sparsemm.models.detectors`),
+    which the served scorer uses instead of fitting any at query time.
     The per-text caches (``_emb``, ``_code``) and the strategies' ``cache`` are LRU caches
     of at most ``cache_size`` entries each, so a stream of distinct queries cannot grow them
     without bound.
@@ -313,6 +248,7 @@ class ExclusionContext:
         word_vectors: Any = None,
         template: str = TERM_TEMPLATE,
         cache_size: int = CACHE_SIZE,
+        detectors: ConceptDetectors | None = None,
     ) -> None:
         if cache_size < MIN_CACHE_SIZE:
             raise SparsemmError(f"cache_size must be at least {MIN_CACHE_SIZE}, got {cache_size}")
@@ -332,6 +268,13 @@ class ExclusionContext:
         self.query_coder = query_coder
         self.reference = reference
         self.word_vectors = word_vectors
+        if detectors is not None and self.items_codes is not None:
+            if detectors.dim != self.items_codes.shape[1]:
+                raise SparsemmError(
+                    f"the model's detectors read {detectors.dim}-dim codes but the items' codes "
+                    f"have {self.items_codes.shape[1]}"
+                )
+        self.detectors = detectors
         self.template = template
         self.cache_size = cache_size
         self._emb: LRUCache = LRUCache(cache_size)  # text -> (k,) unit embedding
@@ -784,44 +727,6 @@ class SoftPenalty(_TermDims):
 # ----------------------------------------------------------------------- detectors
 
 
-def fit_detectors(
-    features: np.ndarray,
-    targets: np.ndarray,
-    l2: float = 1e-3,
-    max_iter: int = 200,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Independent L2-regularised logistic regressions, one per target column.
-
-    features (m, d) float, targets (m, T) {0, 1}. Minimises, per column t,
-    mean_i BCE(sigmoid(x_i . w_t + b_t), y_it) + l2 * |w_t|^2 (bias unpenalised) with
-    L-BFGS (full batch, deterministic). Returns W (d, T) float32 and b (T,) float32.
-    """
-    import torch
-
-    x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
-    y = torch.from_numpy(np.ascontiguousarray(targets, dtype=np.float32))
-    if x.shape[0] != y.shape[0]:
-        raise SparsemmError("features and targets must have the same number of rows")
-    d, t = x.shape[1], y.shape[1]
-    w = torch.zeros(d, t, requires_grad=True)
-    prior = y.mean(dim=0).clamp(1e-4, 1 - 1e-4)
-    b = torch.log(prior / (1 - prior)).clone().requires_grad_(True)
-    opt = torch.optim.LBFGS(
-        [w, b], lr=1.0, max_iter=max_iter, history_size=20, line_search_fn="strong_wolfe"
-    )
-
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        logits = x @ w + b
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="none")
-        total = loss.mean(dim=0).sum() + l2 * (w * w).sum()
-        total.backward()
-        return total
-
-    opt.step(closure)
-    return w.detach().numpy().astype(np.float32), b.detach().numpy().astype(np.float32)
-
-
 class Detector(Strategy):
     """Per-term detectors: log P(A|x) + beta log(1 - P(B|x)) + alpha cos(A, x) - gamma cos(B, x).
 
@@ -976,13 +881,8 @@ class Detector(Strategy):
         every term (1 trusts mentions as presence); ``rate="pu"``: c = ``mention_rate`` x
         the term's Elkan-Noto estimate (see :meth:`fit`).
         """
-        c = float(self.p["mention_rate"])
-        if self.p["rate"] == "pu":
-            self.fit([term])
-            c *= self.ctx.cache[self._key()][term][2]
-        elif self.p["rate"] != "global":
-            raise SparsemmError(f"detector rate must be 'global' or 'pu', not {self.p['rate']!r}")
-        key = (*self._key(), "log_absent", term, c)
+        c = self.mention_rate(term)
+        key = (*self._key(), "log_absent", term, c, self.detector_source)
         if key not in self.ctx.cache:
             if c >= 1.0:
                 val = _log_sigmoid(-self.logits(term))
@@ -992,6 +892,22 @@ class Detector(Strategy):
             self.ctx.cache[key] = val
         out: np.ndarray = self.ctx.cache[key]
         return out
+
+    @property
+    def detector_source(self) -> str:
+        """Where this strategy's detectors come from: "fit" (query time, reference set)."""
+        return "fit"
+
+    def mention_rate(self, term: str) -> float:
+        """c of P(present | x) = P(mention | x) / c: ``mention_rate``, times the term's
+        Elkan-Noto estimate with ``rate="pu"``."""
+        c = float(self.p["mention_rate"])
+        if self.p["rate"] == "pu":
+            self.fit([term])
+            c *= self.ctx.cache[self._key()][term][2]
+        elif self.p["rate"] != "global":
+            raise SparsemmError(f"detector rate must be 'global' or 'pu', not {self.p['rate']!r}")
+        return c
 
     def scores(self, a: str, b: str) -> np.ndarray:
         s = _log_sigmoid(self.logits(a)) + self.p["beta"] * self.log_absent(b)
@@ -1058,8 +974,21 @@ class Hybrid(Detector):
     def kind(self) -> str:  # type: ignore[override]
         return "sparse" if self.p["features"] == "codes" else "dense"
 
+    @property
+    def model_detectors(self) -> ConceptDetectors | None:
+        """The model's own detectors, used instead of query-time fits when present."""
+        return self.ctx.detectors if self.p["features"] == "codes" else None
+
+    @property
+    def detector_source(self) -> str:
+        return "fit" if self.model_detectors is None else "model"
+
     def has_detector(self, term: str) -> bool:
-        """True when ``term`` is label-like and mentioned by enough reference captions."""
+        """True when ``term`` is label-like and has a detector: in the model's vocabulary
+        when the model has detectors, else mentioned by enough reference captions."""
+        model = self.model_detectors
+        if model is not None:
+            return bool(term) and len(term.split()) <= int(self.p["max_words"]) and term in model
         ref = self.ctx.reference
         if ref is None or (ref.codes is None and self.p["features"] == "codes"):
             return False
@@ -1074,17 +1003,34 @@ class Hybrid(Detector):
     def prepare(self, terms: Iterable[str]) -> None:
         terms = list(terms)
         Strategy.prepare(self, terms)
-        self.fit([t for t in terms if self.has_detector(t)])
+        if self.model_detectors is None:
+            self.fit([t for t in terms if self.has_detector(t)])
+
+    def logits(self, term: str) -> np.ndarray:
+        model = self.model_detectors
+        if model is None:
+            return super().logits(term)
+        key = ("model_logits", term)
+        if key not in self.ctx.cache:
+            self.ctx.cache[key] = model.logits(self.ctx.codes_unit, term)
+        out: np.ndarray = self.ctx.cache[key]
+        return out
+
+    def mention_rate(self, term: str) -> float:
+        model = self.model_detectors
+        if model is None:
+            return super().mention_rate(term)
+        c = float(self.p["mention_rate"])
+        if self.p["rate"] == "pu":
+            c *= model.column(term)[2]
+        return c
 
     def scores(self, a: str, b: str) -> np.ndarray:
         return self.score_query([a] if a else [], [b] if b else [])
 
     def present(self, term: str) -> np.ndarray:
         """(n_items,) P(term present | x) = P(mention | x) / c (clipped to [0, 1])."""
-        c = float(self.p["mention_rate"])
-        if self.p["rate"] == "pu":
-            self.fit([term])
-            c *= self.ctx.cache[self._key()][term][2]
+        c = self.mention_rate(term)
         prob = np.exp(_log_sigmoid(self.logits(term)))
         return np.clip(prob / max(c, 1e-3), 0.0, 1.0)
 

@@ -34,7 +34,7 @@ from torch import nn
 from sparsemm.errors import SparsemmError
 from sparsemm.io import write_json
 from sparsemm.models.sr import SRConfig, SRModel
-from sparsemm.query.strategies import term_tokens
+from sparsemm.text import term_tokens
 from sparsemm.train.sr import SRTrainConfig, fit_sr
 from sparsemm.words.vectors import write_words
 

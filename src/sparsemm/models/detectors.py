@@ -1,0 +1,204 @@
+"""Concept detectors saved with a sparse model: one logistic regression per vocabulary term.
+
+A detector says how likely an item's code carries a term ("dog", "dining table"): it is a
+linear function of the item's unit-normalised code, w_t . (scale x / |x|) + b_t, trained
+when the model is (``sparsemm train sr``, ``sparsemm train detectors``) on the training
+items' captions and labels: the target of item i for term t is "some caption of i mentions
+t, or i is labelled t" (:class:`sparsemm.text.CaptionIndex` rules). Captions name only
+some of what an image shows, so targets are positive-unlabelled; each term keeps its
+Elkan-Noto rate c_t (the mean fitted probability over its positives), and
+P(t present | x) = P(mention | x) / c_t.
+
+Query time fits nothing: a term in the vocabulary is looked up by its singular content
+tokens (``dogs`` -> ``dog``), a term outside it has no detector and the scorer falls back
+to code similarity (:class:`sparsemm.query.strategies.Hybrid`).
+
+Files in the model folder: ``detectors.safetensors`` (``weights`` (d, V) float32, ``bias``
+(V,), ``rate`` (V,)) and ``detectors.json`` (format, version, the terms, the training
+settings and the SHA-256 of the safetensors file, checked on load together with the shapes
+and finiteness, so a damaged or mismatched file is refused by name).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from sparsemm.errors import SparsemmError
+from sparsemm.io import atomic_open, read_json, write_json
+from sparsemm.text import term_tokens
+
+WEIGHTS_FILE = "detectors.safetensors"
+META_FILE = "detectors.json"
+FORMAT = "sparsemm.detectors"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """How a model's detectors are trained (stored in ``detectors.json``)."""
+
+    min_mentions: int = 10  # a term needs this many positive training items
+    max_terms: int = 4000  # the most frequent terms are kept
+    bigrams: bool = True  # frequent two-word names too ("hot dog", "dining table")
+    l2: float = 1e-3  # L2 penalty of the logistic regressions
+    scale: float = 10.0  # unit codes are multiplied by this before the regression
+    head_ratio: float = 0.1  # CaptionIndex head-noun back-off of multi-word terms
+    max_iter: int = 200  # L-BFGS iterations
+    chunk: int = 1024  # terms fitted together (memory: items x chunk targets)
+
+    def __post_init__(self) -> None:
+        if self.min_mentions < 1 or self.max_terms < 1 or self.max_iter < 1 or self.chunk < 1:
+            raise SparsemmError("detector settings must be positive integers")
+        if not (self.l2 >= 0 and self.scale > 0 and 0 <= self.head_ratio <= 1):
+            raise SparsemmError("detector l2 >= 0, scale > 0 and head_ratio in [0, 1] required")
+
+
+def _key(term: str) -> tuple[str, ...]:
+    return tuple(term_tokens(term))
+
+
+class ConceptDetectors:
+    """A model's term detectors (see the module docstring). ``weights`` (d, V)."""
+
+    def __init__(
+        self,
+        terms: list[str],
+        weights: np.ndarray,
+        bias: np.ndarray,
+        rate: np.ndarray,
+        config: DetectorConfig | None = None,
+        counts: list[int] | None = None,
+    ) -> None:
+        self.terms = list(terms)
+        self.weights = np.ascontiguousarray(weights, dtype=np.float32)
+        self.bias = np.asarray(bias, dtype=np.float32)
+        self.rate = np.asarray(rate, dtype=np.float32)
+        self.config = config or DetectorConfig()
+        self.counts = list(counts) if counts is not None else [0] * len(self.terms)
+        v = len(self.terms)
+        if self.weights.ndim != 2 or self.weights.shape[1] != v:
+            raise SparsemmError(f"detector weights have shape {self.weights.shape} for {v} terms")
+        if self.bias.shape != (v,) or self.rate.shape != (v,) or len(self.counts) != v:
+            raise SparsemmError("detector bias, rate and counts need one entry per term")
+        for name, arr in (("weights", self.weights), ("bias", self.bias), ("rate", self.rate)):
+            if not np.isfinite(arr).all():
+                raise SparsemmError(f"detector {name} hold NaN or inf values")
+        self._index: dict[tuple[str, ...], int] = {}
+        for j, t in enumerate(self.terms):
+            self._index.setdefault(_key(t), j)
+
+    @property
+    def dim(self) -> int:
+        return int(self.weights.shape[0])
+
+    def __len__(self) -> int:
+        return len(self.terms)
+
+    def lookup(self, term: str) -> int | None:
+        """Column of ``term`` (matched by singular content tokens), or None."""
+        key = _key(term)
+        return self._index.get(key) if key else None
+
+    def __contains__(self, term: object) -> bool:
+        return isinstance(term, str) and self.lookup(term) is not None
+
+    def logits(self, codes_unit: sp.csr_matrix | np.ndarray, term: str) -> np.ndarray:
+        """(n,) float64 logits of ``term`` for unit-normalised codes (n, d)."""
+        j = self.lookup(term)
+        if j is None:
+            raise SparsemmError(f"{term!r} has no detector in this model")
+        if codes_unit.shape[1] != self.dim:
+            raise SparsemmError(
+                f"codes have {codes_unit.shape[1]} dims but the detectors {self.dim}"
+            )
+        z = codes_unit @ (self.weights[:, j] * self.config.scale)
+        return np.asarray(z, dtype=np.float64).ravel() + float(self.bias[j])
+
+    def column(self, term: str) -> tuple[np.ndarray, float, float]:
+        """(weights (d,) already times ``scale``, bias, rate) of ``term``."""
+        j = self.lookup(term)
+        if j is None:
+            raise SparsemmError(f"{term!r} has no detector in this model")
+        return self.weights[:, j] * self.config.scale, float(self.bias[j]), float(self.rate[j])
+
+    # -- files ---------------------------------------------------------------------------
+    def save(self, model_dir: str | Path) -> None:
+        """Write ``detectors.safetensors`` then ``detectors.json`` (its hash) atomically."""
+        from safetensors.numpy import save as save_bytes
+
+        out = Path(model_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        data = save_bytes({"weights": self.weights, "bias": self.bias, "rate": self.rate})
+        with atomic_open(out / WEIGHTS_FILE, "wb") as fh:
+            fh.write(data)
+        write_json(
+            out / META_FILE,
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "terms": self.terms,
+                "counts": self.counts,
+                "config": asdict(self.config),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            },
+        )
+
+    @classmethod
+    def load(cls, model_dir: str | Path) -> ConceptDetectors:
+        """Read a model folder's detectors; SparsemmError names a damaged or missing file."""
+        from safetensors.numpy import load as load_bytes
+
+        d = Path(model_dir)
+        meta_path, weights_path = d / META_FILE, d / WEIGHTS_FILE
+        if not meta_path.is_file() or not weights_path.is_file():
+            raise SparsemmError(
+                f"{d} has no concept detectors; add them with `sparsemm train detectors {d} "
+                "COLLECTION`"
+            )
+        try:
+            meta = read_json(meta_path)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise SparsemmError(
+                f"{meta_path} is not valid JSON ({exc}); retrain the detectors"
+            ) from exc
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise SparsemmError(f"{meta_path} is not a sparsemm detectors file")
+        if meta.get("version") != VERSION:
+            raise SparsemmError(
+                f"{meta_path} has version {meta.get('version')!r}; this sparsemm reads {VERSION}"
+            )
+        data = weights_path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+            raise SparsemmError(
+                f"{weights_path} does not match its checksum in {META_FILE} (damaged or "
+                "from another run); retrain the detectors"
+            )
+        try:
+            arrays = load_bytes(data)
+            terms = [str(t) for t in meta["terms"]]
+            config = DetectorConfig(**meta.get("config", {}))
+            return cls(
+                terms,
+                arrays["weights"],
+                arrays["bias"],
+                arrays["rate"],
+                config,
+                [int(c) for c in meta.get("counts", [0] * len(terms))],
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SparsemmError(f"{d} holds malformed detectors ({exc}); retrain them") from exc
+
+    def info(self) -> dict[str, Any]:
+        return {"terms": len(self.terms), "dim": self.dim, "config": asdict(self.config)}
+
+
+def has_detectors(model_dir: str | Path) -> bool:
+    d = Path(model_dir)
+    return (d / META_FILE).is_file() and (d / WEIGHTS_FILE).is_file()

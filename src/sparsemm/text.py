@@ -1,0 +1,83 @@
+"""Text helpers shared by every layer: singular content tokens and caption mention lookup.
+
+``term_tokens`` is the tokenizer of query terms, caption mentions and detector vocabularies
+(:func:`sparsemm.words.bias.tokenize`, then a crude English singular), so "dogs", "Dog." and
+"dog" are one term. :class:`CaptionIndex` answers "does some caption of item i mention t?".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from sparsemm.words.bias import tokenize
+
+
+def singular(token: str) -> str:
+    """Crude English singular: dogs -> dog, glasses -> glass, buses -> bus, skies -> sky."""
+    if len(token) > 4 and token.endswith("ies"):
+        return token[:-3] + "y"
+    if len(token) > 4 and token.endswith(("sses", "shes", "ches", "xes", "uses")):
+        return token[:-2]
+    if len(token) > 3 and token.endswith("s") and not token.endswith(("ss", "us", "is")):
+        return token[:-1]
+    return token
+
+
+def term_tokens(text: str) -> list[str]:
+    """Content tokens of ``text`` (the sparsemm.words tokenizer) in singular form."""
+    return [singular(t) for t in tokenize(text)]
+
+
+def _contains(tokens: Sequence[str], phrase: Sequence[str]) -> bool:
+    n = len(phrase)
+    return any(list(tokens[i : i + n]) == list(phrase) for i in range(len(tokens) - n + 1))
+
+
+class CaptionIndex:
+    """Token lookup over items' captions for "does some caption of item i mention t?".
+
+    A caption mentions a term when its singular content tokens (:func:`term_tokens`) contain
+    the term's tokens as a contiguous phrase ("dining table" needs "dining table"). A
+    multi-word term matched by fewer than ``min_positives`` items, or by fewer than
+    ``head_ratio`` times the items its last word (the head noun) matches - a rare
+    specification of a common head, "dining table" vs "table" - also matches its head noun.
+    A term without content tokens matches nothing.
+    """
+
+    def __init__(self, captions: Sequence[Sequence[str]]) -> None:
+        self.n_items = len(captions)
+        self._tokens = [[term_tokens(c) for c in caps] for caps in captions]
+        self._postings: dict[str, set[int]] = {}
+        for i, caps in enumerate(self._tokens):
+            for toks in caps:
+                for tok in toks:
+                    self._postings.setdefault(tok, set()).add(i)
+
+    def _match(self, phrase: Sequence[str]) -> np.ndarray:
+        hit = np.zeros(self.n_items, dtype=bool)
+        cand = set.intersection(*(self._postings.get(t, set()) for t in phrase))
+        for i in cand:
+            if len(phrase) == 1 or any(_contains(t, phrase) for t in self._tokens[i]):
+                hit[i] = True
+        return hit
+
+    def mentions(self, term: str, min_positives: int = 5, head_ratio: float = 0.1) -> np.ndarray:
+        """(n_items,) bool: some caption of item i mentions ``term``."""
+        phrase = term_tokens(term)
+        if not phrase:
+            return np.zeros(self.n_items, dtype=bool)
+        hit = self._match(phrase)
+        if len(phrase) > 1:
+            head = self._match(phrase[-1:])
+            if hit.sum() < max(min_positives, head_ratio * head.sum()):
+                hit = hit | head
+        return hit
+
+
+def caption_mentions(
+    captions: Sequence[Sequence[str]], term: str, min_positives: int = 5, head_ratio: float = 0.1
+) -> np.ndarray:
+    """(n_items,) bool: some caption of item i mentions ``term`` (rules: :class:`CaptionIndex`)."""
+    return CaptionIndex(captions).mentions(term, min_positives, head_ratio)
