@@ -151,6 +151,16 @@ def test_train_detectors_cli_and_captionless_search(tmp_path: Path, capsys) -> N
         assert s.context.detectors is not None
         hits = s.search("dog but not cat", k=10)
         rankings.append([h.id for h in hits])
+        dog, cat = hits[0].evidence
+        assert (dog.term, dog.side, dog.kind) == ("dog", "include", "detector")
+        assert (cat.term, cat.side, cat.kind) == ("cat", "exclude", "detector")
+        assert dog.value > 0.5 > cat.value and dog.text == f"dog {dog.value:.2f}"
+        assert cat.text.startswith("not cat 0.") and OBJECTS.index("dog") in dog.dims
+        # the dims checked for an excluded term are those its detector weighs most
+        assert OBJECTS.index("cat") in hits[0].excluded[0].dims
+        assert hits[0].scored_by == {"dog": "detector", "cat": "detector"}
+        odd = s.search("zzz dog but not cat", k=3)  # no detector: code similarity, said so
+        assert odd[0].scored_by == {"zzz dog": "code similarity", "cat": "detector"}
         labels = {it["id"]: it.get("labels", []) for it in open_collection(with_caps).items}
         assert all("dog" in labels[i] for i in rankings[-1][:5])
     assert rankings[0] == rankings[1]

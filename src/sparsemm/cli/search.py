@@ -118,6 +118,11 @@ def run(args: argparse.Namespace) -> int:
                     f"       checked '{e.term}': dims {e.dims[:6]} "
                     f"({', '.join(e.words[:4])}) item mass {e.item_mass:.3f}"
                 )
+            if h.evidence:
+                ev = ", ".join(
+                    f"{e.text} [dims {', '.join(map(str, e.dims)) or '-'}]" for e in h.evidence
+                )
+                print(f"       evidence: {ev}")
             if h.scored_by:
                 how = ", ".join(
                     f"'{t}' by {way}" + (" (no detector for it)" if way != "detector" else "")

@@ -180,9 +180,34 @@ class Concept:
 @dataclass
 class ExcludedCheck:
     term: str
-    dims: list[int]  # the term's concept dimensions (active dims of its query code)
+    # the term's concept dimensions: the 6 its detector weighs most (a model with
+    # detectors), else the active dims of its query code (those `filter` drops items on)
+    dims: list[int]
     item_mass: float  # the item's summed value on those dims
     words: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TermEvidence:
+    """How strongly an item carries one query term, by the served scorer's own evidence.
+
+    ``kind`` "detector": ``value`` is P(term present | item) from the term's detector;
+    "code similarity" (no detector for the word): ``value`` is the cosine of the term's
+    query code with the item's code. ``dims``: the concept dimensions behind the value
+    (largest contributions weight_j x_j for this item), with their words.
+    """
+
+    term: str
+    side: str  # "include" | "exclude"
+    kind: str  # "detector" | "code similarity"
+    value: float
+    dims: list[int] = field(default_factory=list)
+    words: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        """e.g. ``dog 0.93`` or ``not cat 0.02``."""
+        return f"{'not ' if self.side == 'exclude' else ''}{self.term} {self.value:.2f}"
 
 
 @dataclass
@@ -198,6 +223,7 @@ class Hit:
     # How the served scorer judged each query term: "detector" (the model's, or one fitted
     # on the collection's captions) or "code similarity" (no detector for that word).
     scored_by: dict[str, str] = field(default_factory=dict)
+    evidence: list[TermEvidence] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -403,16 +429,44 @@ class Searcher:
         rows, scores = rank_query(ctx, q, strat, k=k, offset=offset)
         why = self._explainer(q)
         scored_by: dict[str, str] = {}
+        terms: list[tuple[str, str, str, np.ndarray, np.ndarray]] = []
         if isinstance(strat, Hybrid):
-            for t in (*q.include, *q.exclude):
-                scored_by[t] = "detector" if strat.has_detector(t) else "code similarity"
+            for side, group in (("include", q.include), ("exclude", q.exclude)):
+                for t in group:
+                    kind, values, weight = self._term_evidence(strat, t)
+                    scored_by[t] = kind
+                    terms.append((t, side, kind, values, weight))
         hits = [
             self._hit(offset + i + 1, int(r), float(s), why)
             for i, (r, s) in enumerate(zip(rows, scores, strict=True))
         ]
         for h in hits:
             h.scored_by = dict(scored_by)
+            h.evidence = [self._evidence(h.row, *term) for term in terms]
         return hits
+
+    def _term_evidence(self, strat: Hybrid, term: str) -> tuple[str, np.ndarray, np.ndarray]:
+        """(kind, (n,) per-item value, (d,) per-dimension weight) of one query term."""
+        if strat.has_detector(term):
+            model = strat.model_detectors
+            w = (
+                model.column(term)[0]
+                if model is not None
+                else strat.weights(term)[0] * strat.p["scale"]
+            )
+            return "detector", strat.present(term), np.asarray(w, dtype=np.float64)
+        code = normalize_rows(self.context.term_code(term))
+        return "code similarity", strat.similarity(term), np.asarray(code, dtype=np.float64)
+
+    def _evidence(
+        self, row: int, term: str, side: str, kind: str, values: np.ndarray, weight: np.ndarray
+    ) -> TermEvidence:
+        lo, hi = self.codes.indptr[row], self.codes.indptr[row + 1]
+        dims, vals = self.codes.indices[lo:hi], self.codes.data[lo:hi]
+        contrib = weight[dims] * vals
+        top = [int(dims[i]) for i in np.argsort(-contrib, kind="stable")[:3] if contrib[i] > 0]
+        words = [w for j in top for w in self.dim_words(j)[:1]]
+        return TermEvidence(term, side, kind, float(values[row]), top, words)
 
     def _hit(self, rank: int, row: int, score: float, why: _Explainer) -> Hit:
         item = self.collection.items[row]
@@ -437,8 +491,14 @@ class Searcher:
         filt = get_strategy("filter", ctx, dims="query")
         assert isinstance(filt, HardFilter)
         checks = []
+        model = self.model.detectors
         for b in q.exclude:
             on = filt.b_weights(a, b) > 0  # (d,) bool
+            if model is not None and b in model:
+                # The dims the term's detector weighs most: what says "b is here".
+                w = model.column(b)[0]
+                on = np.zeros(len(w), dtype=bool)
+                on[[j for j in np.argsort(-w, kind="stable")[:6] if w[j] > 0]] = True
             dims = [int(j) for j in np.flatnonzero(on)]
             words = sorted({w for j in dims[:3] for w in self.dim_words(j)[:2]})
             checks.append((b, dims, on, words))

@@ -35,6 +35,7 @@ import logging
 import math
 import threading
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -170,11 +171,23 @@ class ItemOut(BaseModel):
     image: str | None  # URL of the image, None when the item has no servable image
 
 
+class EvidenceOut(BaseModel):
+    """How strongly the item carries one query term ("dog 0.93", "not cat 0.02")."""
+
+    term: str
+    side: str  # include | exclude
+    kind: str  # detector (value: P(present)) | code similarity (value: cosine)
+    value: float
+    dims: list[int]  # the concept dimensions behind the value
+    words: list[str]
+
+
 class HitOut(ItemOut):
     rank: int
     score: float
     matched: list[ConceptOut]
     excluded: list[ExcludedOut]
+    evidence: list[EvidenceOut] = []
 
 
 class ItemDetailOut(ItemOut):
@@ -418,6 +431,7 @@ class SearchService:
             score=hit.score,
             matched=self._concepts(hit.matched),
             excluded=self._checks(hit.excluded, hit.row),
+            evidence=[EvidenceOut(**asdict(e)) for e in hit.evidence],
         )
 
     # -- operations --------------------------------------------------------------------
