@@ -164,3 +164,24 @@ def test_train_detectors_cli_and_captionless_search(tmp_path: Path, capsys) -> N
         labels = {it["id"]: it.get("labels", []) for it in open_collection(with_caps).items}
         assert all("dog" in labels[i] for i in rankings[-1][:5])
     assert rankings[0] == rankings[1]
+
+
+def test_detectors_of_other_weights_are_refused(tmp_path: Path) -> None:
+    """A model retrained after its detectors were fitted: refused by name, not used."""
+    import torch
+
+    from sparsemm.models.sr import SRConfig, SRModel
+    from sparsemm.train.detectors import fit_model_detectors
+
+    global RNG
+    RNG = np.random.default_rng(2)
+    col = open_collection(_collection(tmp_path / "col", captions=True))
+    model = SRModel(SRConfig(text_dim=8, image_dim=8, latent_dim=8, top_k=8))
+    model.save_pretrained(tmp_path / "sr")
+    det = fit_model_detectors(model, tmp_path / "sr", col, "train", DetectorConfig(min_mentions=5))
+    assert ConceptDetectors.for_model(tmp_path / "sr").model_sha256 == det.model_sha256
+    with torch.no_grad():
+        model.enc_text.weight.mul_(2.0)
+    model.save_pretrained(tmp_path / "sr")  # retrained: new weights, old detectors
+    with pytest.raises(SparsemmError, match=r"fitted on other weights .* train detectors"):
+        ConceptDetectors.for_model(tmp_path / "sr")

@@ -220,7 +220,7 @@ def _model_detectors(args: argparse.Namespace) -> Any:
     from sparsemm.models.detectors import ConceptDetectors, has_detectors
 
     model_dir = args.sr if args.sr is not None else args.out / "sr"
-    return ConceptDetectors.load(model_dir) if has_detectors(model_dir) else None
+    return ConceptDetectors.for_model(model_dir) if has_detectors(model_dir) else None
 
 
 def run_negation(args: argparse.Namespace) -> int:

@@ -13,15 +13,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from sparsemm.cli.train_lexlip import register_model as register_lexlip
 from sparsemm.cli.train_vdr import register_model as register_vdr
 from sparsemm.data.collection import open_collection
 from sparsemm.models.base import check_encoders, encoder_record
 from sparsemm.models.detectors import ConceptDetectors, DetectorConfig
 from sparsemm.models.sr import SRConfig
-from sparsemm.train.detectors import fit_concept_detectors
+from sparsemm.train.detectors import fit_model_detectors
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 from sparsemm.words.spine import SparseWordVectors
 
@@ -114,26 +112,10 @@ def _fit_detectors(
     model: Any, col: Any, split: str, args: argparse.Namespace, out: Path
 ) -> ConceptDetectors:
     """Fit and save ``model``'s detectors on the items of ``split`` ("all": every item)."""
-    from sparsemm.errors import SparsemmError
-
     cfg = DetectorConfig(
         min_mentions=args.min_mentions, max_terms=args.max_terms, bigrams=not args.no_bigrams
     )
-    mask = np.ones(len(col.items), bool) if split == "all" else col.split_mask(split)
-    rows = np.flatnonzero(mask)
-    if not len(rows):
-        raise SparsemmError(f"no items on split {split!r} to fit the detectors on")
-    captions: list[list[str]] = [[] for _ in rows]
-    text_rows, owner = col.caption_rows(mask)
-    for r, o in zip(text_rows, owner, strict=True):
-        captions[int(o)].append(str(col.texts[int(r)]["text"]))
-    labels = [list(col.items[int(r)].get("labels") or []) for r in rows]
-    codes = model.encode(col.image_embeddings()[rows], "image")
-    detectors = fit_concept_detectors(
-        codes, captions, labels if any(labels) else None, cfg, progress=not args.no_progress
-    )
-    detectors.save(out)
-    return detectors
+    return fit_model_detectors(model, out, col, split, cfg, progress=not args.no_progress)
 
 
 def run_detectors(args: argparse.Namespace) -> int:

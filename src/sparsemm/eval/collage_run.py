@@ -140,6 +140,9 @@ def train_models(
     save_with_record(sr, col, out / "sr")
     _stage(timings, "sr", t0)
     t0 = time.perf_counter()
+    ensure_detectors(sr, out / "sr", col, progress)
+    _stage(timings, "detectors", t0)
+    t0 = time.perf_counter()
     al_cfg = AlignConfig(
         image_dim=image.shape[1], text_dim=text.shape[1], dim=cfg.align_dim, tau=cfg.tau
     )
@@ -153,6 +156,22 @@ def train_models(
     return sr, aligner, vectors, timings
 
 
+def ensure_detectors(sr: SRModel, model_dir: Path, col: Collection, progress: bool) -> None:
+    """The SR model's concept detectors, fitted on the train collages unless the folder
+    already holds ones fitted on these weights (cached like every stage)."""
+    from sparsemm.models.detectors import ConceptDetectors, has_detectors
+    from sparsemm.train.detectors import fit_model_detectors
+
+    if has_detectors(model_dir):
+        try:
+            ConceptDetectors.for_model(model_dir)
+            return
+        except SparsemmError as exc:
+            log.info("refitting the concept detectors: %s", exc)
+    det = fit_model_detectors(sr, model_dir, col, "train", progress=progress)
+    log.info("fitted %d concept detectors on the train collages", len(det))
+
+
 def run_bench(
     col: Collection,
     out_dir: Path,
@@ -161,6 +180,7 @@ def run_bench(
     text_encoder: Any,
     vectors: Any,
     cfg: CollageRunConfig,
+    detectors: Any = None,
 ) -> dict[str, Any]:
     """The exclusion benchmark on the test collages: dense strategies in the aligned space,
     sparse ones on the SR codes (SR reads the raw MiniLM embeddings of the query texts)."""
@@ -183,6 +203,7 @@ def run_bench(
         },
         dense_items=aligner.encode_image(col.image_embeddings()),
         dense_texts=aligner.encode_text_features(col.text_embeddings()),
+        detectors=detectors,
     )
 
 
@@ -244,7 +265,10 @@ def run_collage_demo(
     bench: dict[str, Any] | None = None
     if cfg.bench:
         t0 = time.perf_counter()
-        bench = run_bench(col, out / "bench", sr, aligner, text_encoder, vectors, cfg)
+        from sparsemm.models.detectors import ConceptDetectors
+
+        detectors = ConceptDetectors.for_model(out / "sr")
+        bench = run_bench(col, out / "bench", sr, aligner, text_encoder, vectors, cfg, detectors)
         _stage(timings, "bench", t0)
 
     t0 = time.perf_counter()

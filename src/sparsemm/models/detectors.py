@@ -75,6 +75,7 @@ class ConceptDetectors:
         rate: np.ndarray,
         config: DetectorConfig | None = None,
         counts: list[int] | None = None,
+        model_sha256: str | None = None,
     ) -> None:
         self.terms = list(terms)
         self.weights = np.ascontiguousarray(weights, dtype=np.float32)
@@ -82,6 +83,8 @@ class ConceptDetectors:
         self.rate = np.asarray(rate, dtype=np.float32)
         self.config = config or DetectorConfig()
         self.counts = list(counts) if counts is not None else [0] * len(self.terms)
+        # SHA-256 of the model weights the detectors were fitted on (None: not recorded)
+        self.model_sha256 = model_sha256
         v = len(self.terms)
         if self.weights.ndim != 2 or self.weights.shape[1] != v:
             raise SparsemmError(f"detector weights have shape {self.weights.shape} for {v} terms")
@@ -147,8 +150,23 @@ class ConceptDetectors:
                 "counts": self.counts,
                 "config": asdict(self.config),
                 "sha256": hashlib.sha256(data).hexdigest(),
+                "model_sha256": self.model_sha256,
             },
         )
+
+    @classmethod
+    def for_model(cls, model_dir: str | Path) -> ConceptDetectors:
+        """The detectors of a model folder, refused when they were fitted on other weights
+        (the model was retrained since): SparsemmError says how to refit them."""
+        det = cls.load(model_dir)
+        current = model_weights_sha256(model_dir)
+        if det.model_sha256 is not None and current is not None and det.model_sha256 != current:
+            raise SparsemmError(
+                f"the concept detectors in {model_dir} were fitted on other weights of this "
+                f"model (it was retrained since); refit them with `sparsemm train detectors "
+                f"{model_dir} COLLECTION`"
+            )
+        return det
 
     @classmethod
     def load(cls, model_dir: str | Path) -> ConceptDetectors:
@@ -191,12 +209,28 @@ class ConceptDetectors:
                 arrays["rate"],
                 config,
                 [int(c) for c in meta.get("counts", [0] * len(terms))],
+                meta.get("model_sha256"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SparsemmError(f"{d} holds malformed detectors ({exc}); retrain them") from exc
 
     def info(self) -> dict[str, Any]:
         return {"terms": len(self.terms), "dim": self.dim, "config": asdict(self.config)}
+
+
+def model_weights_sha256(model_dir: str | Path) -> str | None:
+    """SHA-256 of a model folder's current ``model.safetensors`` (None when absent)."""
+    from sparsemm.models.base import WEIGHTS_FILE as MODEL_WEIGHTS
+    from sparsemm.models.base import pair_dir
+
+    path = pair_dir(model_dir) / MODEL_WEIGHTS
+    if not path.is_file():
+        return None
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def has_detectors(model_dir: str | Path) -> bool:

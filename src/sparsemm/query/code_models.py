@@ -64,7 +64,7 @@ class SRCodeModel:
         self.top_k = int(top_k or cfg.inference_top_k or cfg.top_k)
         self.training_info = self.model.training_info
         self.detectors: ConceptDetectors | None = (
-            ConceptDetectors.load(path) if has_detectors(path) else None
+            ConceptDetectors.for_model(path) if has_detectors(path) else None
         )
 
     def encode_items(self, collection: Collection, progress: bool = False) -> sp.csr_matrix:

@@ -13,6 +13,8 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from itertools import pairwise
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -140,3 +142,34 @@ def fit_concept_detectors(
         ]
     logger.info("fitted %d concept detectors over %d items", len(terms), m)
     return ConceptDetectors(terms, weights, bias, rate, cfg, [n for _, n in vocab])
+
+
+def fit_model_detectors(
+    model: Any,
+    model_dir: str | Path,
+    collection: Any,
+    split: str = "train",
+    config: DetectorConfig | None = None,
+    progress: bool = False,
+) -> ConceptDetectors:
+    """Fit an SR ``model``'s detectors on the items of a collection ``split`` ("all": every
+    item) and save them in ``model_dir``, recording the model weights they belong to."""
+    from sparsemm.models.detectors import model_weights_sha256
+
+    n = len(collection.items)
+    mask = np.ones(n, dtype=bool) if split == "all" else collection.split_mask(split)
+    rows = np.flatnonzero(mask)
+    if not len(rows):
+        raise SparsemmError(f"no items on split {split!r} to fit the detectors on")
+    captions: list[list[str]] = [[] for _ in rows]
+    text_rows, owner = collection.caption_rows(mask)
+    for r, o in zip(text_rows, owner, strict=True):
+        captions[int(o)].append(str(collection.texts[int(r)]["text"]))
+    labels = [list(collection.items[int(r)].get("labels") or []) for r in rows]
+    codes = model.encode(collection.image_embeddings()[rows], "image")
+    det = fit_concept_detectors(
+        codes, captions, labels if any(labels) else None, config, progress=progress
+    )
+    det.model_sha256 = model_weights_sha256(model_dir)
+    det.save(model_dir)
+    return det
