@@ -32,6 +32,7 @@ from sparsemm.eval.sr_coco import ProxyRunConfig, prepare_spine, save_with_recor
 from sparsemm.io import read_json, write_json
 from sparsemm.models.lit import AlignConfig, AlignedTextEncoder, LinearAligner
 from sparsemm.models.sr import SRConfig, SRModel
+from sparsemm.train.detectors import ensure_model_detectors
 from sparsemm.train.lit import train_aligner
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 
@@ -140,7 +141,7 @@ def train_models(
     save_with_record(sr, col, out / "sr")
     _stage(timings, "sr", t0)
     t0 = time.perf_counter()
-    ensure_detectors(sr, out / "sr", col, progress)
+    ensure_model_detectors(sr, out / "sr", col, "train", progress=progress)
     _stage(timings, "detectors", t0)
     t0 = time.perf_counter()
     al_cfg = AlignConfig(
@@ -154,22 +155,6 @@ def train_models(
     save_with_record(aligner, col, out / "align")
     _stage(timings, "align", t0)
     return sr, aligner, vectors, timings
-
-
-def ensure_detectors(sr: SRModel, model_dir: Path, col: Collection, progress: bool) -> None:
-    """The SR model's concept detectors, fitted on the train collages unless the folder
-    already holds ones fitted on these weights (cached like every stage)."""
-    from sparsemm.models.detectors import ConceptDetectors, has_detectors
-    from sparsemm.train.detectors import fit_model_detectors
-
-    if has_detectors(model_dir):
-        try:
-            ConceptDetectors.for_model(model_dir)
-            return
-        except SparsemmError as exc:
-            log.info("refitting the concept detectors: %s", exc)
-    det = fit_model_detectors(sr, model_dir, col, "train", progress=progress)
-    log.info("fitted %d concept detectors on the train collages", len(det))
 
 
 def run_bench(

@@ -30,6 +30,7 @@ from sparsemm.eval.retrieval import recall_at_ks, target_ranks
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.base import PretrainedMixin, encoder_record
 from sparsemm.models.sr import SRConfig, SRModel
+from sparsemm.train.detectors import ensure_model_detectors
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 from sparsemm.words.bias import sentence_bias
 from sparsemm.words.evaluate import top_words
@@ -283,6 +284,8 @@ def run_sr_coco(
         # Persist the validated inference k with the model, so `sparsemm index` uses it.
         model.config = dataclasses.replace(model.config, inference_top_k=kind[1])
     save_with_record(model, collection, out / "sr")
+    # The served scorer's concept detectors, fitted on the training images (cached).
+    ensure_model_detectors(model, out / "sr", collection, "train", progress=progress)
     examples = concept_examples(model, collection, vectors, np.flatnonzero(test)[:4], kind[1])
     encoder_info = {"name": collection.text_encoder_name, "dim": collection.text_dim}
     metrics = {
