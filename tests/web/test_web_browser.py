@@ -201,6 +201,15 @@ def test_search_page_end_to_end(server: str, tmp_path: Path) -> None:
             page.press("#exclude", "Enter")
             page.wait_for_selector("#results[data-query='-dog']", state="attached")
             assert "anything but not “dog”" in page.inner_text("#status")
+
+            # 8. the served scorer: each card says how strongly it carries each term
+            page.select_option("#strategy", "hybrid")
+            page.fill("#include", "dog")
+            page.fill("#exclude", "cat")
+            page.click("#search-button")
+            page.wait_for_selector("#results .card .evidence")
+            line = page.inner_text("#results .card:first-child .evidence")
+            assert line.startswith("dog ") and " · not cat " in line
             assert not errors, errors
         finally:
             context.close()

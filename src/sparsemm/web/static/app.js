@@ -151,7 +151,20 @@
         el("span", { class: "score", title: "score" }, hit.score.toFixed(3)),
       ),
       el("div", { class: "chips", "aria-label": "matched concepts" }, hit.matched.map(chip)),
+      evidenceLine(hit.evidence || []),
     );
+  }
+
+  /** "dog 0.93 · not cat 0.02": how strongly the item carries each query term. */
+  function evidenceLine(evidence) {
+    if (!evidence.length) return null;
+    const text = evidence
+      .map((e) => `${e.side === "exclude" ? "not " : ""}${e.term} ${e.value.toFixed(2)}`)
+      .join(" · ");
+    const title = evidence
+      .map((e) => `${e.term}: ${e.kind}${e.dims.length ? ` (dims ${e.dims.join(", ")})` : ""}`)
+      .join("; ");
+    return el("div", { class: "evidence", title }, text);
   }
 
   function syncUrl() {
