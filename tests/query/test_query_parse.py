@@ -132,7 +132,56 @@ SENTENCES = [
     ("No people. No cars. A quiet road through the hills",
      ["quiet road through the hills"], ["people", "cars"]),
     ("A woman holding an umbrella and no handbag", ["woman holding an umbrella"], ["handbag"]),
+    # not a negation: "not only ... but also", "not without" (double negation)
+    ("not only a dog but also a cat", ["dog", "cat"], []),
+    ("a dog that is not without a collar", ["dog that is, a collar"], []),
 ]  # fmt: skip
+
+
+# Found by a red-team pass: dashes, verbs that look like cues, idioms, double negations.
+RED_TEAM = [
+    ("A man is making pizzas in a kitchen - no chair in sight",
+     ["man is making pizzas in a kitchen"], ["chair"]),
+    ("a kitchen - nobody around", ["kitchen"], ["person"]),
+    ("dog - not cat", ["dog"], ["cat"]),
+    ("kitchen\u2014no chair in sight", ["kitchen"], ["chair"]),
+    ("pizza \u2013person", ["pizza"], ["person"]),
+    ("I don't want cats, just a sofa", ["just a sofa"], ["cats"]),
+    ("neither dogs nor cats on the bed", ["on the bed"], ["dogs", "cats"]),
+    ("a boy missing his front teeth", ["boy missing his front teeth"], []),
+    ("a man gone fishing", ["man gone fishing"], []),
+    ("the dog is nowhere near the cat", ["dog is nowhere near the cat"], []),
+    ("the cat is absent from the scene", [], ["cat"]),
+    ("A man making pizza, with no chair nor table in the kitchen.",
+     ["man making pizza, in the kitchen"], ["chair", "table"]),
+    ("the dog is not on the couch", ["dog is not on the couch"], []),
+    ("the dog is not in the car", ["dog is not in the car"], []),
+    ("a woman not looking at the camera", ["woman not looking at the camera"], []),
+    ("a cat without its whiskers", ["cat"], ["whiskers"]),
+    ("not free of dogs", ["dogs"], []),
+    ("not a trace of people", [], ["people"]),
+    ("no evidence of people", [], ["people"]),
+    ("a dog with no fewer than two cats", ["dog with no fewer than two cats"], []),
+    ("a man on a deserted street", ["man on a street"], ["person"]),
+    ("a man with no shirt, wearing shorts", ["man", "wearing shorts"], ["shirt"]),
+    ("a table without forks, knives, or spoons", ["table"], ["forks", "knives", "spoons"]),
+    ("anything but cats", [], ["cats"]),
+    ("dog\udcff cat", ["dog cat"], []),  # invalid UTF-8 from a terminal: a space
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "include", "exclude"), RED_TEAM)
+def test_red_team_phrasings(text: str, include: list[str], exclude: list[str]) -> None:
+    q = parse_query(text)
+    assert q == Query(tuple(include), tuple(exclude))
+    assert parse_query(q.text) == q
+
+
+def test_exclude_argument_types() -> None:
+    assert parse_query("dog", exclude=None) == Query(("dog",))  # type: ignore[arg-type]
+    for bad in (5, b"cat"):
+        with pytest.raises(SparsemmError, match="must be a list of text"):
+            parse_query("dog", exclude=bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("text", "include", "exclude"), SENTENCES)

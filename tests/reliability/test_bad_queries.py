@@ -101,3 +101,13 @@ def test_api_known_terms_still_work(client: TestClient) -> None:
         assert body["hits"][0]["id"] in ("d1", "d2")
         if strategy == "filter":
             assert not [h for h in body["hits"] if "cat" in ITEMS[h["id"]]]
+
+
+def test_cli_invalid_utf8_in_a_query_is_not_a_traceback(toy_collection: Path, cli: Any) -> None:
+    """Bytes that are not UTF-8 reach Python's argv as lone surrogates ('\\udcff'); they
+    count as spaces, so the query runs (a red-team pass found a traceback here)."""
+    res = cli("search", str(toy_collection), "dog\udcff but not\udcff cat", "-k", "3")
+    assert res.code == 0, res.err
+    assert res.out.startswith("query: dog  but not: cat")
+    res = cli("search", str(toy_collection), "\udcff\udcfe")
+    res.one_line_error("empty query")

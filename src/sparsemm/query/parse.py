@@ -76,7 +76,7 @@ MAX_LABEL_WORDS = 5  # ...and only while all pieces together stay this short
 
 # Single-word prefix cues: the noun phrase after them is excluded.
 NEGATIONS = frozenset(
-    {"not", "no", "without", "except", "excluding", "exclude", "minus", "w/o", "sans"}
+    {"not", "no", "without", "except", "excluding", "exclude", "minus", "w/o", "sans", "neither"}
 )
 # Multi-word prefix cues (token tuples), longest first when matched.
 _PREFIX_CUES: tuple[tuple[str, ...], ...] = tuple(
@@ -86,6 +86,9 @@ _PREFIX_CUES: tuple[tuple[str, ...], ...] = tuple(
             ("no", "sign", "of"),
             ("no", "signs", "of"),
             ("no", "trace", "of"),
+            ("no", "evidence", "of"),
+            ("not", "a", "trace", "of"),
+            ("not", "a", "hint", "of"),
             ("no", "hint", "of"),
             ("not", "a", "sign", "of"),
             ("devoid", "of"),
@@ -116,7 +119,7 @@ _HAVE_VERBS = frozenset(
     {
         "have", "has", "contain", "contains", "show", "shows", "include", "includes",
         "feature", "features", "hold", "holds", "depict", "depicts", "display", "displays",
-        "wear", "carry", "see", "find",
+        "wear", "carry", "see", "find", "want", "need", "like",
         "wearing", "holding", "having", "carrying", "showing", "containing", "including",
         "featuring", "using", "depicting",
     }
@@ -130,15 +133,35 @@ _NOT_PRESENT = frozenset(
     }
 )  # fmt: skip
 _OUT_OF = frozenset({"sight", "view", "frame", "picture", "image", "shot", "photo"})
+# "not" before these is not an exclusion: "not only", "not without" (double negation)...
+_DOUBLE_NEG = frozenset({"only", "without", "free", "devoid", "lacking", "empty", "missing"})
+# ... nor "no" before these ("no fewer than two cats", "no longer a cat").
+_NO_IDIOMS = frozenset({"fewer", "less", "longer", "matter", "doubt", "way"})
+# "anything but X" = everything except X.
+_EVERYTHING = frozenset({"anything", "everything", "everybody", "everyone", "all"})
+# After "not", these mean the sentence goes on, not that an object is excluded
+# ("the dog is not on the couch", "not too big"): "not" stays an ordinary word.
+_NOT_FOLLOWERS = frozenset(
+    {"on", "at", "near", "under", "over", "by", "inside", "outside", "from", "into", "onto",
+     "behind", "above", "below", "next", "around", "for", "to", "all", "just", "too", "so",
+     "quite", "merely", "exactly", "really", "very", "always", "even", "yet", "every",
+     "allowed", "looking", "facing", "moving", "working"}
+)  # fmt: skip
+# A list item starting with one of these is a new clause ("no shirt, wearing shorts").
+_PARTICIPLES = frozenset(
+    {"wearing", "holding", "carrying", "sitting", "standing", "walking", "eating", "playing",
+     "looking", "riding", "lying", "laying", "running", "flying", "using", "watching",
+     "waiting", "talking", "smiling", "posing", "reading", "working", "cooking", "drinking"}
+)  # fmt: skip
 # Words meaning "no person".
 PERSON = "person"
-_PERSON_WORDS = frozenset(
-    {"nobody", "noone", "no-one", "unoccupied", "uninhabited", "deserted", "unpopulated"}
-)
+_PERSON_ADJECTIVES = frozenset({"unoccupied", "uninhabited", "deserted", "unpopulated"})
+_PERSON_WORDS = frozenset({"nobody", "noone", "no-one"}) | _PERSON_ADJECTIVES
 # Skipped between a cue and its noun phrase.
 _DETERMINERS = frozenset(
-    {"a", "an", "the", "any", "some", "single", "one", "more", "other", "such", "even"}
-)
+    {"a", "an", "the", "any", "some", "single", "one", "more", "other", "such", "even",
+     "its", "his", "her", "their", "my", "your", "our"}
+)  # fmt: skip
 # Words that end an excluded noun phrase (prepositions, verbs, clause words, cues, filler).
 _NP_STOP = frozenset(
     {
@@ -228,12 +251,13 @@ _TOKEN_RE = re.compile(
     | "(?P<phrase>[^"]*)"
     | (?P<quote>")
     | (?P<sep>[,;&+])
-    | (?P<minus>[-\u2212]+)
+    | (?P<minus>[-\u2212]+\s?)
     | (?P<word>[^\s,;&+"]+)
     """,
     re.VERBOSE,
 )
 _SENTENCE_END = re.compile(r"[.!?:]+$")
+_DASH_MINUS = re.compile(r"(?<=\s)[\u2013\u2014](?=\w)")
 _VALUE_SPLIT_RE = re.compile(r"[,;]")
 _EXAMPLE = "e.g. 'dog but not cat', 'pizza -person' or 'a kitchen with no person'"
 
@@ -322,14 +346,18 @@ def _parse(text: str) -> tuple[list[str], list[str]]:
 
 
 def _clean(text: str) -> str:
-    """Control characters (Unicode Cc) -> spaces; format characters (Cf: zero-width
-    spaces, bidi overrides, soft hyphens) dropped."""
+    """Control characters (Unicode Cc) and lone surrogates (Cs: bytes that were not valid
+    UTF-8) -> spaces; format characters (Cf: zero-width spaces, bidi overrides, soft
+    hyphens) dropped; en and em dashes -> commas (a pause, not a minus)."""
+    # a dash glued to a word is a minus ("pizza \u2013person"), a spaced one a pause
+    text = _DASH_MINUS.sub("-", text.replace("\u2010", "-"))
+    text = text.replace("\u2013", ",").replace("\u2014", ",")
     if text.isprintable():
         return text
     out = []
     for c in text:
         cat = unicodedata.category(c)
-        out.append(" " if cat == "Cc" else "" if cat == "Cf" else c)
+        out.append(" " if cat in ("Cc", "Cs") else "" if cat == "Cf" else c)
     return "".join(out)
 
 
@@ -415,6 +443,7 @@ class _Parser:
         self.words: list[str] = []  # include words of the piece being read
         self.widx: list[int] = []  # their token indices
         self.removed: set[int] = set()  # tokens that belong to an exclusion
+        self.silent: set[int] = set()  # dropped without cutting the sentence
         self.sep = ", "  # separator before the piece being read
 
     # -- token access --------------------------------------------------------------------
@@ -449,6 +478,19 @@ class _Parser:
         return self._includes(), self.exclude
 
     def _minus(self, i: int) -> int:
+        nxt = self._word(i + 1)
+        spaced = self.tokens[i][1][-1:].isspace()  # "x - no chair", not "x -no"
+        if (
+            nxt is not None
+            and spaced
+            and (
+                self._prefix_cue(i + 1) is not None
+                or nxt in _PERSON_WORDS
+                or nxt in ("there", "there's", "no", "not")
+            )
+        ):
+            self._flush(", ")  # "a kitchen - no chair in sight": a dash, not a minus
+            return self._remove(i, i + 1)
         self._flush(" ")
         kind = self._kind(i + 1)
         if kind == "word":
@@ -468,6 +510,24 @@ class _Parser:
 
     def _word_at(self, i: int) -> int:
         word = self.tokens[i][1]
+        # "not only X but also Y" includes both; "not without X", "not free of X" are
+        # double negations (X is there).
+        nxt = self._word(i + 1)
+        if word == "not" and nxt in _DOUBLE_NEG:
+            end = i + 2 + (self._word(i + 2) in ("of", "from"))
+            return self._remove(i, end)
+        if word == "no" and (nxt in _NO_IDIOMS or (nxt == "more" and self._word(i + 2) == "than")):
+            self._add(word, i)  # "no fewer than", "no longer": not an exclusion
+            return i + 1
+        if word == "but" and self.words and all(w in _EVERYTHING for w in self.words):
+            # "anything but cats": everything except cats
+            for _ in range(len(self.words)):
+                self.words.pop()
+                self.removed.add(self.widx.pop())
+            nps, j = self._np_list(i + 1, leading=True)
+            if nps:
+                self.exclude += nps
+                return self._remove(i, self._skip_filler(j))
         # A connector right before a cue belongs to it ("but not", "and no", "with no").
         if word in _CONNECTORS and self._prefix_cue(i + 1) is not None:
             self._add(word, i)
@@ -475,6 +535,10 @@ class _Parser:
         cue = self._prefix_cue(i)
         if cue is not None:
             return self._exclude_after(i, cue)
+        if word in _PERSON_ADJECTIVES:
+            self.exclude.append(PERSON)  # "a deserted street": the street stays whole
+            self.silent.add(i)
+            return i + 1
         if word in _PERSON_WORDS or (word == "no" and self._word(i + 1) == "one"):
             self._drop_setup()
             self.exclude.append(PERSON)
@@ -529,6 +593,8 @@ class _Parser:
                 return None  # "not present", "not visible": postfix
             if nxt in _HAVE_VERBS:
                 return i + 2  # "not wearing a hat"
+            if nxt in _NOT_FOLLOWERS or (nxt is not None and _verb_like(nxt)):
+                return None  # "not on the couch", "not looking at": not an exclusion
             return i + 1
         if w in NEGATIONS:
             if w == "no" and self._word(i + 1) == "one":
@@ -540,14 +606,37 @@ class _Parser:
         """Index after a postfix cue at token i ("is absent", "not visible"), or None."""
         w = self._word(i)
         if w in _POSTFIX:
-            return i + 1
+            # "the cat is missing" / "missing." / "absent from the scene"; not "a boy
+            # missing his teeth", "gone fishing", "nowhere near the cat".
+            if self._ends_clause(i + 1) or self._word(i + 1) == "from":
+                return self._skip_from(i + 1)
+            return None
         if w == "not" and self._word(i + 1) in _NOT_PRESENT:
+            if self._word(i + 1) in ("in", "to") and not self._anchored_filler(i + 1):
+                return None  # "not in the car": a place, not absence
             return i + 2
         if w == "out" and self._word(i + 1) == "of":
             j = i + 2 + (self._word(i + 2) in ("the", "this"))
             if self._word(j) in _OUT_OF:
                 return j + 1  # "out of sight", "out of the picture"
         return None
+
+    def _skip_from(self, i: int) -> int:
+        """After "absent from the scene", the index past the filler (else i)."""
+        if self._word(i) == "from":
+            j = self._skip_filler(i + 1)
+            return j if j > i + 1 else i + 1
+        return i
+
+    def _anchored_filler(self, i: int) -> bool:
+        """True when filler starting at token i names the picture ("in sight", "in the
+        image"), not a place ("in the car")."""
+        j = i
+        while self._word(j) in _FILLER:
+            if self._word(j) in _FILLER_ANCHOR:
+                return True
+            j += 1
+        return False
 
     def _np_start(self, i: int, allow_stop: bool = False) -> bool:
         """True when token i can start a noun phrase (after optional determiners)."""
@@ -617,12 +706,16 @@ class _Parser:
         while True:
             j = i
             kind, w = self._kind(j), self._word(j)
-            if w in _LIST_WORDS or (kind == "sep" and self.tokens[j][1] == "," and not leading):
+            comma = kind == "sep" and self.tokens[j][1] == "," and not leading
+            if w in _LIST_WORDS or comma:
                 j += 1
+                if comma and self._word(j) in _LIST_WORDS:
+                    j += 1  # "forks, knives, or spoons"
                 if self._word(j) in ("no", "not", "without"):
                     j += 1
                 np, k = self._np(j)
-                if np is not None and self._ends_clause(k):
+                verb_first = np is not None and np.split(" ")[0] in _PARTICIPLES
+                if np is not None and not verb_first and (w == "nor" or self._ends_clause(k)):
                     nps.append(np)
                     i = k
                     continue
@@ -739,6 +832,8 @@ class _Parser:
         set-up words) cut out, and the connectives next to a cut dropped."""
         items: list[str | None] = []  # words; "," for punctuation; None for a cut
         for idx, (kind, value) in enumerate(self.tokens):
+            if idx in self.silent:
+                continue
             if idx in self.removed:
                 if not items or items[-1] is not None:
                     items.append(None)
@@ -781,8 +876,12 @@ def _verb_like(word: str) -> bool:
 
 def _exclude_values(values: Sequence[str] | str) -> list[str]:
     """Normalise extra excluded terms (``--exclude``); a value may list terms with commas."""
+    if values is None:
+        return []
     if isinstance(values, str):
         values = [values]
+    if not isinstance(values, (list, tuple)):
+        raise SparsemmError(f"excluded terms must be a list of text, got {type(values).__name__}")
     out: list[str] = []
     for value in values:
         if not isinstance(value, str):
