@@ -122,7 +122,7 @@ def test_cli_ranking_equals_benchmark_ranking(trained, capsys) -> None:
     )
     for text in ("a dog in the park, but there is no cat in sight", "dog but not car", "no tree"):
         assert main(["search", str(col_dir), text, "-k", "5", "--json"]) == 0
-        served = [h["id"] for h in json.loads(capsys.readouterr().out)]
+        served = [h["id"] for h in json.loads(capsys.readouterr().out)["hits"]]
         rows, _ = rank_query(ctx, parse_query(text), "hybrid", k=5)
         assert served == [col.ids[int(r)] for r in rows]
         assert np.all(np.diff(_) <= 1e-9)

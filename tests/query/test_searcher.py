@@ -149,7 +149,7 @@ def test_cli_index_and_search(tmp_path: Path, capsys) -> None:
     assert '"id": "p1"' in capsys.readouterr().out
     # Only an exclusion: items are ranked by absence, the car items last.
     assert main(["search", str(col), "no car", "-k", "12", "--json"]) == 0
-    ids = [h["id"] for h in json.loads(capsys.readouterr().out)]
+    ids = [h["id"] for h in json.loads(capsys.readouterr().out)["hits"]]
     with_car = [i for i in ids if "car" in ITEMS[i]]
     assert set(ids[-len(with_car) :]) == set(with_car) == {"p2", "r1"}
     assert main(["search", str(col), "   "]) == 2
@@ -239,3 +239,23 @@ def test_models_trained_on_other_encoders_are_refused(tmp_path: Path) -> None:
     for fn in (lambda: build_index(col, sr), lambda: Searcher(col)):
         with pytest.raises(SparsemmError, match=r"trained on clip .*the collection has toykw"):
             fn()
+
+
+def test_cli_json_paths_and_strategy_list(tmp_path: Path, capsys) -> None:
+    col = _collection(tmp_path)
+    sr = _identity_sr(tmp_path)
+    assert main(["index", str(col), "--model", str(sr)]) == 0
+    capsys.readouterr()
+    assert main(["search", str(col), "a dog, but there is no cat", "-k", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["query"] == {"include": ["dog"], "exclude": ["cat"], "text": "dog -cat"}
+    assert out["strategy"] == "hybrid" and len(out["hits"]) == 3
+    assert {"id", "rank", "score", "image", "caption", "labels", "evidence"} <= set(out["hits"][0])
+    assert main(["search", str(col), "dog -cat", "-k", "3", "--paths"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [h["id"] for h in out["hits"]]  # no images here: the ids
+    assert main(["search", "--list-strategies"]) == 0
+    listing = capsys.readouterr().out
+    assert listing.startswith("dense_a") and "hybrid" in listing and "filter" in listing
+    assert main(["search", str(col)]) == 2
+    assert "give a collection and a query" in capsys.readouterr().err

@@ -31,6 +31,10 @@ VERBS = (
 )
 
 
+# Verbs whose output is meant for people and pipes: library log lines only with -v.
+QUIET_VERBS = frozenset({"search"})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sparsemm",
@@ -49,8 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Long jobs report their stages at INFO; a search prints its answer only (-v: all).
+    quiet = args.verb in QUIET_VERBS
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
     )
     if not getattr(args, "func", None):

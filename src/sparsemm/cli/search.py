@@ -24,11 +24,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "with an exclusion strategy. --explain prints, per result, the concept dimensions "
         "that matched and the excluded concepts that were checked.",
     )
-    p.add_argument("collection", type=Path)
+    p.add_argument("collection", type=Path, nargs="?")
     p.add_argument(
         "query",
+        nargs="?",
         help='e.g. "dog without cat", "kitchen, no person, no oven", '
         '"a man making pizza, but there is no chair in sight"',
+    )
+    p.add_argument(
+        "--list-strategies",
+        action="store_true",
+        help="list the ranking strategies with a line on each, and exit",
     )
     p.add_argument(
         "--exclude",
@@ -52,7 +58,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="'index': the inverted index's hard filter (strategy filter only)",
     )
     p.add_argument("--explain", action="store_true", help="show why each result came back")
-    p.add_argument("--json", action="store_true", help="print the hits as JSON")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: the parsed query, the strategy and the hits (id, "
+        "rank, score, image path, caption, labels, explanation)",
+    )
+    out.add_argument(
+        "-f",
+        "--paths",
+        action="store_true",
+        help="print only the hits' image paths (the id when an item has no image), one a "
+        "line, for piping",
+    )
     add_backend_args(p)
     p.set_defaults(func=run)
 
@@ -77,11 +96,35 @@ def search_store(searcher: Searcher, store: Store, query: Query, k: int) -> list
         searcher.index = local
 
 
+def list_strategies() -> str:
+    from sparsemm.query.strategies import STRATEGIES
+
+    width = max(len(n) for n in STRATEGIES)
+    lines = [f"{name:<{width}}  {spec.description}" for name, spec in STRATEGIES.items()]
+    return "\n".join(lines)
+
+
+def image_path(searcher: Searcher, row: int) -> str | None:
+    """The absolute image path of item ``row`` (None when it has no image)."""
+    img = searcher.collection.items[row].get("image")
+    if not img:
+        return None
+    p = Path(str(img))
+    return str(p if p.is_absolute() else (searcher.collection.root / p).resolve())
+
+
 def run(args: argparse.Namespace) -> int:
     from sparsemm.errors import SparsemmError
     from sparsemm.query.parse import parse_query
     from sparsemm.query.searcher import Searcher
 
+    if args.list_strategies:
+        print(list_strategies())
+        return 0
+    if args.collection is None or args.query is None:
+        raise SparsemmError(
+            'give a collection and a query, e.g. sparsemm search COLLECTION "dog but not cat"'
+        )
     query = parse_query(args.query, exclude=tuple(args.exclude))
     searcher = Searcher(args.collection)
     # The index engine and Qdrant serve the `filter` strategy (issue 16 brings the default
@@ -104,7 +147,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         hits = searcher.search(query, k=args.k, strategy=args.strategy, offset=args.offset)
     if args.json:
-        print(json.dumps([h.to_dict() for h in hits], indent=1))
+        out = {
+            "query": {"include": list(query.include), "exclude": list(query.exclude),
+                      "text": query.text},
+            "strategy": args.strategy,
+            "hits": [{**h.to_dict(), "image": image_path(searcher, h.row)} for h in hits],
+        }  # fmt: skip
+        print(json.dumps(out, indent=1))
+        return 0
+    if args.paths:
+        for h in hits:
+            print(image_path(searcher, h.row) or h.id)
         return 0
     excl = f"  but not: {', '.join(query.exclude)}" if query.exclude else ""
     print(f"query: {', '.join(query.include) or '(anything)'}{excl}   [{args.strategy}]")
