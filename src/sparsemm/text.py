@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from sparsemm.errors import SparsemmError
 from sparsemm.words.bias import tokenize
 
 
@@ -43,11 +44,23 @@ class CaptionIndex:
     multi-word term matched by fewer than ``min_positives`` items, or by fewer than
     ``head_ratio`` times the items its last word (the head noun) matches - a rare
     specification of a common head, "dining table" vs "table" - also matches its head noun.
-    A term without content tokens matches nothing.
+    A term without content tokens matches nothing. With ``labels`` (item i's object labels,
+    or tags), an item labelled with the term (same singular tokens) mentions it too.
     """
 
-    def __init__(self, captions: Sequence[Sequence[str]]) -> None:
+    def __init__(
+        self, captions: Sequence[Sequence[str]], labels: Sequence[Sequence[str]] | None = None
+    ) -> None:
         self.n_items = len(captions)
+        if labels is not None and len(labels) != self.n_items:
+            raise SparsemmError(
+                f"reference labels have {len(labels)} rows for {self.n_items} items"
+            )
+        self._labels: dict[tuple[str, ...], np.ndarray] = {}
+        for i, labs in enumerate(labels or []):
+            for lab in labs:
+                key = tuple(term_tokens(str(lab)))
+                self._labels.setdefault(key, np.zeros(self.n_items, dtype=bool))[i] = True
         self._tokens = [[term_tokens(c) for c in caps] for caps in captions]
         self._postings: dict[str, set[int]] = {}
         for i, caps in enumerate(self._tokens):
@@ -63,8 +76,13 @@ class CaptionIndex:
                 hit[i] = True
         return hit
 
+    def labelled(self, term: str) -> np.ndarray:
+        """(n_items,) bool: item i carries a label equal to ``term`` (singular forms)."""
+        hit = self._labels.get(tuple(term_tokens(term)))
+        return np.zeros(self.n_items, dtype=bool) if hit is None else hit
+
     def mentions(self, term: str, min_positives: int = 5, head_ratio: float = 0.1) -> np.ndarray:
-        """(n_items,) bool: some caption of item i mentions ``term``."""
+        """(n_items,) bool: some caption of item i mentions ``term``, or i is labelled so."""
         phrase = term_tokens(term)
         if not phrase:
             return np.zeros(self.n_items, dtype=bool)
@@ -73,7 +91,7 @@ class CaptionIndex:
             head = self._match(phrase[-1:])
             if hit.sum() < max(min_positives, head_ratio * head.sum()):
                 hit = hit | head
-        return hit
+        return hit | self.labelled(term) if self._labels else hit
 
 
 def caption_mentions(

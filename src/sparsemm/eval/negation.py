@@ -428,19 +428,15 @@ def tune_hybrid(
     Returns (chosen params, every grid row, the bars)."""
     import itertools
 
-    from sparsemm.query.rank import score_query
-    from sparsemm.query.strategies import top_rows
+    from sparsemm.eval.bench import evaluate_strategy
 
     pairs = build_exclusion_queries(labels)
-    pair_q = [Query((q.a,), (q.b,)) for q in pairs]
-    rel_p, _, has_b = query_matrices(pairs, ctx.n_items)
+    p_mat = query_matrices(pairs, ctx.n_items)
     parsed, _ = parse_all(sentence_queries)
     s_mat = query_truth(sentence_queries, labels)
     # Bars from the dense references on the same tuning items.
-    dense_p = get_spec("avg_emb_0.5").build(ctx).rank_many([(q.a, q.b) for q in pairs], k)
-    bar_viol = float(
-        evaluate_rankings(dense_p, rel_p, ["violation@10"], excluded=has_b)["violation@10"].mean()
-    )
+    dense = evaluate_strategy(ctx, "avg_emb_0.5", {}, pairs, p_mat, k, ["violation@10"])
+    bar_viol = float(dense["violation@10"].mean())
     raw = evaluate_dense_texts(ctx, [q.text for q in sentence_queries], s_mat, k)
     ref = evaluate_dense_texts(ctx, [q.caption for q in sentence_queries], s_mat, k)
     bar_neg = 0.5 * float(raw["violation@5"].mean())
@@ -456,13 +452,7 @@ def tune_hybrid(
     points = points[: max_grid or None]
     rows: list[dict[str, Any]] = []
     for point in points:
-        strat = get_spec("hybrid").build(ctx, **point)
-        strat.prepare({t for q in pair_q for t in (*q.include, *q.exclude)})
-        rp = np.full((len(pair_q), k), -1, dtype=np.int64)
-        for i, q in enumerate(pair_q):
-            r = top_rows(score_query(ctx, q, strat), k)
-            rp[i, : len(r)] = r
-        lab = evaluate_rankings(rp, rel_p, ["ap@10", "violation@10"], excluded=has_b)
+        lab = evaluate_strategy(ctx, "hybrid", point, pairs, p_mat, k, ["ap@10", "violation@10"])
         sen = evaluate_method(ctx, sentence_queries, parsed, s_mat, "hybrid", point, k)
         ap, viol = float(lab["ap@10"].mean()), float(lab["violation@10"].mean())
         r5, neg = float(sen["recall@5"].mean()), float(sen["violation@5"].mean())

@@ -39,7 +39,9 @@ def score_query(
     strat = build_strategy(ctx, strategy, **params)
     scores = np.asarray(strat.score_query(query.include, query.exclude), dtype=np.float64)
     if strat.kind == "sparse" and query.include:
-        overlap = ctx.code_scores(ctx.term_code(query.include_text)) > 0
+        # The include code's cosine, as the strategy computes it (cached by the detector
+        # strategies, which score with it too).
+        overlap = strat.similarity(query.include_text) > 0
         scores = np.where(overlap, scores, -np.inf)
     return scores
 

@@ -428,33 +428,23 @@ class Searcher:
         # The same function the benchmarks rank with (sparsemm.query.rank).
         rows, scores = rank_query(ctx, q, strat, k=k, offset=offset)
         why = self._explainer(q)
-        scored_by: dict[str, str] = {}
         terms: list[tuple[str, str, str, np.ndarray, np.ndarray]] = []
         if isinstance(strat, Hybrid):
             for side, group in (("include", q.include), ("exclude", q.exclude)):
-                for t in group:
-                    kind, values, weight = self._term_evidence(strat, t)
-                    scored_by[t] = kind
-                    terms.append((t, side, kind, values, weight))
+                terms += [(t, side, *self._term_evidence(strat, t)) for t in group]
         hits = [
             self._hit(offset + i + 1, int(r), float(s), why)
             for i, (r, s) in enumerate(zip(rows, scores, strict=True))
         ]
         for h in hits:
-            h.scored_by = dict(scored_by)
             h.evidence = [self._evidence(h.row, *term) for term in terms]
+            h.scored_by = {e.term: e.kind for e in h.evidence}
         return hits
 
     def _term_evidence(self, strat: Hybrid, term: str) -> tuple[str, np.ndarray, np.ndarray]:
         """(kind, (n,) per-item value, (d,) per-dimension weight) of one query term."""
         if strat.has_detector(term):
-            model = strat.model_detectors
-            w = (
-                model.column(term)[0]
-                if model is not None
-                else strat.weights(term)[0] * strat.p["scale"]
-            )
-            return "detector", strat.present(term), np.asarray(w, dtype=np.float64)
+            return "detector", strat.present(term), strat.detector_weights(term)
         code = normalize_rows(self.context.term_code(term))
         return "code similarity", strat.similarity(term), np.asarray(code, dtype=np.float64)
 
@@ -484,8 +474,9 @@ class Searcher:
 
     def _explainer(self, q: Query, n_dims: int = 5) -> _Explainer:
         """What explaining any hit of ``q`` needs, computed once per query: the include
-        code and each excluded term's dimensions (those the ``filter`` strategy drops items
-        on: the active dims of the term's query code) with their words."""
+        code and each excluded term's dimensions with their words: the 6 its detector
+        weighs most when the model has one, else those the ``filter`` strategy drops items
+        on (the active dims of the term's query code)."""
         ctx = self.context
         a = q.include_text
         filt = get_strategy("filter", ctx, dims="query")
@@ -493,12 +484,13 @@ class Searcher:
         checks = []
         model = self.model.detectors
         for b in q.exclude:
-            on = filt.b_weights(a, b) > 0  # (d,) bool
             if model is not None and b in model:
                 # The dims the term's detector weighs most: what says "b is here".
                 w = model.column(b)[0]
                 on = np.zeros(len(w), dtype=bool)
                 on[[j for j in np.argsort(-w, kind="stable")[:6] if w[j] > 0]] = True
+            else:
+                on = filt.b_weights(a, b) > 0  # (d,) bool: the dims `filter` drops items on
             dims = [int(j) for j in np.flatnonzero(on)]
             words = sorted({w for j in dims[:3] for w in self.dim_words(j)[:2]})
             checks.append((b, dims, on, words))

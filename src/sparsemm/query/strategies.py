@@ -145,7 +145,6 @@ class ReferenceSet:
     codes: sp.csr_matrix | None = None
     labels: list[list[str]] | None = None
     _index: CaptionIndex | None = field(default=None, repr=False)
-    _labels: dict[tuple[str, ...], np.ndarray] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         m = len(self.captions)
@@ -157,26 +156,21 @@ class ReferenceSet:
         if self.labels is not None and len(self.labels) != m:
             raise SparsemmError(f"reference labels have {len(self.labels)} rows for {m} items")
 
+    @property
+    def index(self) -> CaptionIndex:
+        """The mention lookup of the captions and labels (built on first use)."""
+        if self._index is None:
+            self._index = CaptionIndex(self.captions, self.labels)
+        return self._index
+
     def labelled(self, term: str) -> np.ndarray:
         """(m,) bool: reference item i carries a label equal to ``term`` (singular forms)."""
-        m = len(self.captions)
-        if self.labels is None:
-            return np.zeros(m, dtype=bool)
-        if self._labels is None:
-            self._labels = {}
-            for i, labs in enumerate(self.labels):
-                for lab in labs:
-                    key = tuple(term_tokens(str(lab)))
-                    self._labels.setdefault(key, np.zeros(m, dtype=bool))[i] = True
-        hit = self._labels.get(tuple(term_tokens(term)))
-        return np.zeros(m, dtype=bool) if hit is None else hit
+        return self.index.labelled(term)
 
     def mentions(self, term: str, min_positives: int = 5, head_ratio: float = 0.1) -> np.ndarray:
         """(m,) bool targets: some caption of reference item i mentions ``term``, or the
-        item is labelled with it."""
-        if self._index is None:
-            self._index = CaptionIndex(self.captions)
-        return self._index.mentions(term, min_positives, head_ratio) | self.labelled(term)
+        item is labelled with it (:class:`~sparsemm.text.CaptionIndex`)."""
+        return self.index.mentions(term, min_positives, head_ratio)
 
 
 def _normalize_csr(x: sp.csr_matrix) -> sp.csr_matrix:
@@ -1034,14 +1028,28 @@ class Hybrid(Detector):
         prob = np.exp(_log_sigmoid(self.logits(term)))
         return np.clip(prob / max(c, 1e-3), 0.0, 1.0)
 
+    def include_alpha(self, include: Sequence[str]) -> tuple[float, list[str]]:
+        """(weight of the include similarity, the include terms that have a detector):
+        ``alpha``, or ``alpha_phrase`` when none has one (a sentence's phrase)."""
+        detected = [t for t in include if self.has_detector(t)]
+        p = self.p
+        alpha = p["alpha"] if detected or p["alpha_phrase"] is None else p["alpha_phrase"]
+        return float(alpha), detected
+
+    def detector_weights(self, term: str) -> np.ndarray:
+        """(d,) float64 per-dimension weights of ``term``'s detector over unit codes (its
+        logit is their inner product with the item's unit code, plus a bias)."""
+        model = self.model_detectors
+        w = model.column(term)[0] if model is not None else self.weights(term)[0] * self.p["scale"]
+        return np.asarray(w, dtype=np.float64)
+
     def score_query(self, include: Sequence[str], exclude: Sequence[str]) -> np.ndarray:
         p = self.p
         s = np.zeros(self.ctx.n_items)
         sim_i = None
         if include:
             sim_i = self.similarity(" and ".join(include))
-            detected = [t for t in include if self.has_detector(t)]
-            alpha = p["alpha"] if detected or p["alpha_phrase"] is None else p["alpha_phrase"]
+            alpha, detected = self.include_alpha(include)
             s = s + alpha * sim_i
             if p["delta"]:
                 for t in detected:

@@ -40,19 +40,14 @@ def include_proxy(
     ``exclusions`` also subtracts the excluded terms' detector weights and codes."""
     ctx = strat.ctx
     p = strat.p
-    detected = [t for t in query.include if strat.has_detector(t)]
-    alpha = p["alpha"] if detected or p["alpha_phrase"] is None else p["alpha_phrase"]
+    alpha, detected = strat.include_alpha(query.include)
     v = alpha * normalize_rows(ctx.term_code(query.include_text)).astype(np.float64)
     for t in detected:
-        model = strat.model_detectors
-        w = model.column(t)[0] if model is not None else strat.weights(t)[0] * p["scale"]
-        v = v + p["delta"] * np.asarray(w, dtype=np.float64)
+        v = v + p["delta"] * strat.detector_weights(t)
     if exclusions:
         for b in query.exclude:
             if strat.has_detector(b) and p["beta"]:
-                model = strat.model_detectors
-                w = model.column(b)[0] if model is not None else strat.weights(b)[0] * p["scale"]
-                v = v - p["beta"] * np.maximum(np.asarray(w, dtype=np.float64), 0.0)
+                v = v - p["beta"] * np.maximum(strat.detector_weights(b), 0.0)
             v = v - p["gamma"] * normalize_rows(ctx.term_code(b)).astype(np.float64)
     else:
         v = np.maximum(v, 0.0)

@@ -20,6 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
+from sparsemm.eval.retrieval import normalize_rows
 from sparsemm.models.detectors import ConceptDetectors, DetectorConfig
 from sparsemm.text import CaptionIndex, term_tokens
 
@@ -108,12 +109,9 @@ def fit_concept_detectors(
             f"no term is mentioned by {cfg.min_mentions} or more training items; the "
             "detectors need captions or labels (lower --min-mentions for a small collection)"
         )
-    x = sp.csr_matrix(codes, dtype=np.float32)
-    norms = np.sqrt(np.asarray(x.multiply(x).sum(axis=1)).ravel())
-    x = sp.diags(1.0 / np.maximum(norms, 1e-12)) @ x
+    x = normalize_rows(sp.csr_matrix(codes, dtype=np.float32))
     xd = np.asarray(x.toarray(), dtype=np.float32) * cfg.scale
-    index = CaptionIndex(captions)
-    label_sets = [{tuple(term_tokens(str(t))) for t in labs} for labs in labels] if labels else None
+    index = CaptionIndex(captions, labels)
     terms = [t for t, _ in vocab]
     weights = np.zeros((xd.shape[1], len(terms)), np.float32)
     bias = np.zeros(len(terms), np.float32)
@@ -128,9 +126,6 @@ def fit_concept_detectors(
         y = np.zeros((m, len(part)), np.float32)
         for j, t in enumerate(part):
             hit = index.mentions(t, cfg.min_mentions, cfg.head_ratio)
-            if label_sets is not None:
-                key = tuple(term_tokens(t))
-                hit = hit | np.array([key in s for s in label_sets], dtype=bool)
             y[:, j] = hit
         w, b = fit_detectors(xd, y, l2=cfg.l2, max_iter=cfg.max_iter)
         prob = 1.0 / (1.0 + np.exp(-(xd @ w + b)))
