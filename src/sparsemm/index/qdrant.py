@@ -383,6 +383,33 @@ class QdrantStore(Store):
 
     # ----- search ---------------------------------------------------------------------------
 
+    def codes(self, rows: Sequence[int] | np.ndarray) -> sp.csr_matrix:
+        r = np.asarray(rows, dtype=np.int64).ravel()
+        if r.size and (r.min() < 0 or r.max() >= self._count):
+            raise SparsemmError(f"rows must lie in [0, {self._count}), got {r.min()}..{r.max()}")
+        name = self.config.sparse_name
+        got = self.client.retrieve(self.name, ids=np.unique(r).tolist(), with_vectors=[name])
+        by_row = {int(p.id): (p.vector or {}).get(name) for p in got}
+        indptr = np.zeros(len(r) + 1, np.int64)
+        idx_parts, val_parts = [], []
+        for i, row in enumerate(r.tolist()):
+            if row not in by_row:
+                raise SparsemmError(
+                    f"Qdrant collection {self.name} has no point {row}; re-run `sparsemm index "
+                    "... --backend qdrant`"
+                )
+            sv = by_row[row]
+            idx = np.asarray([] if sv is None else sv.indices, np.int32)
+            val = np.asarray([] if sv is None else sv.values, np.float32)
+            idx_parts.append(idx)
+            val_parts.append(val)
+            indptr[i + 1] = indptr[i] + len(idx)
+        idx = np.concatenate(idx_parts) if idx_parts else np.zeros(0, np.int32)
+        vals = np.concatenate(val_parts) if val_parts else np.zeros(0, np.float32)
+        out = sp.csr_matrix((vals, idx, indptr), shape=(len(r), self.dim))
+        out.sort_indices()
+        return out
+
     def _filter(self, plan: _Plan) -> Any:
         if not plan.ban_dims.size:
             return None
