@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -97,6 +98,16 @@ def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
         if isinstance(exc, OSError):
             raise write_error(exc, path) from exc
         raise
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB blocks (the checksum of every artefact
+    manifest: collections, index segments, model weights, detectors)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def write_json(path: str | Path, obj: Any) -> None:
