@@ -108,7 +108,8 @@ class LexLIPConfig:
                 raise SparsemmError(f"{name} must be in (0, 1)")
         if not 0.0 <= self.momentum < 1.0:
             raise SparsemmError("momentum must be in [0, 1)")
-        if self.tau <= 0 or min(self.flops_weight, self.dense_weight, self.identity_weight) < 0:
+        weights = min(self.flops_weight, self.dense_weight, self.identity_weight)
+        if not (self.tau > 0 and weights >= 0):  # NaN too
             raise SparsemmError(
                 "tau must be positive; flops_weight, dense_weight, identity_weight >= 0"
             )
