@@ -72,7 +72,7 @@ def test_cli_diverging_run_is_one_error_line_and_saves_nothing(tmp_path: Path, c
 
 
 def test_divergence_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
-    img, txt, pair_item, bias, config = train_data(n_items=40, per_item=2)
+    _img, txt, _pair_item, _bias, config = train_data(n_items=40, per_item=2)
     out = tmp_path / "sr"
     train = SRTrainConfig(epochs=4, batch_size=32, lr=1e-3)
     model = SRModel(config)

@@ -63,6 +63,18 @@ TRAINING_KEY = "training"  # config.json entry: what the model was trained on
 DIGEST_KEY = "weights_sha256"  # config.json entry: SHA-256 of model.safetensors
 
 
+def _one_line(exc: Exception, limit: int = 300) -> str:
+    """The gist of a (multi-line) torch/safetensors error on one line: load_state_dict lists
+    every mismatched tensor on its own line under an "Error(s) in loading ..." heading."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if len(lines) > 1 and lines[0].startswith("Error(s) in loading"):
+        lines = lines[1:]
+    text = lines[0] if lines else type(exc).__name__
+    if len(lines) > 1:
+        text += f" (and {len(lines) - 1} more)"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def nonfinite_tensors(tensors: Mapping[str, torch.Tensor]) -> list[str]:
     """Names of the floating-point tensors holding NaN or inf, each with its bad count."""
     bad = []
@@ -288,8 +300,8 @@ class PretrainedMixin:
             model.load_state_dict(state)
         except (RuntimeError, OSError, ValueError, SafetensorError) as exc:
             raise SparsemmError(
-                f"{d}/model.safetensors is corrupt or does not match config.json ({exc}); "
-                "re-create the model"
+                f"{d}/model.safetensors is corrupt or does not match config.json "
+                f"({_one_line(exc)}); re-create the model"
             ) from exc
         bad = nonfinite_tensors(state)
         if bad:

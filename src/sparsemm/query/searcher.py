@@ -280,12 +280,27 @@ class Searcher:
             raise SparsemmError(
                 f"the index in {root} does not name its model; rebuild it with `sparsemm index`"
             )
-        self.model = load_code_model(meta["model"], int(meta["top_k"]))
+        top_k = meta.get("top_k")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise SparsemmError(
+                f"the index in {root} has no valid top_k in its manifest ({top_k!r}); rebuild "
+                f"it with `sparsemm index {collection_dir} --model MODEL_DIR`"
+            )
+        for key in ("model", "dense_model"):
+            if meta.get(key) and not Path(str(meta[key])).exists():
+                raise SparsemmError(
+                    f"the index in {root} was built with the {key.replace('_', ' ')} "
+                    f"{meta[key]}, which is no longer there (moved or deleted?); rebuild the "
+                    f"index with `sparsemm index {collection_dir} --model MODEL_DIR"
+                    f"{' --dense-model ALIGNER_DIR' if key == 'dense_model' else ''}` naming "
+                    "where it is now"
+                )
+        self.model = load_code_model(meta["model"], top_k)
         self.default_strategy: str = self.model.default_strategy
         check_encoders(
             self.model.training_info, self.collection.manifest, meta["model"], collection_dir
         )
-        self.top_k = int(meta["top_k"])
+        self.top_k = top_k
         labels = meta.get("labels")
         if not isinstance(labels, dict):  # an index built before labels lived in its meta
             legacy = root / LEGACY_LABELS
