@@ -14,30 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from reltools import train_data
+from reltools import captioned_collection, train_data
 
-from sparsemm.data.collection import write_collection
 from sparsemm.errors import SparsemmError
 from sparsemm.models.sr import SRModel
 from sparsemm.train.loop import fit_epochs
 from sparsemm.train.sr import SRTrainConfig, train_sr
-
-
-def _captioned(path: Path) -> Path:
-    rng = np.random.default_rng(0)
-    items = [{"id": f"i{i}", "captions": [f"c{i}", f"d{i}"], "split": "train"} for i in range(24)]
-    emb = rng.normal(size=(24, 8)).astype(np.float32)
-    texts = [{"item": i, "text": c} for i, it in enumerate(items) for c in it["captions"]]
-    write_collection(
-        path,
-        items,
-        {"name": "enc", "dim": 8},
-        image_emb=emb,
-        text_emb=np.repeat(emb, 2, axis=0),
-        texts=texts,
-    )
-    return path
-
 
 SR_ARGS = ("--no-bias", "--latent-dim", "16", "--top-k", "4", "--epochs", "2", "--no-progress")
 
@@ -55,14 +37,14 @@ SR_ARGS = ("--no-bias", "--latent-dim", "16", "--top-k", "4", "--epochs", "2", "
 def test_cli_settings_that_cannot_train_are_refused(
     tmp_path: Path, cli: Any, extra: tuple[str, ...], message: str
 ) -> None:
-    col = _captioned(tmp_path / "col")
+    col = captioned_collection(tmp_path / "col")
     out = tmp_path / "sr"
     cli("train", "sr", str(col), "-o", str(out), *SR_ARGS, *extra).one_line_error(message)
     assert not (out / "model.safetensors").exists()
 
 
 def test_cli_diverging_run_is_one_error_line_and_saves_nothing(tmp_path: Path, cli: Any) -> None:
-    col = _captioned(tmp_path / "col")
+    col = captioned_collection(tmp_path / "col")
     out = tmp_path / "sr"
     line = cli(
         "train", "sr", str(col), "-o", str(out), *SR_ARGS, "--lr", "1e30", "--batch-size", "8"
@@ -131,7 +113,7 @@ def test_train_sr_api_refuses_to_save_a_nan_model(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["file", "under_a_file"])
 def test_cli_bad_output_folder_fails_before_training(tmp_path: Path, cli: Any, kind: str) -> None:
-    col = _captioned(tmp_path / "col")
+    col = captioned_collection(tmp_path / "col")
     (tmp_path / "afile").write_text("x")
     out = tmp_path / "afile" if kind == "file" else tmp_path / "afile" / "sr"
     res = cli("train", "sr", str(col), "-o", str(out), *SR_ARGS)

@@ -70,6 +70,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -500,10 +501,10 @@ def _verify_segment_files(root: Path, folder: Path, digests: Any) -> None:
             f"index {root}: the manifest's checksums of segment {folder.name} are malformed; "
             "rebuild the index with `sparsemm index`"
         )
-    todo = []
+    todo: list[tuple[str, tuple[str, int, int, int, str]]] = []
     for fname in _SEG_FILES:
-        path = folder / fname
-        key = _read_segment_file(path, lambda p, f=fname: _file_key(p, str(digests[f])))
+        want = str(digests[fname])
+        key = _read_segment_file(folder / fname, functools.partial(_file_key, digest=want))
         with _VERIFIED_LOCK:
             if key not in _VERIFIED:
                 todo.append((fname, key))
