@@ -181,3 +181,30 @@ def test_cli_qdrant_url_with_no_server(toy: tuple[Path, Path], cli: Any) -> None
         assert "UserWarning" not in res.err
     # refused before the local index was rebuilt
     assert (col / "index" / "manifest.json").read_bytes() == before
+
+
+# ------------------------------------------------------------------- terms that are no words
+
+
+@pytest.mark.parametrize(("query", "side"), [("🐶", "search for"), ("dog but not 🐶🐱", "exclude")])
+def test_emoji_terms_are_named_even_when_the_encoder_embeds_them(
+    toy: tuple[Path, Path], query: str, side: str
+) -> None:
+    """A subword encoder embeds any text (MiniLM maps an emoji to [UNK]); the fallback fake
+    does the same, so only the no-letter rule can name the term."""
+    from fakes import term_word_encoder
+    from webtoy import WORDS
+
+    from sparsemm.errors import SparsemmError
+    from sparsemm.query.parse import parse_query
+    from sparsemm.query.searcher import Searcher
+
+    col, _ = toy
+    encoder = term_word_encoder(WORDS, name="webkw", fallback=True)()
+    searcher = Searcher(col, encoder=encoder)
+    parsed = parse_query(query)
+    term = (parsed.include if side == "search for" else parsed.exclude)[0]
+    assert searcher.context.term_code(term).any()  # the encoder gave it a code
+    with pytest.raises(SparsemmError, match=f"matches no concept .* cannot {side} anything"):
+        searcher.check_terms(parsed, "sparse")
+    searcher.check_terms(parse_query("dog but not cat"), "sparse")  # words still pass

@@ -391,8 +391,9 @@ class Searcher:
     # -- search ----------------------------------------------------------------------------
     def check_terms(self, query: Query, strategy: str) -> None:
         """Raise SparsemmError naming a query term that means nothing to the model: its query
-        code (sparse strategies) or text embedding (dense ones) is all zeros, so searching
-        for it would return nothing and excluding it would silently exclude nothing.
+        code (sparse strategies) or text embedding (dense ones) is all zeros, or it holds no
+        letter or digit (emoji, symbols), so searching for it would return nothing (or noise)
+        and excluding it would silently exclude nothing.
 
         ``strategy`` is a registered strategy name or a kind ("sparse" / "dense"). The
         messages are those of the web API (:mod:`sparsemm.web.app`).
@@ -401,8 +402,11 @@ class Searcher:
         ctx = self.context
         for side, terms in (("search for", query.include), ("exclude", query.exclude)):
             for term in terms:
+                # A term without a letter or digit (emoji, symbols) names no concept, though
+                # a subword encoder embeds it (as [UNK] or byte pieces) to a non-zero vector.
+                wordless = not any(ch.isalnum() for ch in term)
                 vec = ctx.term_code(term) if kind == "sparse" else ctx.term_embedding(term)
-                if not np.any(vec):
+                if wordless or not np.any(vec):
                     raise SparsemmError(
                         f"{term!r} matches no concept of this collection's model, so it "
                         f"cannot {side} anything; check the spelling or try another word"
