@@ -63,7 +63,7 @@ TRAINING_KEY = "training"  # config.json entry: what the model was trained on
 DIGEST_KEY = "weights_sha256"  # config.json entry: SHA-256 of model.safetensors
 
 
-def _one_line(exc: Exception, limit: int = 300) -> str:
+def one_line(exc: Exception, limit: int = 300) -> str:
     """The gist of a (multi-line) torch/safetensors error on one line: load_state_dict lists
     every mismatched tensor on its own line under an "Error(s) in loading ..." heading."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
@@ -301,7 +301,7 @@ class PretrainedMixin:
         except (RuntimeError, OSError, ValueError, SafetensorError) as exc:
             raise SparsemmError(
                 f"{d}/model.safetensors is corrupt or does not match config.json "
-                f"({_one_line(exc)}); re-create the model"
+                f"({one_line(exc)}); re-create the model"
             ) from exc
         bad = nonfinite_tensors(state)
         if bad:
