@@ -180,3 +180,31 @@ def test_cli_search_with_a_damaged_model_is_one_error_line(tmp_path: Path, cli: 
         "model.safetensors is corrupt or does not match config.json"
     )
     cli("index", str(col), "--model", str(model)).one_line_error("model.safetensors")
+
+
+def test_lexlip_weights_are_checksummed_too(tmp_path: Path) -> None:
+    from fakes import tiny_lexlip_config
+    from sparsemm.models.lexlip import LexLIPModel
+
+    vocab = np.arange(5, 25)
+    model = LexLIPModel(
+        tiny_lexlip_config(max_text_len=12, image_dim=8, queue_size=8, lexicon_size=len(vocab)),
+        vocab,
+    )
+    model.save_pretrained(tmp_path / "m")
+    path = tmp_path / "m" / "model.safetensors"
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["weights_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    state = load_file(str(path))
+    name = next(k for k, v in state.items() if v.is_floating_point() and v.numel() > 1)
+    state[name].view(-1)[0] = float("nan")
+    save_file(state, str(path), metadata={"model_type": "lexlip"})
+    with pytest.raises(SparsemmError, match=r"corrupt or does not match config\.json"):
+        LexLIPModel.from_pretrained(tmp_path / "m")
+    del config["weights_sha256"]
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SparsemmError, match=f"NaN or inf weights \\({name} \\(1 of"):
+        LexLIPModel.from_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "config.json").write_text("[]")
+    with pytest.raises(SparsemmError, match="a JSON object was expected, got list"):
+        LexLIPModel.from_pretrained(tmp_path / "m")

@@ -192,9 +192,9 @@ def test_emoji_terms_are_named_even_when_the_encoder_embeds_them(
 ) -> None:
     """A subword encoder embeds any text (MiniLM maps an emoji to [UNK]); the fallback fake
     does the same, so only the no-letter rule can name the term."""
-    from fakes import term_word_encoder
     from webtoy import WORDS
 
+    from fakes import term_word_encoder
     from sparsemm.errors import SparsemmError
     from sparsemm.query.parse import parse_query
     from sparsemm.query.searcher import Searcher

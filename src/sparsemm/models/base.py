@@ -86,6 +86,48 @@ def nonfinite_tensors(tensors: Mapping[str, torch.Tensor]) -> list[str]:
     return bad
 
 
+def weights_file_bytes(
+    tensors: Mapping[str, torch.Tensor], metadata: dict[str, str], what: str, out: Path
+) -> tuple[bytes, str]:
+    """(safetensors bytes, their SHA-256) of finite ``tensors``; SparsemmError when any
+    holds NaN or inf (a diverged run must not be saved as a model)."""
+    bad = nonfinite_tensors(tensors)
+    if bad:
+        raise SparsemmError(
+            f"not saving the {what} model to {out}: its weights hold NaN or inf values "
+            f"({', '.join(bad[:3])}); training diverged - lower the learning rate"
+        )
+    data = save_bytes(dict(tensors), metadata=metadata)
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def check_weights(
+    d: Path, want: Any, digest: str | None, state: Mapping[str, torch.Tensor]
+) -> None:
+    """Refuse a model folder's weights whose SHA-256 ``digest`` differs from config.json's
+    ``want`` (None: saved before the checksum - warned) or that hold NaN/inf values."""
+    if want is not None and not isinstance(want, str):
+        raise SparsemmError(f"{d}/config.json is malformed ({DIGEST_KEY!r} is not a string)")
+    if want is not None and digest is not None and digest != want:
+        raise SparsemmError(
+            f"{d}/model.safetensors is corrupt or does not match config.json (its SHA-256 "
+            "differs from the checksum saved with it: damaged, modified or another "
+            "model's file); re-create the model"
+        )
+    bad = nonfinite_tensors(state)
+    if bad:
+        raise SparsemmError(
+            f"{d}/model.safetensors holds NaN or inf weights ({', '.join(bad[:3])}); "
+            "the file is damaged or training diverged; re-create the model"
+        )
+    if want is None:
+        log.warning(
+            "%s has no weights checksum (saved by an older sparsemm): only its values are "
+            "checked; save it again to add one",
+            d,
+        )
+
+
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -189,17 +231,12 @@ class PretrainedMixin:
             raise SparsemmError(f"{out} exists and is not a folder; choose another output folder")
         assert isinstance(self, torch.nn.Module)
         tensors = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
-        bad = nonfinite_tensors(tensors)
-        if bad:
-            raise SparsemmError(
-                f"not saving the {self.model_type} model to {out}: its weights hold NaN or inf "
-                f"values ({', '.join(bad[:3])}); training diverged - lower the learning rate"
-            )
-        data = save_bytes(tensors, metadata={"model_type": self.model_type})
+        meta = {"model_type": self.model_type}
+        data, digest = weights_file_bytes(tensors, meta, self.model_type, out)
         config = {"model_type": self.model_type, **dataclasses.asdict(self.config)}
         if self.training_info is not None:
             config[TRAINING_KEY] = dict(self.training_info)
-        config[DIGEST_KEY] = hashlib.sha256(data).hexdigest()
+        config[DIGEST_KEY] = digest
         try:
             out.mkdir(parents=True, exist_ok=True)
             _finish_pending(out)  # a save a kill interrupted after its commit point
@@ -271,14 +308,8 @@ class PretrainedMixin:
         if training is not None and not isinstance(training, dict):
             raise SparsemmError(f"{d}/config.json is malformed ('training' is not an object)")
         want = raw.pop(DIGEST_KEY, None)
-        if want is not None and not isinstance(want, str):
-            raise SparsemmError(f"{d}/config.json is malformed ({DIGEST_KEY!r} is not a string)")
-        if want is not None and error is None and digest != want:
-            raise SparsemmError(
-                f"{d}/model.safetensors is corrupt or does not match config.json (its SHA-256 "
-                "differs from the checksum saved with it: damaged, modified or another "
-                "model's file); re-create the model"
-            )
+        if error is None:  # unreadable weights: reported below, with the config's shapes
+            check_weights(d, want, digest, state)
         fields = {f.name for f in dataclasses.fields(cls.config_class)}
         unknown = set(raw) - fields
         if unknown:
@@ -303,18 +334,6 @@ class PretrainedMixin:
                 f"{d}/model.safetensors is corrupt or does not match config.json "
                 f"({one_line(exc)}); re-create the model"
             ) from exc
-        bad = nonfinite_tensors(state)
-        if bad:
-            raise SparsemmError(
-                f"{d}/model.safetensors holds NaN or inf weights ({', '.join(bad[:3])}); "
-                "the file is damaged or training diverged; re-create the model"
-            )
-        if want is None and error is None:
-            log.warning(
-                "%s has no weights checksum (saved by an older sparsemm): only its values are "
-                "checked; save it again to add one",
-                d,
-            )
         model.training_info = training
         model.eval()
         return model
