@@ -84,6 +84,11 @@ def list_strategies() -> str:
     return "\n".join(lines)
 
 
+# Terms per include / exclude list: the HTTP API's limit (sparsemm.web.app.MAX_TERMS), so the
+# CLI answers no query the API refuses. Longer exclusion lists also stop excluding reliably.
+MAX_TERMS = 16
+
+
 def image_path(searcher: Searcher, row: int) -> str | None:
     """The absolute image path of item ``row`` (None when it has no image)."""
     img = searcher.collection.items[row].get("image")
@@ -128,6 +133,11 @@ def run(args: argparse.Namespace) -> int:
             'give a collection and a query, e.g. sparsemm search COLLECTION "dog but not cat"'
         )
     query = parse_query(args.query, exclude=tuple(args.exclude))
+    if len(query.include) > MAX_TERMS or len(query.exclude) > MAX_TERMS:
+        raise SparsemmError(
+            f"a query may hold at most {MAX_TERMS} include and {MAX_TERMS} exclude terms (got "
+            f"{len(query.include)} and {len(query.exclude)}); split it into several searches"
+        )
     if args.backend == "qdrant":
         from sparsemm.cli.index import collection_name
         from sparsemm.index.qdrant import QdrantStore, connect

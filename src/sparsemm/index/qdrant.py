@@ -99,7 +99,46 @@ def connect(
         raise SparsemmError(
             f"--url {url!r} is not a URL; give the server address, e.g. http://localhost:6333"
         )
-    return qc.QdrantClient(url=url, api_key=api_key, timeout=timeout, prefer_grpc=prefer_grpc)
+    # The client connects lazily: ask the server once now, so an address with no server
+    # behind it is one clear error here instead of an HTTP traceback from the first request.
+    # (The client's own version check runs in a thread and only warns; done here instead.)
+    client = qc.QdrantClient(
+        url=url,
+        api_key=api_key,
+        timeout=timeout,
+        prefer_grpc=prefer_grpc,
+        check_compatibility=False,
+    )
+    try:
+        client.get_collections()
+    except Exception as exc:  # connection refused, DNS, TLS, auth, timeouts: all one way
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise SparsemmError(
+            f"cannot reach a Qdrant server at {url} ({reason}); start it or check --url "
+            "(and --api-key)"
+        ) from exc
+    _warn_if_incompatible(client, url)
+    return client
+
+
+def _warn_if_incompatible(client: Any, url: str) -> None:
+    """Log a warning when the server's major version differs from qdrant-client's, or the
+    minor versions differ by more than one (qdrant-client's own compatibility rule)."""
+    try:
+        from importlib.metadata import version
+
+        mine = [int(x) for x in version("qdrant-client").split(".")[:2]]
+        theirs = [int(x) for x in str(client.info().version).split(".")[:2]]
+    except Exception:  # an old server without /info, an odd version string: not worth failing
+        return
+    if mine[0] != theirs[0] or abs(mine[1] - theirs[1]) > 1:
+        logger.warning(
+            "the Qdrant server at %s runs version %d.%d, qdrant-client is %d.%d; they may "
+            "not work together (major versions should match, minor ones differ by <= 1)",
+            url,
+            *theirs,
+            *mine,
+        )
 
 
 @dataclass(frozen=True)

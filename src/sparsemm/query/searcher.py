@@ -293,12 +293,27 @@ class Searcher:
             raise SparsemmError(
                 f"the index in {root} does not name its model; rebuild it with `sparsemm index`"
             )
-        self.model = load_code_model(meta["model"], int(meta["top_k"]))
+        top_k = meta.get("top_k")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise SparsemmError(
+                f"the index in {root} has no valid top_k in its manifest ({top_k!r}); rebuild "
+                f"it with `sparsemm index {collection_dir} --model MODEL_DIR`"
+            )
+        for key in ("model", "dense_model"):
+            if meta.get(key) and not Path(str(meta[key])).exists():
+                raise SparsemmError(
+                    f"the index in {root} was built with the {key.replace('_', ' ')} "
+                    f"{meta[key]}, which is no longer there (moved or deleted?); rebuild the "
+                    f"index with `sparsemm index {collection_dir} --model MODEL_DIR"
+                    f"{' --dense-model ALIGNER_DIR' if key == 'dense_model' else ''}` naming "
+                    "where it is now"
+                )
+        self.model = load_code_model(meta["model"], top_k)
         self.default_strategy: str = self.model.default_strategy
         check_encoders(
             self.model.training_info, self.collection.manifest, meta["model"], collection_dir
         )
-        self.top_k = int(meta["top_k"])
+        self.top_k = top_k
         labels = meta.get("labels")
         if not isinstance(labels, dict):  # an index built before labels lived in its meta
             legacy = root / LEGACY_LABELS
@@ -443,8 +458,9 @@ class Searcher:
     # -- search ----------------------------------------------------------------------------
     def check_terms(self, query: Query, strategy: str) -> None:
         """Raise SparsemmError naming a query term that means nothing to the model: its query
-        code (sparse strategies) or text embedding (dense ones) is all zeros, so searching
-        for it would return nothing and excluding it would silently exclude nothing.
+        code (sparse strategies) or text embedding (dense ones) is all zeros, or it holds no
+        letter or digit (emoji, symbols), so searching for it would return nothing (or noise)
+        and excluding it would silently exclude nothing.
 
         ``strategy`` is a registered strategy name or a kind ("sparse" / "dense"). The
         messages are those of the web API (:mod:`sparsemm.web.app`).
@@ -453,8 +469,11 @@ class Searcher:
         ctx = self.text_context
         for side, terms in (("search for", query.include), ("exclude", query.exclude)):
             for term in terms:
+                # A term without a letter or digit (emoji, symbols) names no concept, though
+                # a subword encoder embeds it (as [UNK] or byte pieces) to a non-zero vector.
+                wordless = not any(ch.isalnum() for ch in term)
                 vec = ctx.term_code(term) if kind == "sparse" else ctx.term_embedding(term)
-                if not np.any(vec):
+                if wordless or not np.any(vec):
                     raise SparsemmError(
                         f"{term!r} matches no concept of this collection's model, so it "
                         f"cannot {side} anything; check the spelling or try another word"
