@@ -12,8 +12,9 @@ What differs, the loss of one batch, is the caller's ``batch_loss``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,19 @@ log = logging.getLogger(__name__)
 
 # batch_loss(idx) -> (objective to minimise, named terms averaged into the history record)
 BatchLoss = Callable[[np.ndarray], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run a block with ``n`` torch CPU threads. The SPINE/SR layers are small: one thread
+    avoids the synchronisation cost that makes two threads several times slower here, and
+    a reduction summed by one thread adds in the same order every run."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
