@@ -8,7 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparsemm.cli.index import add_backend_args
-from sparsemm.query.searcher import DEFAULT_STRATEGY
+
+# sparsemm.query.searcher.DEFAULT_STRATEGY, written out so that `--help` and
+# `--list-strategies` do not import torch; tests/cli/test_cli_cold_start.py checks it.
+DEFAULT_STRATEGY = "hybrid"
 
 if TYPE_CHECKING:
     from sparsemm.index.store import Store
@@ -115,12 +118,13 @@ def image_path(searcher: Searcher, row: int) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from sparsemm.errors import SparsemmError
+
+    if args.list_strategies:  # before the searcher's imports (torch): this answers at once
+        print(list_strategies())
+        return 0
     from sparsemm.query.parse import parse_query
     from sparsemm.query.searcher import Searcher
 
-    if args.list_strategies:
-        print(list_strategies())
-        return 0
     if args.collection is None or args.query is None:
         raise SparsemmError(
             'give a collection and a query, e.g. sparsemm search COLLECTION "dog but not cat"'
