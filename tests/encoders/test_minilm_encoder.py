@@ -54,3 +54,18 @@ def test_minilm_is_text_only(encoder) -> None:
 def test_minilm_missing_local_folder(tmp_path) -> None:
     with pytest.raises(SparsemmError, match="not found"):
         get_encoder("minilm", model=str(tmp_path / "nope"))
+
+
+def test_loading_bar_only_when_sparsemm_logs_info(capfd, caplog) -> None:
+    """transformers' "Loading weights" bar stays off stderr on a plain `sparsemm search`
+    (sparsemm logs at WARNING) and shows with -v or in long jobs (INFO and below)."""
+    import logging
+
+    from sparsemm.encoders.minilm import MiniLMEncoder
+
+    caplog.set_level(logging.WARNING, logger="sparsemm.encoders.minilm")
+    MiniLMEncoder()
+    assert "Loading weights" not in capfd.readouterr().err
+    caplog.set_level(logging.INFO, logger="sparsemm.encoders.minilm")
+    MiniLMEncoder()
+    assert "Loading weights" in capfd.readouterr().err

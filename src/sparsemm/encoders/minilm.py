@@ -51,6 +51,23 @@ def _hub_offline(active: bool) -> Iterator[None]:
                 os.environ["HF_HUB_OFFLINE"] = old
 
 
+@contextlib.contextmanager
+def _loading_bar(show: bool) -> Iterator[None]:
+    """transformers draws a "Loading weights" progress bar on stderr while it loads a model.
+    Hide it unless ``show`` (sparsemm logs at INFO: long jobs, or a search with -v), so a
+    plain ``sparsemm search`` prints its answer only."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    if was_on and not show:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on and not show:
+            hf_logging.enable_progress_bar()
+
+
 @register_encoder("minilm")
 class MiniLMEncoder:
     """Sentence-transformers text encoder: ``encode_text`` gives float32 ``(n, dim)``.
@@ -84,9 +101,10 @@ class MiniLMEncoder:
             except ImportError:
                 require_extra("sentence_transformers", "offline")
             try:
-                self.model_ = SentenceTransformer(
-                    str(local if is_local else path), device=device, local_files_only=is_local
-                )
+                with _loading_bar(logger.isEnabledFor(logging.INFO)):
+                    self.model_ = SentenceTransformer(
+                        str(local if is_local else path), device=device, local_files_only=is_local
+                    )
             except (OSError, ValueError) as exc:
                 raise SparsemmError(
                     f"could not load sentence-transformers model {str(path)!r} ({exc}); pass "
