@@ -181,3 +181,63 @@ def write_fake_coco(
     (root / "coco").mkdir(parents=True)
     (root / "coco" / "val2017.json").write_text(json.dumps(data))
     return root
+
+
+FASHION_WORDS = ("sneaker", "bag", "dress", "sandal", "shirt")
+
+
+class FashionWords(KeywordEncoder):
+    name = "apifashion"
+    keywords = FASHION_WORDS
+
+
+# item -> garments in it; captions mention them (fashion_collection)
+FASHION_ITEMS = {
+    "s1": ["sneaker"],
+    "s2": ["sneaker", "shirt"],
+    "s3": ["sneaker", "dress"],
+    "sb1": ["sneaker", "bag"],
+    "sb2": ["sneaker", "bag", "shirt"],
+    "b1": ["bag"],
+    "b2": ["bag", "dress"],
+    "d1": ["dress"],
+    "d2": ["dress", "sandal"],
+    "a1": ["sandal"],
+    "t1": ["shirt"],
+    "t2": ["shirt", "sandal"],
+}
+
+
+def fashion_collection(tmp_path: Path) -> Path:
+    """A 12-item collection (FASHION_ITEMS) and an SR whose code dim j is keyword j,
+    indexed, built with names exported from ``sparsemm``; the encoder is registered as
+    "apifashion"."""
+    import torch
+
+    import sparsemm
+    from sparsemm.encoders.base import register_encoder
+    from sparsemm.models.sr import SRConfig, SRModel
+
+    register_encoder(FashionWords.name)(FashionWords)
+    enc = FashionWords()
+    items, texts = [], []
+    for i, (iid, objs) in enumerate(FASHION_ITEMS.items()):
+        caps = [" and ".join(objs), "a photo of " + " with ".join(objs)]
+        items.append({"id": iid, "captions": caps, "labels": objs, "split": "train"})
+        texts += [{"item": i, "text": c} for c in caps]
+    col = sparsemm.write_collection(
+        tmp_path / "collection",
+        items,
+        {"name": FashionWords.name, "dim": len(FASHION_WORDS)},
+        image_emb=enc.encode_text([" ".join(objs) for objs in FASHION_ITEMS.values()]),
+        text_emb=enc.encode_text([t["text"] for t in texts]),
+        texts=texts,
+    )
+    d = len(FASHION_WORDS)
+    model = SRModel(SRConfig(text_dim=d, image_dim=d, latent_dim=d, top_k=3))
+    with torch.no_grad():
+        model.enc_text.weight.copy_(torch.eye(d))
+        model.enc_text.bias.zero_()
+    model.save_pretrained(tmp_path / "sr")
+    sparsemm.build_index(col.root, tmp_path / "sr")
+    return col.root

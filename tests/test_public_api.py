@@ -15,33 +15,10 @@ import numpy as np
 import pytest
 
 import sparsemm
-from fakes import KeywordEncoder
+from fakes import FashionWords, fashion_collection
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 DEMO_COLLECTION = "runs/collages-demo/collection"
-WORDS = ("sneaker", "bag", "dress", "sandal", "shirt")
-
-
-class FashionWords(KeywordEncoder):
-    name = "apifashion"
-    keywords = WORDS
-
-
-# item -> garments in it; captions mention them
-ITEMS = {
-    "s1": ["sneaker"],
-    "s2": ["sneaker", "shirt"],
-    "s3": ["sneaker", "dress"],
-    "sb1": ["sneaker", "bag"],
-    "sb2": ["sneaker", "bag", "shirt"],
-    "b1": ["bag"],
-    "b2": ["bag", "dress"],
-    "d1": ["dress"],
-    "d2": ["dress", "sandal"],
-    "a1": ["sandal"],
-    "t1": ["shirt"],
-    "t2": ["shirt", "sandal"],
-}
 
 
 def readme_example() -> str:
@@ -51,43 +28,10 @@ def readme_example() -> str:
     return m.group(1)
 
 
-def _indexed_collection(tmp_path: Path) -> Path:
-    """A 12-item collection and an SR whose code dim j is keyword j, indexed, built only
-    with names exported from ``sparsemm``."""
-    import torch
-
-    from sparsemm.encoders.base import register_encoder
-    from sparsemm.models.sr import SRConfig, SRModel
-
-    register_encoder(FashionWords.name)(FashionWords)
-    enc = FashionWords()
-    items, texts = [], []
-    for i, (iid, objs) in enumerate(ITEMS.items()):
-        caps = [" and ".join(objs), "a photo of " + " with ".join(objs)]
-        items.append({"id": iid, "captions": caps, "labels": objs, "split": "train"})
-        texts += [{"item": i, "text": c} for c in caps]
-    col = sparsemm.write_collection(
-        tmp_path / "collection",
-        items,
-        {"name": FashionWords.name, "dim": len(WORDS)},
-        image_emb=enc.encode_text([" ".join(objs) for objs in ITEMS.values()]),
-        text_emb=enc.encode_text([t["text"] for t in texts]),
-        texts=texts,
-    )
-    d = len(WORDS)
-    model = SRModel(SRConfig(text_dim=d, image_dim=d, latent_dim=d, top_k=3))
-    with torch.no_grad():
-        model.enc_text.weight.copy_(torch.eye(d))
-        model.enc_text.bias.zero_()
-    model.save_pretrained(tmp_path / "sr")
-    sparsemm.build_index(col.root, tmp_path / "sr")
-    return col.root
-
-
 def test_readme_example_runs_and_leaves_the_excluded_object_out(tmp_path: Path) -> None:
     code = readme_example()
     assert DEMO_COLLECTION in code and len(code.strip().splitlines()) <= 5
-    col = _indexed_collection(tmp_path)
+    col = fashion_collection(tmp_path)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(code.replace(DEMO_COLLECTION, str(col)), {})

@@ -75,6 +75,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="print only the hits' image paths (the id when an item has no image), one a "
         "line, for piping",
     )
+    p.add_argument(
+        "--no-server",
+        action="store_true",
+        help="search in this process even when `sparsemm serve` is running for the "
+        "collection (by default a plain search is sent to it: no start-up cost)",
+    )
     add_backend_args(p)
     p.set_defaults(func=run)
 
@@ -116,12 +122,46 @@ def image_path(searcher: Searcher, row: int) -> str | None:
     return str(p if p.is_absolute() else (searcher.collection.root / p).resolve())
 
 
+def forwardable(args: argparse.Namespace) -> bool:
+    """A plain search of the local store (the text output without --explain): the one a
+    running `sparsemm serve` answers the same way (sparsemm.cli.running)."""
+    return not (
+        args.no_server
+        or args.json
+        or args.paths
+        or args.explain
+        or args.backend != "local"
+        or args.engine != "strategy"
+    )
+
+
+def print_answer(answer: dict) -> None:
+    """Print a server's /api/search answer in the text format of a local search."""
+    query, hits = answer["query"], answer["hits"]
+    excl = f"  but not: {', '.join(query['exclude'])}" if query["exclude"] else ""
+    print(f"query: {', '.join(query['include']) or '(anything)'}{excl}   [{answer['strategy']}]")
+    for h in hits:
+        print(f"{h['rank']:>3}. {h['id']}  {h['score']:.3f}  {h['caption']}")
+    if not hits:
+        print("no results")
+
+
 def run(args: argparse.Namespace) -> int:
     from sparsemm.errors import SparsemmError
 
     if args.list_strategies:  # before the searcher's imports (torch): this answers at once
         print(list_strategies())
         return 0
+    if forwardable(args):
+        from sparsemm.cli.running import find_server, forward_search
+
+        url = find_server(args.collection)
+        answer = url and forward_search(
+            url, args.query, list(args.exclude), args.k, args.offset, args.strategy
+        )
+        if answer:
+            print_answer(answer)
+            return 0
     from sparsemm.query.parse import parse_query
     from sparsemm.query.searcher import Searcher
 

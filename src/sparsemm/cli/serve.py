@@ -122,11 +122,15 @@ def run(args: argparse.Namespace) -> int:
     )
     shown = f"[{args.host}]" if ":" in args.host else args.host
     log.info("serving %s at http://%s:%d/ (Ctrl+C to stop)", args.collection, shown, args.port)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level="info",
-        **server_options(args.max_connections),
-    )
+    from sparsemm.cli.running import announce
+
+    # While it runs, `sparsemm search` on this collection is answered by this server.
+    with announce(args.collection, args.host, args.port):
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="info",
+            **server_options(args.max_connections),
+        )
     return 0
