@@ -10,7 +10,7 @@ While it runs, the server keeps a small record file per collection,
 ``{"url", "pid", "collection"}``, removed when it stops. The runtime dir is
 ``$SPARSEMM_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/sparsemm``, else
 ``~/.cache/sparsemm``. A record whose process is gone, a server that does not answer
-within the timeout, or a server error makes the search run locally as before; a query
+within ten seconds, or a server error makes the search run locally as before; a query
 the server refuses as bad input (HTTP 400) is reported like a local error.
 """
 
@@ -33,7 +33,9 @@ from sparsemm.errors import SparsemmError
 
 log = logging.getLogger(__name__)
 
-FORWARD_TIMEOUT_S = 1.0  # a search on a warm server takes milliseconds; past this, run locally
+# A warm server answers in milliseconds, its first query may take seconds (JIT, detector
+# fits); a local cold search takes longer still. Past this, search locally.
+FORWARD_TIMEOUT_S = 10.0
 
 
 def runtime_dir() -> Path:
