@@ -121,3 +121,23 @@ def test_server_url_for_wildcard_and_ipv6_binds() -> None:
     assert running.server_url("0.0.0.0", 8000) == "http://127.0.0.1:8000"
     assert running.server_url("::", 8000) == "http://[::1]:8000"
     assert running.server_url("127.0.0.1", 80) == "http://127.0.0.1:80"
+
+
+def test_serve_announces_itself_while_it_runs(
+    collection: Path, runtime: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    seen: dict[str, object] = {}
+
+    def fake_run(app: object, **kwargs: object) -> None:
+        seen["url"] = running.find_server(collection)
+        seen["sigterm"] = signal.getsignal(signal.SIGTERM)
+
+    monkeypatch.setattr(uvicorn, "run", fake_run)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["serve", str(collection), "--port", "8124"]) == 0
+    assert seen["url"] == "http://127.0.0.1:8124"
+    assert seen["sigterm"] is not before  # exits through Python, so the record goes
+    assert running.find_server(collection) is None
+    assert signal.getsignal(signal.SIGTERM) == before

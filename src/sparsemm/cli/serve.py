@@ -132,14 +132,17 @@ def run(args: argparse.Namespace) -> int:
 
     # uvicorn re-raises the SIGTERM it stopped on once it is done; exit through Python
     # then, so the record below is removed (Ctrl+C already does).
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    # While it runs, `sparsemm search` on this collection is answered by this server.
-    with announce(args.collection, args.host, args.port):
-        uvicorn.run(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level="info",
-            **server_options(args.max_connections),
-        )
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        # While it runs, `sparsemm search` on this collection is answered by this server.
+        with announce(args.collection, args.host, args.port):
+            uvicorn.run(
+                app,
+                host=args.host,
+                port=args.port,
+                log_level="info",
+                **server_options(args.max_connections),
+            )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
