@@ -1,9 +1,10 @@
 """Cold-start wall time of the ``sparsemm`` command: a fresh process per run.
 
-Times ``sparsemm --help``, ``sparsemm search --list-strategies`` and a real
-``sparsemm search COLLECTION QUERY`` (import, open the index, load the model and the text
-encoder, rank, print), each ``--runs`` times in new processes, and prints the median,
-min and max in seconds. The figures include Python start-up; the machine's load average
+Times ``sparsemm --help``, ``sparsemm search --list-strategies``, a real
+``sparsemm search COLLECTION QUERY --no-server`` (import, open the index, load the model
+and the text encoder, rank, print) and, when a ``sparsemm serve`` of the collection is
+running, the same search forwarded to it; each ``--runs`` times in new processes. Prints
+the median, min and max in seconds. The figures include Python start-up; the machine's load average
 is printed with them because it moves them a lot. Nothing is asserted.
 
     python benchmarks/cli_cold_start.py runs/collages-demo/collection --runs 5
@@ -60,6 +61,16 @@ def slowest_imports(cmd: list[str], n: int = 10) -> list[tuple[float, str]]:
     return sorted(rows, reverse=True)[:n]
 
 
+def server_running(collection: Path) -> bool:
+    """Whether a `sparsemm serve` of ``collection`` has announced itself (sparsemm >= the
+    forwarding change; older versions have no such module)."""
+    try:
+        from sparsemm.cli.running import find_server
+    except ImportError:
+        return False
+    return find_server(collection) is not None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("collection", type=Path, help="an indexed collection")
@@ -74,15 +85,23 @@ def main() -> None:
     cases = {
         "sparsemm --help": [*base, "--help"],
         "sparsemm search --list-strategies": [*base, "search", "--list-strategies"],
-        f'sparsemm search COLLECTION "{args.query}"': [
+        f'sparsemm search COLLECTION "{args.query}" --no-server': [
             *base,
             "search",
             str(args.collection),
             args.query,
-            "-k",
-            "10",
+            "--no-server",
         ],
     }
+    if server_running(args.collection):
+        cases[f'sparsemm search COLLECTION "{args.query}" (to the server)'] = [
+            *base,
+            "search",
+            str(args.collection),
+            args.query,
+        ]
+    else:
+        print(f"(no sparsemm serve of {args.collection} is running: forwarding not measured)")
     print(f"{args.runs} cold runs each; load average before: {os.getloadavg()[0]:.2f}")
     print(f"{'command':<60} {'median':>7} {'min':>7} {'max':>7}")
     for name, cmd in cases.items():
