@@ -117,6 +117,25 @@ def test_stale_or_silent_server_means_a_local_search(
     assert _search(capsys, str(collection), QUERY) == expected
 
 
+def test_searches_past_the_servers_limits_run_locally(
+    served: tuple[Path, int], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sparsemm.web import app
+
+    assert (running.SERVER_MAX_K, running.SERVER_MAX_OFFSET, running.SERVER_MAX_TERMS) == (
+        app.MAX_K,
+        app.MAX_OFFSET,
+        app.MAX_TERMS,
+    )
+    collection, _ = served
+    calls: list[str] = []
+    monkeypatch.setattr(running, "forward_search", lambda url, *a, **kw: calls.append(url))
+    status, out, _ = _search(capsys, str(collection), QUERY, "-k", str(app.MAX_K + 1))
+    assert status == 0 and "s1" in out and calls == []  # answered locally, never sent
+    _search(capsys, str(collection), QUERY, "-k", str(app.MAX_K))
+    assert len(calls) == 1
+
+
 def test_server_url_for_wildcard_and_ipv6_binds() -> None:
     assert running.server_url("0.0.0.0", 8000) == "http://127.0.0.1:8000"
     assert running.server_url("::", 8000) == "http://[::1]:8000"

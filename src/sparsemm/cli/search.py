@@ -153,9 +153,10 @@ def run(args: argparse.Namespace) -> int:
         print(list_strategies())
         return 0
     if forwardable(args):
-        from sparsemm.cli.running import find_server, forward_search
+        from sparsemm.cli.running import find_server, forward_search, within_server_limits
 
-        url = find_server(args.collection)
+        limits_ok = within_server_limits(args.k, args.offset, list(args.exclude))
+        url = find_server(args.collection) if limits_ok else None
         answer = url and forward_search(
             url, args.query, list(args.exclude), args.k, args.offset, args.strategy
         )
