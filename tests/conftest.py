@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """`sparsemm serve` records running servers in the runtime dir
+    (sparsemm.cli.running): keep the tests' records out of the user's."""
+    before = os.environ.get("SPARSEMM_RUNTIME_DIR")
+    os.environ["SPARSEMM_RUNTIME_DIR"] = str(tmp_path_factory.mktemp("runtime"))
+    yield
+    if before is None:
+        os.environ.pop("SPARSEMM_RUNTIME_DIR", None)
+    else:
+        os.environ["SPARSEMM_RUNTIME_DIR"] = before
 
 
 @pytest.fixture

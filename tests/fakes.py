@@ -181,3 +181,79 @@ def write_fake_coco(
     (root / "coco").mkdir(parents=True)
     (root / "coco" / "val2017.json").write_text(json.dumps(data))
     return root
+
+
+FASHION_WORDS = ("sneaker", "bag", "dress", "sandal", "shirt")
+
+
+class FashionWords(KeywordEncoder):
+    name = "apifashion"
+    keywords = FASHION_WORDS
+
+
+# item -> garments in it; captions mention them (fashion_collection)
+FASHION_ITEMS = {
+    "s1": ["sneaker"],
+    "s2": ["sneaker", "shirt"],
+    "s3": ["sneaker", "dress"],
+    "sb1": ["sneaker", "bag"],
+    "sb2": ["sneaker", "bag", "shirt"],
+    "b1": ["bag"],
+    "b2": ["bag", "dress"],
+    "d1": ["dress"],
+    "d2": ["dress", "sandal"],
+    "a1": ["sandal"],
+    "t1": ["shirt"],
+    "t2": ["shirt", "sandal"],
+}
+
+
+def keyword_collection(
+    folder: Path, encoder: KeywordEncoder, objects: dict[str, list[str]]
+) -> Path:
+    """Write a collection of ``objects`` (item id -> the object words in it), all in split
+    train: captions "a and b" and "a photo of a with b", labels = the objects, image
+    embedding = ``encoder``'s vector of the object words. Returns the folder."""
+    from sparsemm.data.collection import write_collection
+
+    items, texts = [], []
+    for i, (iid, objs) in enumerate(objects.items()):
+        caps = [" and ".join(objs), "a photo of " + " with ".join(objs)]
+        items.append({"id": iid, "captions": caps, "labels": objs, "split": "train"})
+        texts += [{"item": i, "text": c} for c in caps]
+    col = write_collection(
+        folder,
+        items,
+        {"name": encoder.name, "dim": encoder.dim},
+        image_emb=encoder.encode_text([" ".join(objs) for objs in objects.values()]),
+        text_emb=encoder.encode_text([t["text"] for t in texts]),
+        texts=texts,
+    )
+    return col.root
+
+
+def identity_sr(folder: Path, d: int, top_k: int = 3) -> Path:
+    """Save an SR whose code is its d-dim input itself (dim j = keyword j): a hand-made
+    model with known answers. Returns the folder."""
+    import torch
+
+    from sparsemm.models.sr import SRConfig, SRModel
+
+    model = SRModel(SRConfig(text_dim=d, image_dim=d, latent_dim=d, top_k=top_k))
+    with torch.no_grad():
+        model.enc_text.weight.copy_(torch.eye(d))
+        model.enc_text.bias.zero_()
+    model.save_pretrained(folder)
+    return folder
+
+
+def fashion_collection(tmp_path: Path) -> Path:
+    """A 12-item collection (FASHION_ITEMS) indexed with an identity SR, through the names
+    exported from ``sparsemm``; the encoder is registered as "apifashion"."""
+    import sparsemm
+    from sparsemm.encoders.base import register_encoder
+
+    register_encoder(FashionWords.name)(FashionWords)
+    col = keyword_collection(tmp_path / "collection", FashionWords(), FASHION_ITEMS)
+    sparsemm.build_index(col, identity_sr(tmp_path / "sr", len(FASHION_WORDS)))
+    return col

@@ -54,3 +54,65 @@ def test_minilm_is_text_only(encoder) -> None:
 def test_minilm_missing_local_folder(tmp_path) -> None:
     with pytest.raises(SparsemmError, match="not found"):
         get_encoder("minilm", model=str(tmp_path / "nope"))
+
+
+def test_loading_bar_only_when_sparsemm_logs_info(capfd, caplog) -> None:
+    """transformers' "Loading weights" bar stays off stderr on a plain `sparsemm search`
+    (sparsemm logs at WARNING) and shows with -v or in long jobs (INFO and below)."""
+    import logging
+
+    from sparsemm.encoders.minilm import MiniLMEncoder, default_model_path
+
+    # a model given by its folder loads sentence-transformers at once
+    folder = str(default_model_path())
+    caplog.set_level(logging.WARNING, logger="sparsemm.encoders.minilm")
+    MiniLMEncoder(folder)
+    assert "Loading weights" not in capfd.readouterr().err
+    caplog.set_level(logging.INFO, logger="sparsemm.encoders.minilm")
+    MiniLMEncoder(folder)
+    assert "Loading weights" in capfd.readouterr().err
+
+
+LITE_TEXTS = [
+    *SENTENCES,
+    "dog but not cat",
+    "",
+    "Überraschung! Ein naïves Café in 東京 🙂",
+    "a very long caption " * 120,  # past the 256-token limit: truncated the same way
+]
+
+
+def test_query_path_equals_sentence_transformers(encoder) -> None:
+    """A few texts go through the plain-torch forward pass (no sentence-transformers
+    import); it gives sentence-transformers' embeddings."""
+    from sparsemm.encoders.bert_lite import BertLite
+    from sparsemm.encoders.minilm import LITE_MAX_TEXTS, MiniLMEncoder, default_model_path
+
+    fresh = MiniLMEncoder()
+    lite = fresh.encode_text(LITE_TEXTS)
+    assert fresh._st is None and fresh._lite is not None  # the query path was taken
+    reference = encoder.model_.encode(LITE_TEXTS, convert_to_numpy=True)
+    reference = reference / np.linalg.norm(reference, axis=1, keepdims=True)
+    np.testing.assert_allclose(lite, reference, atol=2e-6)
+    raw = BertLite(default_model_path()).encode(LITE_TEXTS[:2])
+    np.testing.assert_allclose(raw, reference[:2], atol=2e-6)
+    # a collection-sized batch goes through sentence-transformers
+    big = fresh.encode_text(LITE_TEXTS * (LITE_MAX_TEXTS // len(LITE_TEXTS) + 1))
+    assert fresh._st is not None
+    np.testing.assert_allclose(big[: len(LITE_TEXTS)], reference, atol=2e-6)
+
+
+def test_query_path_imports_no_sentence_transformers() -> None:
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys; from sparsemm.encoders.base import get_encoder; "
+        "e = get_encoder('minilm').encode_text(['a dog but not a cat']); "
+        "print(json.dumps([e.shape[1], [m for m in ('sentence_transformers', 'transformers') "
+        "if m in sys.modules]]))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == [384, []]

@@ -7,14 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from fakes import KeywordEncoder
+from fakes import KeywordEncoder, identity_sr, keyword_collection
 from sparsemm.cli.main import main
-from sparsemm.data.collection import write_collection
 from sparsemm.encoders.base import register_encoder
 from sparsemm.errors import SparsemmError
-from sparsemm.models.sr import SRConfig, SRModel
+from sparsemm.models.sr import SRModel
 from sparsemm.query.searcher import Searcher, build_index, dimension_labels
 
 WORDS = ("dog", "cat", "pizza", "car", "tree", "ball")
@@ -45,35 +43,12 @@ ITEMS = {
 
 
 def _collection(tmp_path: Path) -> Path:
-    enc = ToyEncoder()
-    items, texts = [], []
-    for i, (iid, objs) in enumerate(ITEMS.items()):
-        caps = [" and ".join(objs), "a photo of " + " with ".join(objs)]
-        items.append({"id": iid, "captions": caps, "labels": objs, "split": "train"})
-        texts += [{"item": i, "text": c} for c in caps]
-    text_emb = enc.encode_text([t["text"] for t in texts])
-    image_emb = enc.encode_text([" ".join(objs) for objs in ITEMS.values()])
-    col = tmp_path / "col"
-    write_collection(
-        col,
-        items,
-        {"name": "toykw", "dim": len(WORDS)},
-        image_emb=image_emb,
-        text_emb=text_emb,
-        texts=texts,
-    )
-    return col
+    return keyword_collection(tmp_path / "col", ToyEncoder(), ITEMS)
 
 
 def _identity_sr(tmp_path: Path) -> Path:
     """An SR whose code is the keyword vector itself: dim j = keyword j (hand-made answer)."""
-    d = len(WORDS)
-    model = SRModel(SRConfig(text_dim=d, image_dim=d, latent_dim=d, top_k=3))
-    with torch.no_grad():
-        model.enc_text.weight.copy_(torch.eye(d))
-        model.enc_text.bias.zero_()
-    model.save_pretrained(tmp_path / "sr")
-    return tmp_path / "sr"
+    return identity_sr(tmp_path / "sr", len(WORDS))
 
 
 @pytest.fixture()

@@ -239,6 +239,35 @@ def test_fit_detectors_separates() -> None:
     assert (z[:2] > 0).all() and (z[2:] < 0).all()
 
 
+def test_fit_detectors_runs_on_one_thread_and_restores_the_setting(monkeypatch) -> None:
+    """Multi-threaded sums add in a varying order and moved AP@10 by ~1e-4 run to run, so
+    the L-BFGS fit runs on one thread; the caller's thread count comes back afterwards."""
+    import torch
+
+    seen: list[int] = []
+    step = torch.optim.LBFGS.step
+
+    def spy(self, closure):  # type: ignore[no-untyped-def]
+        seen.append(torch.get_num_threads())
+        return step(self, closure)
+
+    monkeypatch.setattr(torch.optim.LBFGS, "step", spy)
+    x = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.8]], dtype=np.float32)
+    y = np.array([[1], [1], [0], [0]])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        w2, b2 = fit_detectors(x, y)
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        w1, b1 = fit_detectors(x, y)
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 1]
+    np.testing.assert_array_equal(w1, w2)
+    np.testing.assert_array_equal(b1, b2)
+
+
 def test_sr_query_coder_shapes() -> None:
     import torch
 

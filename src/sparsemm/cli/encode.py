@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sparsemm.data.collection import SKIPPED
-from sparsemm.data.encode import BAD_IMAGE_POLICIES, encode_source
 from sparsemm.data.sources import FORMATS
 from sparsemm.errors import SparsemmError
+
+# sparsemm.data.encode.BAD_IMAGE_POLICIES, written out so that building the parser does not
+# import the encoders (torch); tests/cli/test_cli_cold_start.py checks that they agree.
+BAD_IMAGE_POLICIES = ("skip", "fail")
 
 
 def _positive_int(text: str) -> int:
@@ -79,6 +81,9 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Encode ``args.source`` into ``args.out`` and print a one-line summary."""
+    from sparsemm.data.collection import SKIPPED
+    from sparsemm.data.encode import encode_source
+
     if not args.encoder:
         raise SparsemmError("--encoder must not be empty")
     col = encode_source(

@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sparsemm.index.store import BACKENDS
+# sparsemm.index.store.BACKENDS, written out so that building the parser does not import
+# the index (numba, scipy); tests/cli/test_cli_cold_start.py checks that they agree.
+BACKENDS = ("local", "qdrant")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -8,7 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparsemm.cli.index import add_backend_args
-from sparsemm.query.searcher import DEFAULT_STRATEGY
+
+# sparsemm.query.searcher.DEFAULT_STRATEGY, written out so that `--help` and
+# `--list-strategies` do not import torch; tests/cli/test_cli_cold_start.py checks it.
+DEFAULT_STRATEGY = "hybrid"
 
 if TYPE_CHECKING:
     from sparsemm.query.parse import Query
@@ -72,6 +75,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="print only the hits' image paths (the id when an item has no image), one a "
         "line, for piping",
     )
+    p.add_argument(
+        "--no-server",
+        action="store_true",
+        help="search in this process even when `sparsemm serve` is running for the "
+        "collection (by default a plain search is sent to it: no start-up cost)",
+    )
     add_backend_args(p)
     p.set_defaults(func=run)
 
@@ -120,14 +129,50 @@ def _search(searcher: Searcher, query: Query, args: argparse.Namespace) -> list[
     return searcher.search(query, k=args.k, strategy=args.strategy, offset=args.offset)
 
 
+def forwardable(args: argparse.Namespace) -> bool:
+    """A plain search of the local store (the text output without --explain): the one a
+    running `sparsemm serve` answers the same way (sparsemm.cli.running)."""
+    return not (
+        args.no_server
+        or args.json
+        or args.paths
+        or args.explain
+        or args.backend != "local"
+        or args.engine != "strategy"
+    )
+
+
+def print_answer(answer: dict) -> None:
+    """Print a server's /api/search answer in the text format of a local search."""
+    query, hits = answer["query"], answer["hits"]
+    excl = f"  but not: {', '.join(query['exclude'])}" if query["exclude"] else ""
+    print(f"query: {', '.join(query['include']) or '(anything)'}{excl}   [{answer['strategy']}]")
+    for h in hits:
+        print(f"{h['rank']:>3}. {h['id']}  {h['score']:.3f}  {h['caption']}")
+    if not hits:
+        print("no results")
+
+
 def run(args: argparse.Namespace) -> int:
     from sparsemm.errors import SparsemmError
+
+    if args.list_strategies:  # before the searcher's imports (torch): this answers at once
+        print(list_strategies())
+        return 0
+    if forwardable(args):
+        from sparsemm.cli.running import find_server, forward_search, within_server_limits
+
+        limits_ok = within_server_limits(args.k, args.offset, list(args.exclude))
+        url = find_server(args.collection) if limits_ok else None
+        answer = url and forward_search(
+            url, args.query, list(args.exclude), args.k, args.offset, args.strategy
+        )
+        if answer:
+            print_answer(answer)
+            return 0
     from sparsemm.query.parse import parse_query
     from sparsemm.query.searcher import Searcher
 
-    if args.list_strategies:
-        print(list_strategies())
-        return 0
     if args.collection is None or args.query is None:
         raise SparsemmError(
             'give a collection and a query, e.g. sparsemm search COLLECTION "dog but not cat"'

@@ -96,6 +96,10 @@ def server_options(max_connections: int = DEFAULT_MAX_CONNECTIONS) -> dict[str, 
     }
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -122,11 +126,23 @@ def run(args: argparse.Namespace) -> int:
     )
     shown = f"[{args.host}]" if ":" in args.host else args.host
     log.info("serving %s at http://%s:%d/ (Ctrl+C to stop)", args.collection, shown, args.port)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level="info",
-        **server_options(args.max_connections),
-    )
+    import signal
+
+    from sparsemm.cli.running import announce
+
+    # uvicorn re-raises the SIGTERM it stopped on once it is done; exit through Python
+    # then, so the record below is removed (Ctrl+C already does).
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        # While it runs, `sparsemm search` on this collection is answered by this server.
+        with announce(args.collection, args.host, args.port):
+            uvicorn.run(
+                app,
+                host=args.host,
+                port=args.port,
+                log_level="info",
+                **server_options(args.max_connections),
+            )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0

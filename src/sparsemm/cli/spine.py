@@ -22,7 +22,6 @@ from typing import Any
 
 from sparsemm.data.paths import default_data_dir
 from sparsemm.errors import SparsemmError
-from sparsemm.io import write_json
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +91,7 @@ def register(subparsers: Any) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from sparsemm.data.sources import read_coco
+    from sparsemm.io import write_json
     from sparsemm.words.spine import (
         SpineConfig,
         build_sparse_vectors,
@@ -191,6 +191,7 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from sparsemm.io import write_json
     from sparsemm.words.evaluate import distance_ratio, sparsity_stats, wordsim_spearman
     from sparsemm.words.vectors import load_word_vectors
 

@@ -11,17 +11,16 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparsemm.cli.train_lexlip import register_model as register_lexlip
 from sparsemm.cli.train_vdr import register_model as register_vdr
-from sparsemm.data.collection import open_collection
-from sparsemm.models.base import check_encoders, encoder_record
-from sparsemm.models.detectors import ConceptDetectors, DetectorConfig
-from sparsemm.models.sr import SRConfig
-from sparsemm.train.detectors import fit_model_detectors
-from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
-from sparsemm.words.spine import SparseWordVectors
+
+if TYPE_CHECKING:
+    from sparsemm.models.detectors import ConceptDetectors
+
+# The library (torch, the models) is imported inside each verb, so that building the
+# parser for `sparsemm --help` or another verb stays fast.
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +111,9 @@ def _fit_detectors(
     model: Any, col: Any, split: str, args: argparse.Namespace, out: Path
 ) -> ConceptDetectors:
     """Fit and save ``model``'s detectors on the items of ``split`` ("all": every item)."""
+    from sparsemm.models.detectors import DetectorConfig
+    from sparsemm.train.detectors import fit_model_detectors
+
     cfg = DetectorConfig(
         min_mentions=args.min_mentions, max_terms=args.max_terms, bigrams=not args.no_bigrams
     )
@@ -119,6 +121,8 @@ def _fit_detectors(
 
 
 def run_detectors(args: argparse.Namespace) -> int:
+    from sparsemm.data.collection import open_collection
+    from sparsemm.models.base import check_encoders
     from sparsemm.models.sr import SRModel
 
     model = SRModel.from_pretrained(args.model)
@@ -130,7 +134,12 @@ def run_detectors(args: argparse.Namespace) -> int:
 
 
 def run_sr(args: argparse.Namespace) -> int:
+    from sparsemm.data.collection import open_collection
     from sparsemm.errors import SparsemmError
+    from sparsemm.models.base import encoder_record
+    from sparsemm.models.sr import SRConfig
+    from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
+    from sparsemm.words.spine import SparseWordVectors
 
     if args.spine is None and not args.no_bias:
         raise SparsemmError("pass --spine DIR (a trained SPINE) or --no-bias for the ablation")
@@ -187,8 +196,11 @@ def run_sr(args: argparse.Namespace) -> int:
 
 
 def run_align(args: argparse.Namespace) -> int:
+    from sparsemm.data.collection import open_collection
+    from sparsemm.models.base import encoder_record
     from sparsemm.models.lit import AlignConfig
     from sparsemm.train.lit import train_aligner
+    from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection
 
     col = open_collection(args.collection)
     image, text, pair_item, _ = sr_pairs_from_collection(col, col.split_mask(args.split), None)

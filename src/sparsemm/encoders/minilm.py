@@ -12,15 +12,20 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from sparsemm.encoders.base import ImageInput, l2_normalize, register_encoder
+from sparsemm.encoders.bert_lite import BertLite, lite_supported
 from sparsemm.errors import SparsemmError, require_extra
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_DIM = 384
+# Batches up to this size use the plain-torch forward pass (bert_lite) while
+# sentence-transformers is not loaded yet: queries, not collections.
+LITE_MAX_TEXTS = 16
 
 
 PACKAGED_NAMES = frozenset({"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"})
@@ -51,6 +56,23 @@ def _hub_offline(active: bool) -> Iterator[None]:
                 os.environ["HF_HUB_OFFLINE"] = old
 
 
+@contextlib.contextmanager
+def _loading_bar(show: bool) -> Iterator[None]:
+    """transformers draws a "Loading weights" progress bar on stderr while it loads a model.
+    Hide it unless ``show`` (sparsemm logs at INFO: long jobs, or a search with -v), so a
+    plain ``sparsemm search`` prints its answer only."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    if was_on and not show:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on and not show:
+            hf_logging.enable_progress_bar()
+
+
 @register_encoder("minilm")
 class MiniLMEncoder:
     """Sentence-transformers text encoder: ``encode_text`` gives float32 ``(n, dim)``.
@@ -76,6 +98,30 @@ class MiniLMEncoder:
                 f"sentence-transformers model folder not found: {path}; pass an existing "
                 "folder or a model name"
             )
+        self._source, self._is_local, self._device = path, is_local, device
+        self.model_id = "all-MiniLM-L6-v2" if model is None else str(model)
+        self._lite: BertLite | None = None
+        self._st: Any = None
+        # The packaged model embeds a few texts (a search query) with the plain-torch
+        # forward pass of bert_lite, so a search does not import sentence-transformers;
+        # it is loaded for the first larger batch. Other models load it now.
+        self._lite_ok = model is None and lite_supported(local)
+        if self._lite_ok:
+            self.dim = DEFAULT_DIM
+        else:
+            self.dim = int(self._embedding_dim() or DEFAULT_DIM)
+        logger.debug("text encoder %s (dim %d)", self.model_id, self.dim)
+
+    @property
+    def model_(self) -> Any:
+        """The sentence-transformers model (loaded on first use)."""
+        if self._st is None:
+            self._st = self._load_sentence_transformer()
+        return self._st
+
+    def _load_sentence_transformer(self) -> Any:
+        path, is_local = self._source, self._is_local
+        local = Path(path).expanduser()
         # A local folder must never reach for the hub: HF_HUB_OFFLINE=1 while importing and
         # loading (huggingface_hub reads it at import time), local_files_only for the loader.
         with _hub_offline(is_local):
@@ -84,17 +130,19 @@ class MiniLMEncoder:
             except ImportError:
                 require_extra("sentence_transformers", "offline")
             try:
-                self.model_ = SentenceTransformer(
-                    str(local if is_local else path), device=device, local_files_only=is_local
-                )
+                with _loading_bar(logger.isEnabledFor(logging.INFO)):
+                    model = SentenceTransformer(
+                        str(local if is_local else path),
+                        device=self._device,
+                        local_files_only=is_local,
+                    )
             except (OSError, ValueError) as exc:
                 raise SparsemmError(
                     f"could not load sentence-transformers model {str(path)!r} ({exc}); pass "
                     "a local model folder with --model, or connect to the internet"
                 ) from exc
-        self.model_id = "all-MiniLM-L6-v2" if model is None else str(model)
-        self.dim = int(self._embedding_dim() or DEFAULT_DIM)
-        logger.debug("loaded sentence-transformers model %s (dim %d)", self.model_id, self.dim)
+        logger.debug("loaded sentence-transformers model %s", self.model_id)
+        return model
 
     def _embedding_dim(self) -> int | None:
         # sentence-transformers >= 5 renamed get_sentence_embedding_dimension.
@@ -117,6 +165,11 @@ class MiniLMEncoder:
             return np.zeros((0, self.dim), dtype=np.float32)
         if any(not isinstance(t, str) for t in texts):
             raise SparsemmError("encode_text expects a list of strings")
+        if self._lite_ok and self._st is None and len(texts) <= LITE_MAX_TEXTS:
+            if self._lite is None:
+                self._lite = BertLite(default_model_path())
+            emb = self._lite.encode(texts)
+            return l2_normalize(emb) if normalize else emb
         emb = self.model_.encode(
             texts,
             batch_size=max(1, int(batch_size)),

@@ -69,7 +69,7 @@ TABLE3_METRICS = ("mrr@10", "ndcg@10", "ap@1", "ap@3", "ap@10", "violation@10")
 @dataclass(frozen=True)
 class PaperBenchConfig:
     """Sizes of the reproduction. Defaults: the full COCO caption-proxy within about 30
-    minutes of 2 CPU cores once the collection is encoded (measured in the README)."""
+    minutes of 2 CPU cores once the collection is encoded (measured in docs/results.md)."""
 
     dims: tuple[int, ...] = (500, 1000, 1500, 2000)  # Table 3's SR latent dimensions
     main_dim: int = 1000  # the SR row of Tables 1 and 2

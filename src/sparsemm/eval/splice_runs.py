@@ -91,16 +91,13 @@ QUICK_CONCEPTS = 1000  # concepts in quick runs
 def _torch_threads(n: int) -> Iterator[None]:
     """``n`` torch threads while encoding concepts (shared 2-core machines). Only when the
     encoder has loaded torch already: importing it just to set threads costs seconds."""
-    torch = sys.modules.get("torch")
-    if torch is None:
+    if "torch" not in sys.modules:
         yield
         return
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
+    from sparsemm.train.loop import torch_threads
+
+    with torch_threads(n):
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def collection_text_encoder(collection: Collection) -> TextEncoder:

@@ -8,18 +8,15 @@ the top concept dimensions of a few test images with each dimension's SPINE top 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-import torch
 
 from sparsemm.data.collection import Collection
 from sparsemm.data.encode import encode_source
@@ -31,6 +28,7 @@ from sparsemm.io import atomic_open, write_json
 from sparsemm.models.base import PretrainedMixin, encoder_record
 from sparsemm.models.sr import SRConfig, SRModel
 from sparsemm.train.detectors import ensure_model_detectors
+from sparsemm.train.loop import torch_threads
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 from sparsemm.words.bias import sentence_bias
 from sparsemm.words.evaluate import top_words
@@ -60,18 +58,6 @@ class ProxyRunConfig:
     limit: int | None = None  # quick runs: only the first N images of the COCO file
     seed: int = 0
     train_threads: int = 1  # torch threads for SPINE/SR training (see torch_threads)
-
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run a block with ``n`` torch CPU threads. The SPINE/SR layers are small: one thread
-    avoids the synchronisation cost that makes two threads several times slower here."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def coco_json(data_dir: str | Path) -> Path:

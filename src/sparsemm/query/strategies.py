@@ -1206,7 +1206,7 @@ register_strategy(
     "sparse: caption-word detectors on sparse codes, log P(A) + beta log(1 - P(B)) + ...",
     grid={"l2": [1e-2, 3e-2], **_DETECTOR_GRID},
     features="codes",
-    # Defaults = the values tuned on the COCO caption-proxy train split (README), so that
+    # Defaults = the values tuned on the COCO caption-proxy train split (docs/results.md), so that
     # `sparsemm search --strategy detector` uses them; the benchmark re-tunes over the grid.
     l2=1e-2,
     beta=2.0,

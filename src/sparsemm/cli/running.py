@@ -1,0 +1,171 @@
+"""Running servers: ``sparsemm serve`` announces itself, ``sparsemm search`` forwards to it.
+
+A cold ``sparsemm search`` spends seconds importing torch and sentence-transformers and
+loading the model and text encoder. A ``sparsemm serve`` of the same collection has all of
+that loaded, so when one is up the search sends the query to its JSON API instead and only
+prints the answer (standard library only: no numpy, no torch).
+
+While it runs, the server keeps a small record file per collection,
+``<runtime dir>/servers/<hash of the collection's absolute path>.json`` =
+``{"url", "pid", "collection"}``, removed when it stops. The runtime dir is
+``$SPARSEMM_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/sparsemm``, else
+``~/.cache/sparsemm``. A record whose process is gone, a server that does not answer
+within ten seconds, or a server error makes the search run locally as before; a query
+the server refuses as bad input (HTTP 400) is reported like a local error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sparsemm.errors import SparsemmError
+
+log = logging.getLogger(__name__)
+
+# A warm server answers in milliseconds, its first query may take seconds (JIT, detector
+# fits); a local cold search takes longer still. Past this, search locally.
+FORWARD_TIMEOUT_S = 10.0
+# The server's request limits (sparsemm.web.app MAX_K, MAX_OFFSET, MAX_TERMS; a test checks
+# they agree): a search past them runs locally, where they do not apply.
+SERVER_MAX_K = 100
+SERVER_MAX_OFFSET = 10_000
+SERVER_MAX_TERMS = 16
+
+
+def within_server_limits(k: int, offset: int, exclude: list[str]) -> bool:
+    """Whether the server accepts a search of this size (the CLI itself allows more)."""
+    return (
+        1 <= k <= SERVER_MAX_K
+        and 0 <= offset <= SERVER_MAX_OFFSET
+        and (len(exclude) <= SERVER_MAX_TERMS)
+    )
+
+
+def runtime_dir() -> Path:
+    """Where running servers leave their records."""
+    if os.environ.get("SPARSEMM_RUNTIME_DIR"):
+        return Path(os.environ["SPARSEMM_RUNTIME_DIR"])
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(os.environ["XDG_RUNTIME_DIR"]) / "sparsemm"
+    return Path.home() / ".cache" / "sparsemm"
+
+
+def record_path(collection: str | Path) -> Path:
+    """The record file of a server of ``collection`` (by its resolved absolute path)."""
+    key = str(Path(collection).expanduser().resolve())
+    digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:20]
+    return runtime_dir() / "servers" / f"{digest}.json"
+
+
+def server_url(host: str, port: int) -> str:
+    """The URL a local client reaches a server bound to ``host``:``port`` at."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    shown = f"[{host.strip('[]')}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+@contextlib.contextmanager
+def announce(collection: str | Path, host: str, port: int) -> Iterator[Path | None]:
+    """Keep a record of this server for ``collection`` while the block runs.
+
+    Best effort: a runtime dir that cannot be written only means searches are not
+    forwarded (yields None then). The record is removed at the end if it is still ours.
+    """
+    path = record_path(collection)
+    record = {
+        "url": server_url(host, port),
+        "pid": os.getpid(),
+        "collection": str(Path(collection).expanduser().resolve()),
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".server-", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(record, fh)
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.info("not announcing the server for sparsemm search (%s)", exc)
+        yield None
+        return
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(path.read_text(encoding="utf-8")).get("pid") == os.getpid():
+                path.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return True
+
+
+def find_server(collection: str | Path) -> str | None:
+    """The URL of a running server of ``collection``, or None."""
+    path = record_path(collection)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        url, pid = str(record["url"]), int(record["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not _alive(pid):
+        with contextlib.suppress(OSError):
+            path.unlink()  # a server killed without cleaning up
+        return None
+    return url
+
+
+def forward_search(
+    url: str,
+    query: str,
+    exclude: list[str],
+    k: int,
+    offset: int,
+    strategy: str | None,
+    timeout: float = FORWARD_TIMEOUT_S,
+) -> dict[str, Any] | None:
+    """The server's ``/api/search`` answer (SearchOut as a dict), or None to search locally.
+
+    Raises SparsemmError with the server's message when it refuses the query as bad input.
+    """
+    params: list[tuple[str, str]] = [("q", query), ("k", str(k)), ("offset", str(offset))]
+    params += [("exclude", term) for term in exclude]
+    if strategy:
+        params.append(("strategy", strategy))
+    request = urllib.request.Request(
+        f"{url}/api/search?{urllib.parse.urlencode(params)}",
+        headers={"Accept": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            answer: dict[str, Any] = json.loads(resp.read().decode("utf-8"))
+            return answer
+    except urllib.error.HTTPError as exc:
+        if exc.code == 400:
+            with contextlib.suppress(ValueError, OSError):
+                message = json.loads(exc.read().decode("utf-8")).get("error")
+                if message:
+                    raise SparsemmError(str(message)) from None
+        log.debug("server %s answered %s; searching locally", url, exc.code)
+    except (OSError, ValueError) as exc:  # refused, timed out, not JSON
+        log.debug("server %s did not answer (%s); searching locally", url, exc)
+    return None

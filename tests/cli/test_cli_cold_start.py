@@ -1,0 +1,68 @@
+"""Cold start of the ``sparsemm`` command: building the parser imports no heavy library.
+
+`sparsemm --help`, `sparsemm search --help` and `sparsemm search --list-strategies` must
+answer without importing torch, transformers or sentence-transformers (seconds of import
+time); the CLI modules write out a few constants for that, checked here against the library.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "transformers", "sentence_transformers", "numba")
+
+# Runs the CLI in a fresh interpreter and reports which heavy modules got imported.
+PROBE = """
+import contextlib, io, json, sys
+from sparsemm.cli.main import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    try:
+        status = main(sys.argv[1:])
+    except SystemExit as exc:
+        status = exc.code
+heavy = [m for m in {heavy!r} if m in sys.modules]
+print(json.dumps({{"status": status, "heavy": heavy, "out": out.getvalue()}}))
+"""
+
+
+def _probe(*argv: str) -> dict:
+    code = PROBE.format(heavy=HEAVY)
+    res = subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("--help",), ("search", "--help"), ("search", "--list-strategies"), ("train", "--help")],
+)
+def test_help_and_strategy_list_import_no_heavy_library(argv: tuple[str, ...]) -> None:
+    got = _probe(*argv)
+    assert got["status"] == 0
+    assert got["out"].strip()
+    assert got["heavy"] == [], f"sparsemm {' '.join(argv)} imported {got['heavy']}"
+
+
+def test_list_strategies_names_every_strategy() -> None:
+    from sparsemm.query.strategies import STRATEGIES
+
+    listed = [line.split()[0] for line in _probe("search", "--list-strategies")["out"].splitlines()]
+    assert listed == list(STRATEGIES)
+
+
+def test_constants_written_out_in_the_cli_match_the_library() -> None:
+    from sparsemm.cli import encode, index, search
+    from sparsemm.data.encode import BAD_IMAGE_POLICIES
+    from sparsemm.index.store import BACKENDS
+    from sparsemm.query.searcher import DEFAULT_STRATEGY
+
+    assert encode.BAD_IMAGE_POLICIES == BAD_IMAGE_POLICIES
+    assert index.BACKENDS == BACKENDS
+    assert search.DEFAULT_STRATEGY == DEFAULT_STRATEGY

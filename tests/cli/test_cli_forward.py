@@ -1,0 +1,162 @@
+"""`sparsemm search` forwards to a running `sparsemm serve` of the same collection
+(sparsemm.cli.running): same output, no local model load; local search when none answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fakes import fashion_collection
+from sparsemm.cli import running
+from sparsemm.cli.main import main
+
+uvicorn = pytest.importorskip("uvicorn", reason="the web extra (uvicorn) is not installed")
+
+QUERY = "a sneaker but not a bag"
+
+
+@pytest.fixture()
+def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SPARSEMM_RUNTIME_DIR", str(tmp_path / "run"))
+    return tmp_path / "run"
+
+
+@pytest.fixture()
+def collection(tmp_path: Path) -> Path:
+    return fashion_collection(tmp_path)
+
+
+@pytest.fixture()
+def served(collection: Path, runtime: Path) -> Iterator[tuple[Path, int]]:
+    """uvicorn serving ``collection`` on a free 127.0.0.1 port, announced as `serve` does."""
+    from sparsemm.web.app import create_app
+
+    app = create_app(collection)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not srv.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        with running.announce(collection, "127.0.0.1", port) as record:
+            assert record is not None and record.is_file()
+            yield collection, port
+        assert not record.exists()  # removed when the server stops
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def _search(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = main(["search", *argv])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def test_search_is_answered_by_the_running_server_with_the_same_output(
+    served: tuple[Path, int], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    collection, _ = served
+    status, local, _ = _search(capsys, str(collection), QUERY, "-k", "4", "--no-server")
+    assert status == 0 and "s1" in local and "[hybrid]" in local
+    # From here on a local search would fail: only the server can answer.
+    import sparsemm.query.searcher
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("searched locally")
+
+    monkeypatch.setattr(sparsemm.query.searcher.Searcher, "__init__", refuse)
+    status, forwarded, err = _search(capsys, str(collection), QUERY, "-k", "4")
+    assert status == 0 and err == ""
+    assert forwarded == local
+    # Output modes the server does not give in the local format run locally.
+    with pytest.raises(AssertionError, match="searched locally"):
+        main(["search", str(collection), QUERY, "--json"])
+
+
+def test_bad_query_is_refused_by_the_server_like_locally(
+    served: tuple[Path, int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    collection, _ = served
+    bad = "sneaker but not sneaker"
+    local = _search(capsys, str(collection), bad, "--no-server")
+    forwarded = _search(capsys, str(collection), bad)
+    assert local[0] == forwarded[0] == 2
+    assert forwarded[2].startswith("error: ") and forwarded[2].count("\n") == 1
+
+
+def test_stale_or_silent_server_means_a_local_search(
+    collection: Path, runtime: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    expected = _search(capsys, str(collection), QUERY, "--no-server")
+    record = running.record_path(collection)
+    record.parent.mkdir(parents=True)
+    # a server that died without removing its record: the record is dropped
+    dead = {"url": "http://127.0.0.1:9", "pid": 2**22 + 12345, "collection": str(collection)}
+    record.write_text(json.dumps(dead))
+    assert running.find_server(collection) is None and not record.exists()
+    # a live process whose port does not answer: the search runs locally
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    record.write_text(json.dumps({**dead, "url": f"http://127.0.0.1:{port}", "pid": os.getpid()}))
+    assert running.find_server(collection) == f"http://127.0.0.1:{port}"
+    assert _search(capsys, str(collection), QUERY) == expected
+
+
+def test_searches_past_the_servers_limits_run_locally(
+    served: tuple[Path, int], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sparsemm.web import app
+
+    assert (running.SERVER_MAX_K, running.SERVER_MAX_OFFSET, running.SERVER_MAX_TERMS) == (
+        app.MAX_K,
+        app.MAX_OFFSET,
+        app.MAX_TERMS,
+    )
+    collection, _ = served
+    calls: list[str] = []
+    monkeypatch.setattr(running, "forward_search", lambda url, *a, **kw: calls.append(url))
+    status, out, _ = _search(capsys, str(collection), QUERY, "-k", str(app.MAX_K + 1))
+    assert status == 0 and "s1" in out and calls == []  # answered locally, never sent
+    _search(capsys, str(collection), QUERY, "-k", str(app.MAX_K))
+    assert len(calls) == 1
+
+
+def test_server_url_for_wildcard_and_ipv6_binds() -> None:
+    assert running.server_url("0.0.0.0", 8000) == "http://127.0.0.1:8000"
+    assert running.server_url("::", 8000) == "http://[::1]:8000"
+    assert running.server_url("127.0.0.1", 80) == "http://127.0.0.1:80"
+
+
+def test_serve_announces_itself_while_it_runs(
+    collection: Path, runtime: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    seen: dict[str, object] = {}
+
+    def fake_run(app: object, **kwargs: object) -> None:
+        seen["url"] = running.find_server(collection)
+        seen["sigterm"] = signal.getsignal(signal.SIGTERM)
+
+    monkeypatch.setattr(uvicorn, "run", fake_run)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["serve", str(collection), "--port", "8124"]) == 0
+    assert seen["url"] == "http://127.0.0.1:8124"
+    assert seen["sigterm"] is not before  # exits through Python, so the record goes
+    assert running.find_server(collection) is None
+    assert signal.getsignal(signal.SIGTERM) == before
