@@ -25,6 +25,7 @@ VERBS = (
     "index",
     "search",
     "serve",
+    "up",
     "demo",
     "bench",
     "export",
