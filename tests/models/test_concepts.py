@@ -95,7 +95,7 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
         "coffee mug",
         "crane",
     ]
-    assert code_model.default_strategy == "hybrid"
+    assert code_model.default_strategy == "filter"
 
 
 def test_wrong_shapes_are_user_errors() -> None:

@@ -104,8 +104,13 @@ def ensure_model(out: Path, model: Path | None, progress: bool) -> Path:
             return target
         except SparsemmError as exc:
             log.warning("the model in %s is unusable (%s); writing it again", target, exc)
-    from sparsemm.models.concepts import cached_imagenet_concepts
+    from sparsemm.models.concepts import cached_imagenet_concepts, default_cache_dir
 
+    if not (default_cache_dir() / CONFIG_FILE).is_file():
+        _say(
+            "building the ImageNet concept model: embedding 2,860 class names and glosses "
+            f"(once; kept in {default_cache_dir()})"
+        )
     cached_imagenet_concepts(progress=progress).save_pretrained(target)
     return target
 

@@ -62,9 +62,9 @@ class ConceptConfig:
     item_top_k: int = 10  # active classes per item: the head's mass sits in a few classes
     min_prob: float = 0.01  # classes below this probability are noise, not concepts
     query_top_k: int = 64  # a generic word ("dog") spans many fine classes (120 breeds)
-    query_margin: float = 0.1  # keep classes this close (cosine) to the best match
+    query_margin: float = 0.15  # keep classes this close (cosine) to the best match
     min_query_sim: float = 0.5  # below this for every class, the term names no class
-    query_temperature: float = 0.05  # weight exp((sim - best) / T): near-ties share
+    query_temperature: float = 0.1  # weight exp((sim - best) / T): near-ties share
     description_weight: float = 0.5  # share of the gloss in a class's similarity
     template: str = TERM_TEMPLATE  # how synonyms were embedded ("a photo of a tabby")
 
