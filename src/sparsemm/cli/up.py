@@ -98,6 +98,8 @@ def ensure_model(out: Path, model: Path | None, progress: bool) -> Path:
         load_code_model(model)  # a clear error now, not after encoding
         return model
     target = out / MODEL
+    if target.is_dir() and any(target.iterdir()) and not (target / CONFIG_FILE).is_file():
+        raise SparsemmError(f"{target} exists and is not a sparsemm model; choose another -o")
     if (target / CONFIG_FILE).is_file():
         try:
             load_code_model(target)
@@ -244,6 +246,9 @@ def _serve(col_dir: Path, args: argparse.Namespace) -> int:
         max_connections=DEFAULT_MAX_CONNECTIONS,
         cors_origin=[],
     )
-    _say(f"search page: http://{shown}:{args.port}/  (Ctrl+C to stop)")
+    _say(
+        f"search page: http://{shown}:{args.port}/ (answers once the text encoder is loaded, "
+        "about 10 s; Ctrl+C to stop)"
+    )
     sys.stdout.flush()
     return serve.run(ns)

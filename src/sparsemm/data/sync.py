@@ -63,15 +63,16 @@ def file_stamp(path: str | Path) -> str:
 def attach_captions(items: list[Item], captions_file: str | Path, folder: Path) -> int:
     """Add the captions of ``captions_file`` (JSONL or CSV, see :mod:`sparsemm.data.sources`)
     to the folder's items; a row matches an item by its ``image`` path, its id (the path
-    relative to the folder) or the file name. Returns the number of items captioned; rows
+    relative to the folder), the file name or the name without extension. Returns the number of items captioned; rows
     naming no image of the folder are reported, not fatal."""
     rows = read_items(captions_file)
     by_path = {str(Path(it["image"]).resolve()): it for it in items}
     by_id = {it["id"]: it for it in items}
     by_name: dict[str, Item | None] = {}
     for it in items:
-        name = Path(it["id"]).name
-        by_name[name] = None if name in by_name else it  # ambiguous names match nothing
+        # file name and bare stem ("IMG_001.jpg", "IMG_001"); ambiguous ones match nothing
+        for name in {Path(it["id"]).name, Path(it["id"]).stem}:
+            by_name[name] = None if name in by_name else it
     unmatched: list[str] = []
     captioned = 0
     for row in rows:
