@@ -63,8 +63,8 @@ def file_stamp(path: str | Path) -> str:
 def attach_captions(items: list[Item], captions_file: str | Path, folder: Path) -> int:
     """Add the captions of ``captions_file`` (JSONL or CSV, see :mod:`sparsemm.data.sources`)
     to the folder's items; a row matches an item by its ``image`` path, its id (the path
-    relative to the folder), the file name or the name without extension. Returns the number of items captioned; rows
-    naming no image of the folder are reported, not fatal."""
+    relative to the folder), the file name or the name without extension. Returns the
+    number of items captioned; rows naming no image of the folder are reported, not fatal."""
     rows = read_items(captions_file)
     by_path = {str(Path(it["image"]).resolve()): it for it in items}
     by_id = {it["id"]: it for it in items}
@@ -147,8 +147,18 @@ class NormRecordingEncoder:
                 self.norms[image_key(img)] = float(np.linalg.norm(row))
         return l2_normalize(raw) if normalize else raw
 
-    def encode_text(self, texts: Sequence[str], **kwargs: Any) -> np.ndarray:
-        return self.inner.encode_text(texts, **kwargs)  # type: ignore[no-any-return]
+    def encode_text(
+        self,
+        texts: Sequence[str],
+        batch_size: int = 64,
+        normalize: bool = True,
+        progress: bool = False,
+    ) -> np.ndarray:
+        return np.asarray(
+            self.inner.encode_text(
+                texts, batch_size=batch_size, normalize=normalize, progress=progress
+            )
+        )
 
 
 def _encoder_info(encoder: Any) -> dict[str, Any]:

@@ -116,6 +116,10 @@ class ImageNetConceptModel(PretrainedMixin, nn.Module):
 
     config_class = ConceptConfig
     model_type = MODEL_TYPE
+    fc_weight: torch.Tensor
+    fc_bias: torch.Tensor
+    synonym_emb: torch.Tensor
+    description_emb: torch.Tensor
 
     def __init__(self, config: ConceptConfig) -> None:
         super().__init__()
