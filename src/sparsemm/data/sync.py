@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from sparsemm.data.collection import Collection, collection_lock, open_collection, write_collection
-from sparsemm.data.encode import encode_images_skipping
+from sparsemm.data.encode import _encoder_info, encode_images_skipping
 from sparsemm.data.sources import Item, read_image_folder, read_items
 from sparsemm.encoders.base import l2_normalize
 from sparsemm.errors import SparsemmError
@@ -159,13 +159,6 @@ class NormRecordingEncoder:
                 texts, batch_size=batch_size, normalize=normalize, progress=progress
             )
         )
-
-
-def _encoder_info(encoder: Any) -> dict[str, Any]:
-    info: dict[str, Any] = {"name": encoder.name, "dim": int(encoder.dim)}
-    if getattr(encoder, "model_id", None):
-        info["model"] = str(encoder.model_id)
-    return info
 
 
 def _key(item: Item) -> tuple[str, tuple[str, ...]]:

@@ -189,9 +189,9 @@ class ImageNetConceptModel(PretrainedMixin, nn.Module):
             model.fc_bias.copy_(torch.from_numpy(b))
             model.synonym_emb.copy_(torch.from_numpy(np.asarray(syn_emb, dtype=np.float32)))
             model.description_emb.copy_(torch.from_numpy(np.asarray(desc_emb, np.float32)))
-        model.training_info = {
-            "text_encoder": _encoder_entry(text_encoder),
-        }
+        from sparsemm.data.encode import _encoder_info
+
+        model.training_info = {"text_encoder": _encoder_info(text_encoder)}
         return model.eval()
 
     # -- items ------------------------------------------------------------------------------
@@ -265,14 +265,6 @@ def top_k_rows(probs: np.ndarray, k: int, min_value: float) -> sp.csr_matrix:
     keep[:, 0] = True
     rows = np.repeat(np.arange(n), k).reshape(n, k)
     return sp.csr_matrix((vals[keep].astype(np.float32), (rows[keep], top[keep])), shape=(n, c))
-
-
-def _encoder_entry(encoder: Any) -> dict[str, Any]:
-    entry: dict[str, Any] = {"name": str(encoder.name), "dim": int(encoder.dim)}
-    model_id = getattr(encoder, "model_id", None)
-    if model_id:
-        entry["model"] = str(model_id)
-    return entry
 
 
 # -- the ImageNet-1k model -------------------------------------------------------------------
