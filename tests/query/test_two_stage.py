@@ -1,5 +1,5 @@
-"""Candidates from the inverted index + exact rescoring == brute force (when the pool holds
-the true top-k), on the toy searcher and on random data."""
+"""The served path (index candidates + exact rescoring, certified) == brute force over every
+item: on the toy searcher, and on random codes with random model detectors."""
 
 from __future__ import annotations
 
@@ -10,13 +10,21 @@ import pytest
 import scipy.sparse as sp
 from test_searcher import _collection, _identity_sr
 
+from fakes import term_word_encoder
+from sparsemm.errors import SparsemmError
 from sparsemm.eval.retrieval import normalize_rows
 from sparsemm.index import InvertedIndex
+from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query.parse import Query, parse_query
-from sparsemm.query.rank import rank_query
+from sparsemm.query.rank import build_strategy, rank_query
 from sparsemm.query.searcher import Searcher, build_index
 from sparsemm.query.strategies import ExclusionContext
-from sparsemm.query.two_stage import include_proxy, two_stage_rank
+from sparsemm.query.two_stage import proxy_vectors, scan_rank, served_rank, sub_context
+
+WORDS = [
+    f"{a}{b}" for a in ("red", "blue", "green", "gold") for b in ("fox", "owl", "elk", "ram", "yak")
+]
+D = len(WORDS)
 
 
 @pytest.fixture()
@@ -27,57 +35,111 @@ def searcher(tmp_path: Path) -> Searcher:
 
 
 @pytest.mark.parametrize("text", ["dog but not cat", "a dog and a tree, no ball", "pizza -car"])
-def test_full_pool_equals_brute_force(searcher: Searcher, text: str) -> None:
+def test_toy_searcher_equals_brute_force(searcher: Searcher, text: str) -> None:
     q = parse_query(text)
     rows, scores = rank_query(searcher.context, q, "hybrid", k=5)
-    got, got_scores = two_stage_rank(searcher.index, searcher.context, q, k=5, candidates=12)
-    assert got.tolist() == rows.tolist()
-    assert np.allclose(got_scores, scores, atol=1e-5)
+    res = served_rank(searcher.index, searcher.context, q, k=5, candidates=2)
+    assert res.rows.tolist() == rows.tolist()
+    assert np.array_equal(res.scores, scores)
+    assert res.certified
 
 
-def test_exclusion_only_and_bad_pool(searcher: Searcher) -> None:
-    q = parse_query("no cat")
-    assert two_stage_rank(searcher.index, searcher.context, q, k=3, candidates=3)[0].tolist() == (
-        rank_query(searcher.context, q, "hybrid", k=3)[0].tolist()
-    )
-    from sparsemm.errors import SparsemmError
-
+def test_bad_pool_sizes(searcher: Searcher) -> None:
+    q = parse_query("dog")
     with pytest.raises(SparsemmError, match="candidates"):
-        two_stage_rank(searcher.index, searcher.context, q, k=5, candidates=2)
+        served_rank(searcher.index, searcher.context, q, candidates=0)
+    with pytest.raises(SparsemmError, match="candidates"):
+        served_rank(searcher.index, searcher.context, q, candidates=10, max_candidates=5)
 
 
-class _Enc:
-    """Text "tJ" -> unit vector J of R^40 (the query code is the text embedding)."""
-
-    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
-        out = np.zeros((len(texts), 40), np.float32)
-        for i, t in enumerate(texts):
-            for w in t.split():
-                if w.startswith("t") and w[1:].isdigit():
-                    out[i, int(w[1:])] = 1.0
-        return out
-
-
-def test_random_codes_recall(tmp_path: Path) -> None:
-    """On random unit codes a pool of 200 of 2,000 items holds the true top-10 (no
-    detectors: the proxy is the include score itself, and exclusions only lower it)."""
-    rng = np.random.default_rng(0)
-    codes = sp.random(2000, 40, density=0.2, random_state=rng, format="csr", dtype=np.float32)
-    codes = normalize_rows(codes)  # the index holds unit codes, as build_index writes them
-    index = InvertedIndex.build(tmp_path / "ix", codes, [str(i) for i in range(2000)])
-    ctx = ExclusionContext(
-        items_codes=codes, text_encoder=_Enc(), query_coder=lambda e, t: sp.csr_matrix(e)
+def _random_world(tmp_path: Path, n: int = 3000, seed: int = 0):
+    """Random non-negative unit codes over D word dims, an index of them, and a context
+    whose query code of a word is its one-hot dim and whose model has a random detector
+    per word (weights peaked on the word's dim, some negative, a negative bias)."""
+    rng = np.random.default_rng(seed)
+    codes = sp.random(n, D, density=0.25, random_state=rng, format="csr", dtype=np.float32)
+    codes = normalize_rows(codes)
+    index = InvertedIndex.build(tmp_path / "ix", codes, [str(i) for i in range(n)])
+    weights = rng.normal(0.0, 1.5, (D, D)).astype(np.float32) + 8.0 * np.eye(D, dtype=np.float32)
+    det = ConceptDetectors(
+        WORDS, weights, bias=np.full(D, -3.0, np.float32), rate=np.full(D, 0.8, np.float32)
     )
-    for a in range(0, 40, 4):
-        q = Query((f"t{a} t{a + 1}",), (f"t{a + 2}",))
-        want = rank_query(ctx, q, "hybrid", k=10)[0].tolist()
-        got = two_stage_rank(index, ctx, q, k=10, candidates=200)[0].tolist()
-        assert got == want
-        dims, weights = include_proxy(ctx_strategy(ctx), q)
-        assert set(dims.tolist()) == {a, a + 1} and (weights > 0).all()
+    enc = term_word_encoder(WORDS)()
+    ctx = ExclusionContext(
+        items_codes=codes,
+        text_encoder=enc,
+        query_coder=lambda e, t: sp.csr_matrix(e),
+        detectors=det,
+    )
+    return codes, index, ctx, rng
 
 
-def ctx_strategy(ctx: ExclusionContext):  # the served scorer on ctx
-    from sparsemm.query.rank import build_strategy
+def _queries(rng: np.random.Generator, m: int) -> list[Query]:
+    out = []
+    for _ in range(m):
+        a, b, c, e = (int(v) for v in rng.choice(D, 4, replace=False))
+        kind = rng.integers(0, 4)
+        if kind == 0:  # label pair
+            out.append(Query((WORDS[a],), (WORDS[b],)))
+        elif kind == 1:  # two includes, two exclusions
+            out.append(Query((WORDS[a], WORDS[c]), (WORDS[b], WORDS[e])))
+        elif kind == 2:  # a phrase without a detector (sentence-like) minus a word
+            out.append(Query((f"{WORDS[a]} {WORDS[c]} near the river",), (WORDS[b],)))
+        else:  # include only
+            out.append(Query((WORDS[a],), ()))
+    return out
 
-    return build_strategy(ctx, "hybrid")
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_codes_equal_brute_force(tmp_path: Path, seed: int) -> None:
+    """Certified results are exactly the brute-force top k (rows and scores), at every
+    offset, with pools far smaller than the collection."""
+    _codes, index, full, rng = _random_world(tmp_path, seed=seed)
+    text = sub_context(full, sp.csr_matrix((0, D), dtype=np.float32))  # no items at all
+    certified = 0
+    for q in _queries(rng, 40):
+        for k, offset in ((10, 0), (5, 7)):
+            want_rows, want_scores = rank_query(full, q, "hybrid", k=k, offset=offset)
+            res = served_rank(index, text, q, k=k, offset=offset, candidates=32)
+            assert res.rows.tolist() == want_rows.tolist(), (q, k, offset)
+            assert np.array_equal(res.scores, want_scores)
+            certified += res.certified
+            assert res.certified or res.candidates >= 32
+    assert certified == 80
+
+
+def test_proxy_bounds_every_item(tmp_path: Path) -> None:
+    """s(x) <= min(A(x), P(x)) for every item: the inequality the certificate rests on."""
+    codes, _, full, rng = _random_world(tmp_path, n=500)
+    strat = build_strategy(full, "hybrid")
+    for q in _queries(rng, 30):
+        va, vp, bias = proxy_vectors(strat, q)
+        s = strat.score_query(q.include, q.exclude)
+        # up to float32 rounding, which the certificate's margin covers
+        assert (s <= codes @ va + 2e-5 * (1 + np.linalg.norm(va))).all()
+        if vp is not None:
+            assert (s <= codes @ vp + bias + 2e-5 * (1 + np.linalg.norm(vp))).all()
+
+
+def test_small_pool_cap_is_reported(tmp_path: Path) -> None:
+    """A pool capped below what the certificate needs is returned as not certified."""
+    _, index, full, rng = _random_world(tmp_path, n=3000, seed=3)
+    flags = []
+    for q in _queries(rng, 20):
+        res = served_rank(index, full, q, k=10, candidates=10, max_candidates=10)
+        want = rank_query(full, q, "hybrid", k=10)[0].tolist()
+        flags.append(res.certified)
+        if res.certified:
+            assert res.rows.tolist() == want
+    assert not all(flags)
+
+
+def test_scan_equals_brute_force(tmp_path: Path) -> None:
+    """Exclusion-only queries are ranked by scanning the row store in chunks."""
+    _, index, full, _rng = _random_world(tmp_path, n=1000)
+    for q in [Query((), (WORDS[3],)), Query((), (WORDS[1], WORDS[7]))]:
+        want = rank_query(full, q, "hybrid", k=10, offset=2)
+        res = scan_rank(index, full, q, k=10, offset=2, chunk=128)
+        assert res.rows.tolist() == want[0].tolist()
+        assert np.array_equal(res.scores, want[1])
+        assert served_rank(index, full, q, k=10, offset=2).mode == "scan"

@@ -45,6 +45,7 @@ from sparsemm.query.strategies import (
     get_spec,
     get_strategy,
 )
+from sparsemm.query.two_stage import ServedResult, served_rank, sub_context
 from sparsemm.words.bias import tokenize
 
 log = logging.getLogger(__name__)
@@ -271,6 +272,7 @@ class Searcher:
                 f"{collection_dir} --model MODEL_DIR`"
             )
         self.index = InvertedIndex.open(root)
+        self._local_index = self.index
         if list(self.index.ids) != self.collection.ids:
             raise SparsemmError(
                 f"the index in {root} does not match the collection's items; rebuild it"
@@ -292,8 +294,6 @@ class Searcher:
             labels = read_json(legacy) if legacy.is_file() else {}
         self.labels_data: list[list[str]] = labels.get("data", [])
         self.labels_spine: list[list[str]] = labels.get("spine", [])
-        self.codes = sp.csr_matrix(self.index.codes(np.arange(len(self.index))))
-        self.codes.sort_indices()  # explanations read rows through indptr
         self.aligner = (
             LinearAligner.from_pretrained(meta["dense_model"]) if meta.get("dense_model") else None
         )
@@ -306,7 +306,21 @@ class Searcher:
             )
         self._encoder = encoder
         self._ctx: ExclusionContext | None = None
+        self._text_ctx: ExclusionContext | None = None
+        self._codes: sp.csr_matrix | None = None
         self._dense: np.ndarray | None = None
+        # How the last search was answered (served path: candidates, certificate).
+        self.last_served: ServedResult | None = None
+
+    @property
+    def codes(self) -> sp.csr_matrix:
+        """Every item's code, loaded on first use: only strategies other than the served
+        default (and query-time detector fits) need them; the served path reads the index."""
+        if self._codes is None:
+            codes = sp.csr_matrix(self.index.codes(np.arange(len(self.index))))
+            codes.sort_indices()  # explanations read rows through indptr
+            self._codes = codes
+        return self._codes
 
     # -- context ---------------------------------------------------------------------------
     @property
@@ -352,12 +366,7 @@ class Searcher:
                     codes=self.codes,
                     labels=labels if any(labels) else None,
                 )
-            text_encoder: Any = self.encoder
-            coder = self.model.query_coder()
-            if self.aligner is not None:
-                # Dense strategies score in the aligned space; SR reads the raw text backbone.
-                text_encoder = AlignedTextEncoder(self.encoder, self.aligner)
-                coder = self.model.query_coder(text_encoder=self.encoder)
+            text_encoder, coder = self._coders()
             self._ctx = ExclusionContext(
                 items_dense=self.dense,
                 items_codes=self.codes,
@@ -366,7 +375,51 @@ class Searcher:
                 reference=reference,
                 detectors=self.model.detectors,
             )
+            if self._text_ctx is not None:  # one set of text caches for both contexts
+                self._ctx._emb, self._ctx._code = self._text_ctx._emb, self._text_ctx._code
         return self._ctx
+
+    def _coders(self) -> tuple[Any, Any]:
+        """(text encoder of the dense strategies, query coder of the sparse ones)."""
+        text_encoder: Any = self.encoder
+        coder = self.model.query_coder()
+        if self.aligner is not None:
+            # Dense strategies score in the aligned space; SR reads the raw text backbone.
+            text_encoder = AlignedTextEncoder(self.encoder, self.aligner)
+            coder = self.model.query_coder(text_encoder=self.encoder)
+        return text_encoder, coder
+
+    @property
+    def text_context(self) -> ExclusionContext:
+        """A context with no items: query encoders, text caches and the model's detectors.
+        The served path scores index candidates in sub-contexts of it."""
+        if self._text_ctx is None:
+            if self._ctx is not None:
+                self._text_ctx = sub_context(
+                    self._ctx, sp.csr_matrix((0, self.index.dim), dtype=np.float32)
+                )
+                self._text_ctx.reference = None
+            else:
+                text_encoder, coder = self._coders()
+                self._text_ctx = ExclusionContext(
+                    items_codes=sp.csr_matrix((0, self.index.dim), dtype=np.float32),
+                    text_encoder=text_encoder,
+                    query_coder=coder,
+                    detectors=self.model.detectors,
+                )
+        return self._text_ctx
+
+    def served(self, strategy: str, **params: Any) -> bool:
+        """True when ``strategy`` is answered through the index (candidates + certified
+        exact rescoring, :mod:`sparsemm.query.two_stage`) rather than over every code in
+        memory: the default ``hybrid`` on codes, with the model's own detectors (or on a
+        collection with no captions or labels, where no term has a detector)."""
+        if strategy != "hybrid" or params.get("features", "codes") != "codes":
+            return False
+        if self.model.detectors is not None:
+            return True
+        col = self.collection
+        return not any(it.get("captions") or it.get("labels") for it in col.items)
 
     def dim_words(self, dim: int) -> list[str]:
         data = self.labels_data[dim] if dim < len(self.labels_data) else []
@@ -383,7 +436,7 @@ class Searcher:
         messages are those of the web API (:mod:`sparsemm.web.app`).
         """
         kind = strategy if strategy in ("sparse", "dense") else get_spec(strategy).kind
-        ctx = self.context
+        ctx = self.text_context
         for side, terms in (("search for", query.include), ("exclude", query.exclude)):
             for term in terms:
                 vec = ctx.term_code(term) if kind == "sparse" else ctx.term_embedding(term)
@@ -404,10 +457,12 @@ class Searcher:
     ) -> list[Hit]:
         """Top ``k`` hits (after ``offset``) for a query; several excluded terms all apply.
         ``strategy`` defaults to the model's (``hybrid`` for SR, ``code_arith`` for VDR).
-        Ranks with :func:`sparsemm.query.rank.rank_query`, the function the benchmarks use.
 
-        Raises SparsemmError for bad input, including a term the model knows nothing about
-        (:meth:`check_terms`)."""
+        The default scorer is served through the index (:meth:`served`: candidates, then
+        exact rescoring, certified equal to ranking every item); other strategies rank
+        every item with :func:`sparsemm.query.rank.rank_query`, the function the benchmarks
+        use. Raises SparsemmError for bad input, including a term the model knows nothing
+        about (:meth:`check_terms`)."""
         if k < 1 or offset < 0:
             raise SparsemmError("k must be >= 1 and offset >= 0")
         q = query if isinstance(query, Query) else parse_query(query, exclude=exclude)
@@ -422,43 +477,72 @@ class Searcher:
                 "from different backbones with no shared space; rebuild the index with "
                 "`sparsemm index ... --dense-model ALIGNER` or use a sparse strategy"
             )
-        ctx = self.context
-        strat = get_strategy(strategy, ctx, **params)
-        self.check_terms(q, strat.kind)
-        # The same function the benchmarks rank with (sparsemm.query.rank).
-        rows, scores = rank_query(ctx, q, strat, k=k, offset=offset)
+        served = self.served(strategy, **params)
+        if served:
+            base = self.text_context
+            self.check_terms(q, get_strategy(strategy, base, **params).kind)
+            res = served_rank(self.index, base, q, strategy, k=k, offset=offset, **params)
+            self.last_served = res
+            rows, scores = res.rows, res.scores
+        else:
+            base = self.context
+            strat = get_strategy(strategy, base, **params)
+            self.check_terms(q, strat.kind)
+            rows, scores = rank_query(base, q, strat, k=k, offset=offset)
+            self.last_served = None
+        # Explanations read only the hits' codes, from the index's row store; the served
+        # path's evidence is computed on a context of just those rows.
+        codes = sp.csr_matrix(self._codes_of(rows))
+        codes.sort_indices()
+        if served:
+            strat = get_strategy(strategy, sub_context(base, codes), **params)
         why = self._explainer(q)
         terms: list[tuple[str, str, str, np.ndarray, np.ndarray]] = []
         if isinstance(strat, Hybrid):
             for side, group in (("include", q.include), ("exclude", q.exclude)):
                 terms += [(t, side, *self._term_evidence(strat, t)) for t in group]
-        hits = [
-            self._hit(offset + i + 1, int(r), float(s), why)
-            for i, (r, s) in enumerate(zip(rows, scores, strict=True))
-        ]
-        for h in hits:
-            h.evidence = [self._evidence(h.row, *term) for term in terms]
+        hits = []
+        for i, (r, sc) in enumerate(zip(rows, scores, strict=True)):
+            h = self._hit(offset + i + 1, int(r), float(sc), why, codes, i)
+            at = i if served else int(r)  # where the evidence arrays hold this item
+            h.evidence = [self._evidence(codes, i, at, *term) for term in terms]
             h.scored_by = {e.term: e.kind for e in h.evidence}
+            hits.append(h)
         return hits
 
-    def _term_evidence(self, strat: Hybrid, term: str) -> tuple[str, np.ndarray, np.ndarray]:
-        """(kind, (n,) per-item value, (d,) per-dimension weight) of one query term."""
+    @staticmethod
+    def _term_evidence(strat: Hybrid, term: str) -> tuple[str, np.ndarray, np.ndarray]:
+        """(kind, (n,) value per item of the strategy's context, (d,) per-dimension weight)
+        of one query term."""
         if strat.has_detector(term):
             return "detector", strat.present(term), strat.detector_weights(term)
-        code = normalize_rows(self.context.term_code(term))
+        code = normalize_rows(strat.ctx.term_code(term))
         return "code similarity", strat.similarity(term), np.asarray(code, dtype=np.float64)
 
     def _evidence(
-        self, row: int, term: str, side: str, kind: str, values: np.ndarray, weight: np.ndarray
+        self,
+        codes: sp.csr_matrix,
+        i: int,
+        at: int,
+        term: str,
+        side: str,
+        kind: str,
+        values: np.ndarray,
+        weight: np.ndarray,
     ) -> TermEvidence:
-        lo, hi = self.codes.indptr[row], self.codes.indptr[row + 1]
-        dims, vals = self.codes.indices[lo:hi], self.codes.data[lo:hi]
+        """Evidence for the item whose code is row ``i`` of ``codes`` (sorted CSR) and whose
+        value is ``values[at]``."""
+        lo, hi = codes.indptr[i], codes.indptr[i + 1]
+        dims, vals = codes.indices[lo:hi], codes.data[lo:hi]
         contrib = weight[dims] * vals
-        top = [int(dims[i]) for i in np.argsort(-contrib, kind="stable")[:3] if contrib[i] > 0]
+        top = [int(dims[j]) for j in np.argsort(-contrib, kind="stable")[:3] if contrib[j] > 0]
         words = [w for j in top for w in self.dim_words(j)[:1]]
-        return TermEvidence(term, side, kind, float(values[row]), top, words)
+        return TermEvidence(term, side, kind, float(values[at]), top, words)
 
-    def _hit(self, rank: int, row: int, score: float, why: _Explainer) -> Hit:
+    def _hit(
+        self, rank: int, row: int, score: float, why: _Explainer, codes: sp.csr_matrix, i: int
+    ) -> Hit:
+        """Hit for collection ``row``, whose code is row ``i`` of ``codes`` (sorted CSR)."""
         item = self.collection.items[row]
         caps = item.get("captions") or [""]
         hit = Hit(
@@ -469,7 +553,7 @@ class Searcher:
             caption=caps[0],
             labels=list(item.get("labels", [])),
         )
-        hit.matched, hit.excluded = why.explain(self.codes, row)
+        hit.matched, hit.excluded = why.explain(codes, i)
         return hit
 
     def _explainer(self, q: Query, n_dims: int = 5) -> _Explainer:
@@ -477,7 +561,7 @@ class Searcher:
         code and each excluded term's dimensions with their words: the 6 its detector
         weighs most when the model has one, else those the ``filter`` strategy drops items
         on (the active dims of the term's query code)."""
-        ctx = self.context
+        ctx = self.text_context
         a = q.include_text
         filt = get_strategy("filter", ctx, dims="query")
         assert isinstance(filt, HardFilter)
@@ -494,14 +578,20 @@ class Searcher:
             dims = [int(j) for j in np.flatnonzero(on)]
             words = sorted({w for j in dims[:3] for w in self.dim_words(j)[:2]})
             checks.append((b, dims, on, words))
-        include_code = ctx.term_code(a) if a else np.zeros(self.codes.shape[1], np.float32)
+        include_code = ctx.term_code(a) if a else np.zeros(self.index.dim, np.float32)
         return _Explainer(include_code, checks, self.dim_words, n_dims)
+
+    def item_code(self, row: int) -> sp.csr_matrix:
+        """(1, d) sorted CSR code of one item, read from the index."""
+        code = sp.csr_matrix(self._codes_of(np.array([row])))
+        code.sort_indices()
+        return code
 
     def explain(
         self, row: int, q: Query, n_dims: int = 5
     ) -> tuple[list[Concept], list[ExcludedCheck]]:
         """Matched concepts (top q_j x_j over the include code) and excluded-term checks."""
-        return self._explainer(q, n_dims).explain(self.codes, row)
+        return self._explainer(q, n_dims).explain(self.item_code(row), 0)
 
     def search_index(
         self,
@@ -518,7 +608,7 @@ class Searcher:
         B's dims and the threshold come from the ``filter`` strategy itself.
         """
         q = query if isinstance(query, Query) else parse_query(query, exclude=exclude)
-        strat = get_strategy("filter", self.context, **{"dims": "query", **params})
+        strat = get_strategy("filter", self.text_context, **{"dims": "query", **params})
         assert isinstance(strat, HardFilter)
         self.check_terms(q, "sparse")
         if not q.include:
@@ -533,12 +623,20 @@ class Searcher:
                 np.concatenate([np.flatnonzero(strat.b_weights(a, b) > 0) for b in q.exclude])
             )
             ex = Exclusion(dims, threshold=float(strat.p["threshold"]), mode="filter")
-        qa = self.context.term_code(a)
+        qa = self.text_context.term_code(a)
         qa = qa / max(float(np.linalg.norm(qa)), 1e-12)  # scores = cosine, as in `search`
         res = self.index.search(qa, k=k, exclude=ex)
         why = self._explainer(q)
+        keep = [i for i, s in enumerate(res.scores) if s > 0]  # no concept in common: no match
+        rows = np.asarray(res.rows, dtype=np.int64)[keep]
+        codes = sp.csr_matrix(self._codes_of(rows))
+        codes.sort_indices()
         return [
-            self._hit(i + 1, int(r), float(s), why)
-            for i, (r, s) in enumerate(zip(res.rows, res.scores, strict=True))
-            if s > 0  # no concept in common with the query: not a match
+            self._hit(i + 1, int(r), float(res.scores[keep[i]]), why, codes, i)
+            for i, r in enumerate(rows)
         ]
+
+    def _codes_of(self, rows: np.ndarray) -> sp.csr_matrix:
+        """Codes of ``rows`` from this collection's own index (the CLI may swap ``index``
+        for a Qdrant store, which scores but does not hold the row store)."""
+        return self._local_index.codes(rows)

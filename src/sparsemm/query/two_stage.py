@@ -1,91 +1,247 @@
-"""The served scorer through the inverted index: candidates first, then exact rescoring.
+"""The served scorer through the inverted index: certified candidates, then exact rescoring.
 
-An opt-in path toward serving the default scorer at scale (issue 16); `rank_query` over
-every item stays the default and the reference it is measured against.
+How ``sparsemm search``, the web API and :class:`~sparsemm.query.searcher.Searcher` answer a
+query with the default ``hybrid`` scorer without scoring (or loading) every item's code.
 
-1. **Candidates.** The index returns the exact top ``candidates`` items by inner product with
-   a linear proxy of the include score. The proxy is the include text's unit query code
-   (times alpha, or alpha_phrase when no include term has a detector) plus delta times the
-   scaled weights of each include term's detector. Only the positive part is kept (codes
-   are non-negative), cut to its ``proxy_dims`` largest dims so the index reads few
-   posting lists. Exclusions only lower a score (every exclusion term is <= 0), so they
-   are left to step 2.
-2. **Rescoring.** The candidates' codes are read from the index's per-segment row store (the
-   memory-mapped forward index) and scored by the full strategy in a context of just those
-   items. The model's detectors and the text caches are shared with the full context.
+The hybrid score of an item with unit code x (:class:`~sparsemm.query.strategies.Hybrid`)::
 
-The result is exact whenever the true top-k lies among the candidates;
-``benchmarks/two_stage.py`` measures recall@10 against brute force. A query with nothing
-to include has no proxy and is ranked over every item.
+    s(x) = A(x) + delta sum_{t in T} log sigma(z_t(x)) + beta sum_j log(1 - P(B_j | x) / c_j)
+    A(x) = v_A . x,   v_A = alpha q_I - gamma sum_j q_{B_j}      (q: unit query codes)
+    z_t(x) = w_t . x + b_t                                        (detector logits of T)
+
+Every log term is <= 0 and log sigma(z) <= min(0, z), so with P(x) = A(x) + delta sum_t z_t(x)
+(linear in x)::
+
+    s(x) <= min(A(x), P(x))
+
+1. **Candidates.** The index returns the exact top ``n`` items by ``A`` and (when an include
+   term has a detector) the top ``n`` by ``P``, both inner products with the stored unit
+   codes. A query vector is cut to its ``proxy_dims`` largest weights; since codes are
+   non-negative and unit-length, the dropped positive weights add at most their L2 norm to
+   any item's inner product (Cauchy-Schwarz), which is added to that list's bound.
+2. **Rescoring.** The candidates' codes are read from the index's memory-mapped row store and
+   scored by the full strategy (the same ``score_query`` as brute force, including the "no
+   concept in common" rule), in a context of just those rows.
+3. **Certificate.** An item outside both lists scores at most
+   ``bound = min(a_n, p_n + residual)``, where a_n and p_n are the n-th scores of the two
+   lists. When the k-th best rescored candidate beats ``bound`` (by a float32 margin) the
+   result is provably the brute-force top k. Otherwise ``n`` grows fourfold and the
+   query runs again, up to ``max_candidates``; a result that is still not certified is
+   returned with ``certified=False`` (counted by ``benchmarks/two_stage.py``).
+
+Queries this cannot bound are ranked by scanning the index's row store in chunks (never
+every code at once): exclusion-only queries (ranked by absence) and detectors fitted at
+query time on a reference set (older models without their own detectors).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
+import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.retrieval import normalize_rows
-from sparsemm.index import InvertedIndex
 from sparsemm.query.parse import Query
-from sparsemm.query.rank import build_strategy, rank_query
-from sparsemm.query.strategies import ExclusionContext, Hybrid
+from sparsemm.query.rank import build_strategy, score_query
+from sparsemm.query.strategies import ExclusionContext, Hybrid, Strategy, top_rows
+
+# Float32 margin of the certificate, times the query vectors' L2 norms: the index sums at
+# most a row's non-zeros (a few hundred) of float32 products w_d x_d, whose absolute sum is
+# at most ||w|| for a unit code, so its rounding error stays below ~256 * 6e-8 * ||w||.
+_MARGIN = 2e-5
+SCAN_ROWS = 65536  # rows per chunk when a query is ranked by scanning the row store
 
 
-def include_proxy(
-    strat: Hybrid, query: Query, proxy_dims: int = 64, exclusions: bool = False
-) -> tuple[np.ndarray, np.ndarray]:
-    """(dims, weights) of the include score's linear proxy (see the module docstring);
-    ``exclusions`` also subtracts the excluded terms' detector weights and codes."""
-    ctx = strat.ctx
-    p = strat.p
-    alpha, detected = strat.include_alpha(query.include)
-    v = alpha * normalize_rows(ctx.term_code(query.include_text)).astype(np.float64)
-    for t in detected:
-        v = v + p["delta"] * strat.detector_weights(t)
-    if exclusions:
-        for b in query.exclude:
-            if strat.has_detector(b) and p["beta"]:
-                v = v - p["beta"] * np.maximum(strat.detector_weights(b), 0.0)
-            v = v - p["gamma"] * normalize_rows(ctx.term_code(b)).astype(np.float64)
-    else:
-        v = np.maximum(v, 0.0)
-    dims = np.argsort(-np.abs(v), kind="stable")[:proxy_dims]
-    dims = np.sort(dims[v[dims] != 0])
-    return dims.astype(np.int64), v[dims].astype(np.float32)
+class CodeSource(Protocol):
+    """What the served path needs from a store: exact top-n and stored codes by row."""
+
+    def __len__(self) -> int: ...
+
+    def search(self, query: Any, k: int = 10) -> Any: ...  # -> SearchResult (rows, scores)
+
+    def codes(self, rows: Any) -> sp.csr_matrix: ...
 
 
-def two_stage_rank(
-    index: InvertedIndex,
-    ctx: ExclusionContext,
-    query: Query,
-    strategy: str = "hybrid",
-    k: int = 10,
-    candidates: int = 1000,
-    proxy_dims: int = 64,
-    exclusions: bool = False,
-    **params: Any,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, scores) of the top ``k`` items: index candidates, exactly rescored."""
-    if candidates < k:
-        raise SparsemmError(f"candidates ({candidates}) must be at least k ({k})")
-    strat = build_strategy(ctx, strategy, **params)
-    if not isinstance(strat, Hybrid) or not query.include:
-        return rank_query(ctx, query, strat, k=k)
-    dims, weights = include_proxy(strat, query, proxy_dims, exclusions)
-    if not len(dims):
-        return np.zeros(0, np.int64), np.zeros(0)
-    rows = np.asarray(index.search((dims, weights), k=candidates).rows, dtype=np.int64)
+@dataclass
+class ServedResult:
+    """Top hits of one query through the served path, best first."""
+
+    rows: np.ndarray  # (k,) int64 collection rows
+    scores: np.ndarray  # (k,) float64 exact scores of the strategy
+    candidates: int  # rows rescored (the last round's pool, or every row for a scan)
+    certified: bool  # provably the brute-force top k (always True for a scan)
+    rounds: int  # index rounds run (0: scanned)
+    mode: str  # "two-stage" | "scan"
+
+
+def sub_context(ctx: ExclusionContext, codes: sp.csr_matrix) -> ExclusionContext:
+    """A context over ``codes`` (a few rows) that shares ``ctx``'s text caches, encoders
+    and model detectors, so query texts are encoded once for every sub-context."""
     sub = ExclusionContext(
-        items_codes=index.codes(rows),
+        items_codes=codes,
         text_encoder=ctx.text_encoder,
         query_coder=ctx.query_coder,
         reference=ctx.reference,
+        word_vectors=ctx.word_vectors,
         template=ctx.template,
         cache_size=ctx.cache_size,
         detectors=ctx.detectors,
     )
-    sub._emb, sub._code = ctx._emb, ctx._code  # texts are coded once for both contexts
-    local, scores = rank_query(sub, query, strategy, k=k, **params)
-    return rows[local], scores
+    sub._emb, sub._code = ctx._emb, ctx._code
+    return sub
+
+
+def bounded(strat: Strategy, query: Query) -> bool:
+    """True when :func:`served_rank` can certify ``query`` from index candidates."""
+    if not isinstance(strat, Hybrid) or strat.p["features"] != "codes" or not query.include:
+        return False
+    # Query-time detector fits read every reference item; the model's own are linear.
+    return strat.model_detectors is not None or strat.ctx.reference is None
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return np.asarray(normalize_rows(np.asarray(v, dtype=np.float32)), dtype=np.float64)
+
+
+def proxy_vectors(strat: Hybrid, query: Query) -> tuple[np.ndarray, np.ndarray | None, float]:
+    """(v_A (d,), v_P (d,) or None, bias of P): the two linear upper bounds of the module
+    docstring. v_P is None when no include term has a detector (then s <= A alone)."""
+    ctx, p = strat.ctx, strat.p
+    alpha, detected = strat.include_alpha(query.include)
+    va = alpha * _unit(ctx.term_code(query.include_text))
+    if p["gamma"]:
+        for b in query.exclude:
+            va = va - p["gamma"] * _unit(ctx.term_code(b))
+    if not (p["delta"] and detected):
+        return va, None, 0.0
+    vp = va.copy()
+    bias = 0.0
+    model = strat.model_detectors
+    for t in detected:
+        vp = vp + p["delta"] * strat.detector_weights(t)
+        if model is not None:
+            bias += p["delta"] * model.column(t)[1]
+        else:  # a reference-free context has no detected terms; kept for completeness
+            raise SparsemmError(f"{t!r} has no model detector to bound")
+    return va, vp, float(bias)
+
+
+def _cut(v: np.ndarray, proxy_dims: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """(dims, weights, residual): the ``proxy_dims`` largest |weights| of ``v`` and the L2
+    norm of the positive weights left out (their most a unit non-negative code can add)."""
+    nz = np.flatnonzero(v)
+    keep = nz[np.argsort(-np.abs(v[nz]), kind="stable")[:proxy_dims]]
+    rest = np.ones(len(v), dtype=bool)
+    rest[keep] = False
+    residual = float(np.linalg.norm(np.maximum(v[rest], 0.0)))
+    keep = np.sort(keep)
+    return keep.astype(np.int64), v[keep].astype(np.float32), residual
+
+
+def _nth(source: CodeSource, dims: np.ndarray, w: np.ndarray, n: int) -> tuple[np.ndarray, float]:
+    """(rows, bound): the top ``n`` rows by the inner product, and the largest score an item
+    outside them can have (-inf when they are every item)."""
+    if not len(dims):  # the proxy is zero for every item
+        res_rows = np.arange(min(n, len(source)), dtype=np.int64)
+        return res_rows, (-np.inf if n >= len(source) else 0.0)
+    res = source.search((dims, w), k=n)
+    rows = np.asarray(res.rows, dtype=np.int64)
+    if len(rows) < n or n >= len(source):
+        return rows, -np.inf
+    return rows, float(res.scores[-1])
+
+
+def _rescore(
+    source: CodeSource,
+    ctx: ExclusionContext,
+    query: Query,
+    strategy: str,
+    rows: np.ndarray,
+    params: dict[str, Any],
+) -> np.ndarray:
+    """(len(rows),) exact scores of ``rows`` (ascending) by the full strategy."""
+    return score_query(sub_context(ctx, source.codes(rows)), query, strategy, **params)
+
+
+def served_rank(
+    source: CodeSource,
+    ctx: ExclusionContext,
+    query: Query,
+    strategy: str = "hybrid",
+    k: int = 10,
+    offset: int = 0,
+    candidates: int = 256,
+    max_candidates: int = 65536,
+    proxy_dims: int = 256,
+    **params: Any,
+) -> ServedResult:
+    """Top ``k`` items after ``offset`` of ``query``, as ``rank_query`` over every item
+    would rank them (see the module docstring). ``ctx`` supplies the encoders, text caches
+    and model detectors; its own items are not read."""
+    if k < 1 or offset < 0:
+        raise SparsemmError("k must be >= 1 and offset >= 0")
+    if candidates < 1 or max_candidates < candidates:
+        raise SparsemmError("need 1 <= candidates <= max_candidates")
+    strat = build_strategy(ctx, strategy, **params)
+    want = offset + k
+    if not bounded(strat, query):
+        return scan_rank(source, ctx, query, strategy, k, offset, **params)
+    assert isinstance(strat, Hybrid)
+    va, vp, bias = proxy_vectors(strat, query)
+    lists = [(*_cut(va, proxy_dims), 0.0)]
+    if vp is not None:
+        lists.append((*_cut(vp, proxy_dims), bias))
+    norms = float(np.linalg.norm(va)) + (float(np.linalg.norm(vp)) if vp is not None else 0.0)
+    margin = _MARGIN * (1.0 + norms)
+    n = max(candidates, want)
+    rounds = 0
+    while True:
+        rounds += 1
+        pool: list[np.ndarray] = []
+        bound = np.inf
+        for dims, w, residual, const in lists:
+            rows, nth = _nth(source, dims, w, n)
+            pool.append(rows)
+            bound = min(bound, nth + residual + const)
+        cand = np.unique(np.concatenate(pool))
+        scores = _rescore(source, ctx, query, strategy, cand, params)
+        top = top_rows(scores, want)  # finite scores only
+        kth = float(scores[top[-1]]) if len(top) == want else -np.inf
+        certified = bool(bound == -np.inf or kth > bound + margin)
+        if certified or n >= max_candidates or n >= len(source):
+            top = top[offset:]
+            return ServedResult(cand[top], scores[top], len(cand), certified, rounds, "two-stage")
+        n = min(n * 4, max_candidates)
+
+
+def scan_rank(
+    source: CodeSource,
+    ctx: ExclusionContext,
+    query: Query,
+    strategy: str = "hybrid",
+    k: int = 10,
+    offset: int = 0,
+    chunk: int = SCAN_ROWS,
+    **params: Any,
+) -> ServedResult:
+    """Rank every row by reading the row store ``chunk`` rows at a time: exact, memory
+    O(chunk), for queries the candidate bound does not cover."""
+    want = offset + k
+    best_rows = np.zeros(0, np.int64)
+    best_scores = np.zeros(0)
+    n = len(source)
+    for lo in range(0, n, chunk):
+        rows = np.arange(lo, min(lo + chunk, n), dtype=np.int64)
+        s = _rescore(source, ctx, query, strategy, rows, params)
+        top = top_rows(s, want)
+        r = np.concatenate([best_rows, rows[top]])
+        v = np.concatenate([best_scores, s[top]])
+        # ties go to the lower row: order by (-score, row)
+        keep = np.lexsort((r, -v))[:want]
+        best_rows, best_scores = r[keep], v[keep]
+    sel = np.isfinite(best_scores)
+    best_rows, best_scores = best_rows[sel][offset:], best_scores[sel][offset:]
+    return ServedResult(best_rows, best_scores, n, True, 0, "scan")

@@ -381,9 +381,8 @@ class SearchService:
             images if images is not None else ImageStore.from_collection(searcher.collection)
         )
         self.row_of = {item_id: row for row, item_id in enumerate(self.collection.ids)}
-        self.n_dims = int(searcher.codes.shape[1])
+        self.n_dims = int(searcher.index.dim)
         self._lock = threading.Lock()
-        self._csc: sp.csc_matrix | None = None
         self._requests = 0
 
     # -- rendering ---------------------------------------------------------------------
@@ -410,9 +409,8 @@ class SearchService:
     def _checks(self, checks: Sequence[ExcludedCheck], row: int) -> list[ExcludedOut]:
         if not checks:
             return []
-        codes = self.searcher.codes  # CSR; slicing the arrays is ~50x cheaper than codes[row]
-        lo, hi = int(codes.indptr[row]), int(codes.indptr[row + 1])
-        values = dict(zip(codes.indices[lo:hi].tolist(), codes.data[lo:hi].tolist(), strict=True))
+        code = self.searcher.item_code(row)
+        values = dict(zip(code.indices.tolist(), code.data.tolist(), strict=True))
         return [
             ExcludedOut(
                 term=e.term,
@@ -456,10 +454,8 @@ class SearchService:
         self._requests += 1
         if self._requests % CACHE_CHECK_EVERY:
             return
-        ctx = self.searcher._ctx  # not built yet: nothing cached
-        if ctx is None:
-            return
-        caches = [getattr(ctx, name, None) for name in ("_emb", "_code", "cache")]
+        ctxs = [c for c in (self.searcher._ctx, self.searcher._text_ctx) if c is not None]
+        caches = [getattr(ctx, name, None) for ctx in ctxs for name in ("_emb", "_code", "cache")]
         dicts = [c for c in caches if isinstance(c, dict)]
         size = sum(_nbytes(c) for c in dicts)
         if size > MAX_CACHE_BYTES:
@@ -499,7 +495,7 @@ class SearchService:
                 matched, checks = self.searcher.explain(row, query, n_dims=EXPLAIN_DIMS)
             finally:
                 self._bound_caches()
-        code = self.searcher.codes[row]
+        code = self.searcher.item_code(row)
         order = np.argsort(-code.data, kind="stable")[:ITEM_CONCEPTS]
         own = [
             ConceptOut(
@@ -525,12 +521,10 @@ class SearchService:
     def dim(self, dim: int, n: int = 12, prefix: str = "") -> DimOut:
         if not 0 <= dim < self.n_dims:
             raise HTTPException(404, f"no dimension {dim}; dimensions are 0..{self.n_dims - 1}")
-        if self._csc is None:
-            self._csc = sp.csc_matrix(self.searcher.codes)
-        lo, hi = self._csc.indptr[dim], self._csc.indptr[dim + 1]
-        rows, vals = self._csc.indices[lo:hi], self._csc.data[lo:hi]
-        # highest activation first, ties by row for a stable order
-        order = np.lexsort((rows, -vals))[:n]
+        # the dim's posting list through the index: highest value first, ties by lower row
+        res = self.searcher.index.search((np.array([dim]), np.array([1.0], np.float32)), k=n)
+        rows, vals = np.asarray(res.rows), np.asarray(res.scores)
+        order = np.arange(len(rows))
         s = self.searcher
         return DimOut(
             dim=dim,
