@@ -101,10 +101,19 @@ def test_up_then_rerun_adds_only_new_photos(
     code, text, _ = _up(photos, out, capsys)
     assert "0 new, 0 changed, 4 unchanged" in text and "index up to date" in text
 
+    _photo(photos / "p2.png", 7)  # edited in place: re-embedded, the index rebuilt
+    code, text, _ = _up(photos, out, capsys)
+    assert "0 new, 1 changed, 3 unchanged" in text
+    assert "built the index (photos changed or were removed)" in text
+    index = InvertedIndex.open(out / "collection" / "index")
+    assert list(index.ids) == ["p0.png", "p1.png", "p2.png", "sub/new.png"]
+    np.testing.assert_allclose(index.codes(np.arange(2)).toarray(), codes_before[:2], rtol=1e-6)
+
     (photos / "p1.png").unlink()
     code, text, _ = _up(photos, out, capsys)
     assert code == 0
     assert "removed 1 photo(s) no longer in the folder: p1.png" in text
+    assert "built the index (photos changed or were removed)" in text
     assert list(InvertedIndex.open(out / "collection" / "index").ids) == [
         "p0.png",
         "p2.png",
@@ -159,3 +168,24 @@ def test_bad_input_gives_one_error_line(
     assert code == 0
     assert "warning: skipped 1 unreadable image(s), e.g. bad.jpg" in text
     assert list(InvertedIndex.open(tmp_path / "o5" / "collection" / "index").ids) == ["good.png"]
+
+
+def test_up_serves_the_collection_with_sparsemm_serve(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    from sparsemm.cli import serve
+
+    seen = {}
+
+    def fake_run(args) -> int:  # the real one blocks in uvicorn
+        seen.update(vars(args))
+        return 0
+
+    monkeypatch.setattr(serve, "run", fake_run)
+    photos = tmp_path / "photos"
+    _photo(photos / "a.png", 0)
+    out = tmp_path / "out"
+    assert main(["up", str(photos), "-o", str(out), "--port", "8765", "--no-progress"]) == 0
+    assert seen["collection"] == out / "collection"
+    assert (seen["host"], seen["port"]) == ("127.0.0.1", 8765)
+    assert "search page: http://127.0.0.1:8765/" in capsys.readouterr().out

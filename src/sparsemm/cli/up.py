@@ -152,6 +152,8 @@ def index_collection(col_dir: Path, model_dir: Path, report: Any) -> tuple[Any, 
             if not prefix
             else "the model's dimension labels come from the data"
         )
+    elif report is not None and (report.changed or report.removed):
+        reason = "photos changed or were removed"
     elif report is not None and not report.created:
         reason = "no index yet"
     index = build_index(col_dir, model_dir)
