@@ -29,3 +29,23 @@ def test_caption_rows_match_images_and_unmatched_rows_are_reported(tmp_path: Pat
     assert items[1]["captions"] == ["by file name"]
     assert items[2]["captions"] == ["by stem"] and items[2]["labels"] == ["x"]
     assert "1 caption row(s)" in caplog.text and "gone.jpg" in caplog.text
+
+
+def test_write_collection_carries_only_the_named_subfolders(tmp_path: Path) -> None:
+    import numpy as np
+
+    from sparsemm.data.collection import write_collection
+
+    col = tmp_path / "col"
+    enc = {"name": "fake", "dim": 2}
+    items = [{"id": "a"}]
+    write_collection(col, items, enc, image_emb=np.ones((1, 2), np.float32))
+    for sub in ("index", "cache"):
+        (col / sub).mkdir()
+        (col / sub / "f.txt").write_text(sub)
+    more = [{"id": "a"}, {"id": "b"}]
+    write_collection(col, more, enc, image_emb=np.ones((2, 2), np.float32), keep=("index",))
+    assert (col / "index" / "f.txt").read_text() == "index"
+    assert not (col / "cache").exists()
+    write_collection(col, items, enc, image_emb=np.ones((1, 2), np.float32))
+    assert not (col / "index").exists()  # the default keeps nothing, as before

@@ -343,7 +343,8 @@ def write_collection(
                 **(extra or {}),
             }
             write_json(tmp / "manifest.json", manifest)
-            _carry_subdirs(find_dir(root), tmp, keep)
+            if keep:
+                _carry_subdirs(find_dir(root), tmp, keep)
             _swap_dir(tmp, root)
         except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
