@@ -189,3 +189,19 @@ def test_up_serves_the_collection_with_sparsemm_serve(
     assert seen["collection"] == out / "collection"
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 8765)
     assert "search page: http://127.0.0.1:8765/" in capsys.readouterr().out
+
+
+def test_a_busy_port_is_one_error_line(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    photos = tmp_path / "photos"
+    _photo(photos / "a.png", 0)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code = main(["up", str(photos), "--port", str(port), "--no-progress"])
+    assert code == 2
+    assert "cannot listen on 127.0.0.1:" in _one_error_line(capsys.readouterr().err)

@@ -236,9 +236,27 @@ def run(args: argparse.Namespace) -> int:
     return _serve(col_dir, args)
 
 
+def check_port_free(host: str, port: int) -> None:
+    """SparsemmError when ``host:port`` cannot be bound (e.g. an earlier ``up`` still
+    serves there), before the text encoder is loaded rather than after."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host.strip("[]"), port))
+        except OSError as exc:
+            raise SparsemmError(
+                f"cannot listen on {host}:{port} ({exc.strerror or exc}); stop the server "
+                "already there (an earlier sparsemm up/serve?) or pass --port"
+            ) from exc
+
+
 def _serve(col_dir: Path, args: argparse.Namespace) -> int:
     from sparsemm.cli import serve
 
+    check_port_free(args.host, args.port)
     shown = f"[{args.host}]" if ":" in args.host else args.host
     ns = argparse.Namespace(
         collection=col_dir,
