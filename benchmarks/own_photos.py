@@ -132,6 +132,31 @@ def run_skimage(out: Path) -> dict[str, Any]:
     return result
 
 
+# Words people type when searching their photos: which ImageNet classes each maps to.
+COMMON_WORDS = (
+    "dog", "cat", "bird", "horse", "car", "bicycle", "boat", "plane", "train", "beach",
+    "mountain", "snow", "flower", "tree", "food", "pizza", "coffee", "cake", "phone",
+    "computer", "book", "guitar", "church", "bridge", "house", "kitchen", "street",
+    "sunset", "person", "baby", "child", "wedding", "party", "selfie",
+)  # fmt: skip
+
+
+def run_vocabulary(model_dir: Path) -> dict[str, list[str]]:
+    """Each common word's query code: its top classes, or [] when it maps to none."""
+    from sparsemm.encoders.base import get_encoder
+    from sparsemm.models.concepts import ImageNetConceptModel
+
+    model = ImageNetConceptModel.from_pretrained(model_dir)
+    enc = get_encoder("minilm")
+    texts = [model.config.template.format(w) for w in COMMON_WORDS]
+    codes = model.encode_text(enc.encode_text(texts, normalize=True)).toarray()
+    out = {}
+    for word, code in zip(COMMON_WORDS, codes, strict=True):
+        top = np.argsort(-code, kind="stable")[: int((code > 0).sum())]
+        out[word] = [model.names[j] for j in top]
+    return out
+
+
 def collage_folder(out: Path, n: int) -> tuple[Path, dict[str, list[str]]]:
     """``n`` test collages as a plain photo folder (labels kept aside for scoring)."""
     from sparsemm.data.fashion import build_collages
@@ -221,6 +246,12 @@ def main() -> None:
             shown = ", ".join(r["top3"]) if r["top3"] else "(refused)" if r["error"] else "(none)"
             print(f"    {mark} {r['query']!r:30} top3: {shown:32} [{r['top1_concepts']}]")
         print(f"    {sk[strategy]['passed']}/{len(SKIMAGE_QUERIES)} hand-checked queries pass")
+    vocab = run_vocabulary(args.out / "skimage-up" / "model")
+    print("common words -> ImageNet classes (top 3 of the query code; - = refused):")
+    for word, classes in vocab.items():
+        extra = f" (+{len(classes) - 3})" if len(classes) > 3 else ""
+        print(f"  {word:9} {', '.join(classes[:3]) + extra if classes else '-'}")
+    print(f"  {sum(not c for c in vocab.values())}/{len(vocab)} words map to no class")
     fc = run_collages(args.out, args.collages)
     print(
         f"Fashion-MNIST collages ({fc['n_items']} test collages): up took {fc['seconds_up']:.1f} s"
@@ -237,7 +268,8 @@ def main() -> None:
         )
     print(f"  chance precision (relevant share per pair): {fc['chance_precision']:.3f}")
     write_json(
-        args.out / "metrics.json", {"git_commit": git_commit(), "skimage": sk, "collages": fc}
+        args.out / "metrics.json",
+        {"git_commit": git_commit(), "skimage": sk, "vocabulary": vocab, "collages": fc},
     )
     print(json.dumps({"metrics": str(args.out / "metrics.json")}))
 
