@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -194,7 +195,16 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out is not None else photos / OUT_NAME
     if out.exists() and not out.is_dir():
         raise SparsemmError(f"{out} exists and is not a folder; choose another -o")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test.{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise SparsemmError(
+            f"cannot write the output folder {out} ({exc.strerror or exc}); pass -o OUT to "
+            "put it somewhere writable"
+        ) from exc
     col_dir = out / COLLECTION
     _say(f"{len(items)} photos in {photos} -> {out}")
 
