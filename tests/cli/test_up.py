@@ -168,6 +168,14 @@ def test_bad_input_gives_one_error_line(
     assert code == 0
     assert "warning: skipped 1 unreadable image(s), e.g. bad.jpg" in text
     assert list(InvertedIndex.open(tmp_path / "o5" / "collection" / "index").ids) == ["good.png"]
+    # a re-run does not read the unchanged corrupt file again, nor rewrite the collection,
+    # but still says it is left out
+    manifest = tmp_path / "o5" / "collection" / "manifest.json"
+    before = manifest.stat().st_mtime_ns
+    code, text, _ = _up(broken, tmp_path / "o5", capsys)
+    assert code == 0 and "0 new, 0 changed, 1 unchanged" in text
+    assert "warning: skipped 1 unreadable image(s), e.g. bad.jpg" in text
+    assert manifest.stat().st_mtime_ns == before
 
 
 def test_up_serves_the_collection_with_sparsemm_serve(

@@ -224,8 +224,16 @@ def _sync(
     # Final order: surviving old items in their order (changed ones re-embedded in place),
     # then the new ones, so an index of the old items is a prefix of the new collection.
     incoming = {it["id"]: it for it in items}
+    # Files that could not be read last time and are unchanged since are not read again
+    # (still reported), so a corrupt photo does not make every run rewrite the collection.
+    known_bad = {
+        row["id"]: row
+        for row in (old.skipped() if old is not None else [])
+        if row.get("id") in incoming and row.get("stamp") == incoming[row["id"]].get("stamp")
+    }
+    report.skipped = list(known_bad.values())
     order: list[Item] = [incoming[i] for i in old_items if i in incoming]
-    order += [it for it in items if it["id"] not in old_items]
+    order += [it for it in items if it["id"] not in old_items and it["id"] not in known_bad]
     todo = [
         pos
         for pos, it in enumerate(order)
@@ -247,13 +255,16 @@ def _sync(
     ok = np.ones(len(order), dtype=bool)
     recorder = NormRecordingEncoder(image_encoder)
     if todo:
-        new_emb, good, report.skipped = encode_images_skipping(
+        new_emb, good, skipped = encode_images_skipping(
             recorder,
             [order[p]["image"] for p in todo],
             [order[p]["id"] for p in todo],
             batch_size=batch_size,
             progress=progress,
         )
+        for row in skipped:  # the file version that failed, so a re-run can skip it
+            row["stamp"] = incoming[row["id"]].get("stamp")
+        report.skipped += skipped
         emb[todo] = new_emb
         ok[todo] = good
         report.norms = recorder.norms
