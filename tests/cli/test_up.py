@@ -213,3 +213,17 @@ def test_a_busy_port_is_one_error_line(
         code = main(["up", str(photos), "--port", str(port), "--no-progress"])
     assert code == 2
     assert "cannot listen on 127.0.0.1:" in _one_error_line(capsys.readouterr().err)
+
+
+def test_a_model_for_other_encoders_is_refused_before_encoding(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = ImageNetConceptModel.from_pretrained(model_cache / "imagenet-concepts-v1")
+    other.training_info = {"image_encoder": {"name": "clip", "dim": 512}}
+    other.save_pretrained(tmp_path / "clip-model")
+    photos = tmp_path / "photos"
+    _photo(photos / "a.png", 0)
+    code = main(["up", str(photos), "--model", str(tmp_path / "clip-model"), "--no-serve"])
+    assert code == 2
+    assert "other encoders" in _one_error_line(capsys.readouterr().err)
+    assert not (photos / ".sparsemm" / "collection").exists()

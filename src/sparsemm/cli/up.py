@@ -69,6 +69,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+# The collection's image encoder (sparsemm.encoders.efficientnet with the packaged weights)
+EFFICIENTNET_INFO = {"name": "efficientnet", "dim": 1280, "model": "efficientnet-lite0"}
+
+
 def minilm_info() -> dict[str, Any]:
     """The manifest entry of the offline text encoder, without loading it (10 s)."""
     from sparsemm.encoders.minilm import DEFAULT_DIM
@@ -96,7 +100,11 @@ def ensure_model(out: Path, model: Path | None, progress: bool) -> Path:
     from sparsemm.query.code_models import load_code_model
 
     if model is not None:
-        load_code_model(model)  # a clear error now, not after encoding
+        from sparsemm.models.base import check_encoders
+
+        # a clear error now, not after encoding: the model must read these encoders
+        manifest = {"encoder": EFFICIENTNET_INFO, "text_encoder": minilm_info()}
+        check_encoders(load_code_model(model).training_info, manifest, model, out / COLLECTION)
         return model
     target = out / MODEL
     if target.is_dir() and any(target.iterdir()) and not (target / CONFIG_FILE).is_file():
