@@ -147,9 +147,10 @@ def index_collection(col_dir: Path, model_dir: Path, report: Any) -> tuple[Any, 
         if same_model and prefix and n_old == len(ids):
             return index, "index up to date"
         model = load_code_model(model_dir, int(meta.get("top_k") or 0) or None)
-        # Only a model whose dimension labels are fixed (class names, tokens) can grow an
-        # index: a data-derived label would go stale.
-        if same_model and prefix and model.dim_names() is not None:
+        # Only the concept model codes a subset of items on its own, with fixed labels (class
+        # names); an SR index's data-derived labels would go stale, and VDR caches features
+        # of the whole collection.
+        if same_model and prefix and model.kind == "imagenet_concepts":
             sub = _SubCollection(col, n_old)
             codes = normalize_rows(model.encode_items(sub))  # type: ignore[arg-type]
             index.add(codes, ids[n_old:])
@@ -159,7 +160,7 @@ def index_collection(col_dir: Path, model_dir: Path, report: Any) -> tuple[Any, 
             if not same_model
             else "photos changed or were removed"
             if not prefix
-            else "the model's dimension labels come from the data"
+            else f"a {model.kind} index is rebuilt whole"
         )
     elif report is not None and (report.changed or report.removed):
         reason = "photos changed or were removed"
