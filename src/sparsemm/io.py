@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -97,6 +98,68 @@ def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
         if isinstance(exc, OSError):
             raise write_error(exc, path) from exc
         raise
+
+
+def resolve_path(path: str | Path) -> Path:
+    """``path.resolve()``; the absolute, unresolved path when it runs into a symlink loop
+    (RuntimeError up to Python 3.12, OSError ELOOP after), so the file is reported as
+    unreadable where it is read instead of stopping a whole run here."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError):
+        return Path(os.path.abspath(path))
+
+
+def decode_utf8(data: bytes, path: str | Path, bom: bool = False) -> str:
+    """``data`` (the bytes of text file ``path``) decoded as UTF-8 (``bom``: a leading BOM
+    is dropped); SparsemmError naming the file, the line and the likely encoding otherwise."""
+    try:
+        return data.decode("utf-8-sig" if bom else "utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+            guess, enc = "it looks like UTF-16", "UTF-16"
+        else:
+            guess = f"byte 0x{data[exc.start]:02x} is not UTF-8; Latin-1 or Windows-1252?"
+            enc = "LATIN1"
+        raise SparsemmError(
+            f"{path}:{line}: the file is not UTF-8 text ({guess}); save it as UTF-8, e.g. "
+            f"`iconv -f {enc} -t UTF-8 {Path(path).name} > fixed{Path(path).suffix}`"
+        ) from exc
+
+
+def read_text_utf8(path: str | Path, bom: bool = False) -> str:
+    """A UTF-8 text file's contents (see :func:`decode_utf8`)."""
+    return decode_utf8(Path(path).read_bytes(), path, bom)
+
+
+def check_output_dir(path: str | Path) -> Path:
+    """Create output folder ``path`` (and its parents) and check it is writable, before a
+    long job runs, so a wrong ``-o`` fails at once instead of at the first save."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise SparsemmError(f"{out} exists and is not a folder; choose another output folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test."):
+            pass
+    except NotADirectoryError as exc:
+        raise SparsemmError(
+            f"cannot create {out}: a part of the path is a file; choose another output folder"
+        ) from exc
+    except OSError as exc:
+        raise write_error(exc, out) from exc
+    return out
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB blocks (the checksum of every artefact
+    manifest: collections, index segments, model weights, detectors)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -198,17 +198,25 @@ def test_cli_index_and_search_on_qdrant(tmp_path: Path, capsys: Any, monkeypatch
 
     client = connect(":memory:")
     monkeypatch.setattr(qmod, "connect", lambda *a, **k: client)
+    # one in-memory client serves every CLI call here: searches must not close it
+    monkeypatch.setattr(QdrantStore, "close", lambda self: None)
     col, sr = _toy_collection(tmp_path)
+    # the model's own detectors: the served default then reads candidates from the store
+    assert (
+        main(["train", "detectors", str(sr), str(col), "--min-mentions", "2", "--no-progress"]) == 0
+    )
     base = ["index", str(col), "--model", str(sr), "--backend", "qdrant", "--url", "http://x:1"]
     assert main([*base, "--no-progress", "--batch-size", "2"]) == 0
     assert "6 items in collection 'col' (6 uploaded now)" in capsys.readouterr().out
     assert main([*base, "--no-progress"]) == 0  # nothing left to resume
     assert "(0 uploaded now)" in capsys.readouterr().out
+    qd = ["--backend", "qdrant", "--url", "http://x:1"]
     outs = []
-    for extra in (["--engine", "index"], ["--backend", "qdrant", "--url", "http://x:1"]):
+    for extra in (["--engine", "index"], [*qd, "--strategy", "filter"], [], qd):
         assert main(["search", str(col), "dog but not cat", "-k", "5", "--json", *extra]) == 0
         outs.append(capsys.readouterr().out)
+    # the hard filter, and the served default (hybrid), give the same hits from Qdrant
     assert outs[0] == outs[1] and '"d1"' in outs[0] and '"dc1"' not in outs[0]
-    assert main(["search", str(col), "dog", "--backend", "qdrant", "--url", "http://x:1",
-                 "--strategy", "penalty"]) == 2  # fmt: skip
-    assert "supports --strategy filter" in capsys.readouterr().err
+    assert outs[2] == outs[3] and '"hybrid"' in outs[2] and '"d1"' in outs[2]
+    assert main(["search", str(col), "dog", *qd, "--strategy", "penalty"]) == 2
+    assert "--backend qdrant serves the default (hybrid" in capsys.readouterr().err

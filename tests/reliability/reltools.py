@@ -167,6 +167,25 @@ def collection_version(v: int, n: int) -> dict[str, Any]:
     }
 
 
+def captioned_collection(path: Path, encoder: str = "enc", seed: int = 0) -> Path:
+    """Write a 24-item, 8-d collection of the ``train`` split, two captions per item."""
+    from sparsemm.data.collection import write_collection
+
+    rng = np.random.default_rng(seed)
+    items = [{"id": f"i{i}", "captions": [f"c{i}", f"d{i}"], "split": "train"} for i in range(24)]
+    emb = rng.normal(size=(24, 8)).astype(np.float32)
+    texts = [{"item": i, "text": c} for i, it in enumerate(items) for c in it["captions"]]
+    write_collection(
+        path,
+        items,
+        {"name": encoder, "dim": 8},
+        image_emb=emb,
+        text_emb=np.repeat(emb, 2, axis=0),
+        texts=texts,
+    )
+    return path
+
+
 def train_data(n_items: int = 160, per_item: int = 4, dim: int = 32, latent: int = 96) -> Any:
     """(image_emb, text_emb, pair_item, bias, SRConfig) of a small, deterministic SR run."""
     from sparsemm.models.sr import SRConfig

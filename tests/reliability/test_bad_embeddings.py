@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from reltools import collection_version
+from reltools import captioned_collection, collection_version
 from webtoy import WebKeywordEncoder
 
 from sparsemm.data.collection import open_collection, write_collection
@@ -97,24 +97,9 @@ def test_model_for_another_dimension_via_the_cli(tmp_path: Path, cli: Any) -> No
     assert not (tmp_path / "col" / "index").exists()
 
 
-def _captioned(path: Path, encoder: str, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    items = [{"id": f"i{i}", "captions": [f"c{i}", f"d{i}"], "split": "train"} for i in range(24)]
-    emb = rng.normal(size=(24, 8)).astype(np.float32)
-    texts = [{"item": i, "text": c} for i, it in enumerate(items) for c in it["captions"]]
-    write_collection(
-        path,
-        items,
-        {"name": encoder, "dim": 8},
-        image_emb=emb,
-        text_emb=np.repeat(emb, 2, axis=0),
-        texts=texts,
-    )
-
-
 def test_model_trained_on_another_encoder_is_refused(tmp_path: Path, cli: Any) -> None:
-    _captioned(tmp_path / "a", "encoder-a", 0)
-    _captioned(tmp_path / "b", "encoder-b", 1)
+    captioned_collection(tmp_path / "a", "encoder-a", 0)
+    captioned_collection(tmp_path / "b", "encoder-b", 1)
     res = cli(
         "train", "sr", str(tmp_path / "a"), "-o", str(tmp_path / "sr"), "--no-bias",
         "--latent-dim", "16", "--top-k", "4", "--epochs", "1", "--batch-size", "8",

@@ -62,9 +62,19 @@ def run(args: argparse.Namespace) -> int:
     from sparsemm.errors import SparsemmError
     from sparsemm.eval.sr_coco import torch_threads
     from sparsemm.index import export as ex
+    from sparsemm.io import read_text_utf8
     from sparsemm.models.lexlip import LexLIPModel
     from sparsemm.train.lexlip import item_patches
 
+    # the query file first: a bad one fails before the model and features are loaded
+    queries: list[str] = []
+    if args.queries is not None:
+        if not args.queries.is_file():
+            raise SparsemmError(f"query file not found: {args.queries}")
+        text = read_text_utf8(args.queries, bom=True)
+        queries = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        if not queries:
+            raise SparsemmError(f"{args.queries} holds no query")
     model = LexLIPModel.from_pretrained(args.model)
     col = open_collection(args.collection)
     rows = (
@@ -72,13 +82,6 @@ def run(args: argparse.Namespace) -> int:
         if args.split is not None
         else np.arange(len(col.items))
     )
-    queries: list[str] = []
-    if args.queries is not None:
-        if not args.queries.is_file():
-            raise SparsemmError(f"query file not found: {args.queries}")
-        queries = [ln.strip() for ln in args.queries.read_text().splitlines() if ln.strip()]
-        if not queries:
-            raise SparsemmError(f"{args.queries} holds no query")
     with torch_threads(1):
         patches, mask = item_patches(
             col,

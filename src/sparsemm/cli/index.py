@@ -91,8 +91,19 @@ def collection_name(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sparsemm.errors import SparsemmError
     from sparsemm.query.searcher import build_index
 
+    if args.top_k is not None and args.top_k < 1:
+        raise SparsemmError(
+            f"--top-k must be a positive number of non-zeros per code, got {args.top_k}; "
+            "leave it out for the model's own k"
+        )
+    client = None
+    if args.backend == "qdrant":  # before the local index is rebuilt: fail fast
+        from sparsemm.index.qdrant import connect
+
+        client = connect(args.url, api_key=args.api_key)
     index = build_index(
         args.collection,
         args.model,
@@ -105,11 +116,13 @@ def run(args: argparse.Namespace) -> int:
         f"{index.dim} dims) -> {args.collection / 'index'}"
     )
     if args.backend == "qdrant":
-        upload_qdrant(index, args)
+        upload_qdrant(index, args, client=client)
     return 0
 
 
-def upload_qdrant(index: Any, args: argparse.Namespace, dense: Any = None) -> None:
+def upload_qdrant(
+    index: Any, args: argparse.Namespace, dense: Any = None, client: Any = None
+) -> None:
     """Upload an index's items (and optional dense (n, d) embeddings) to Qdrant: create the
     collection (or, if it exists and --overwrite is not given, resume into it)."""
     import numpy as np
@@ -119,7 +132,7 @@ def upload_qdrant(index: Any, args: argparse.Namespace, dense: Any = None) -> No
     from sparsemm.query.strategies import HardFilter
 
     name = collection_name(args)
-    client = connect(args.url, api_key=args.api_key)
+    client = client if client is not None else connect(args.url, api_key=args.api_key)
     thresholds = args.filter_threshold or [0.0, float(HardFilter.params["threshold"])]
     cfg = QdrantConfig(
         thresholds=tuple(thresholds), shard_number=args.shards, replication_factor=args.replicas

@@ -11,7 +11,6 @@ from sparsemm.cli.index import add_backend_args
 from sparsemm.query.searcher import DEFAULT_STRATEGY
 
 if TYPE_CHECKING:
-    from sparsemm.index.store import Store
     from sparsemm.query.parse import Query
     from sparsemm.query.searcher import Hit, Searcher
 
@@ -48,14 +47,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--strategy",
         default=None,
-        help=f"exclusion strategy (default: the model's; {DEFAULT_STRATEGY} for SR, "
-        "code_arith for VDR; filter with --engine index or --backend qdrant)",
+        help=f"exclusion strategy (default: the model's; {DEFAULT_STRATEGY} for SR, served "
+        "through the index or Qdrant; code_arith for VDR; filter with --engine index)",
     )
     p.add_argument(
         "--engine",
         choices=("strategy", "index"),
         default="strategy",
-        help="'index': the inverted index's hard filter (strategy filter only)",
+        help="'index': the inverted index's hard filter (strategy filter only); the default "
+        "'strategy' already serves the default scorer through the index",
     )
     p.add_argument("--explain", action="store_true", help="show why each result came back")
     out = p.add_mutually_exclusive_group()
@@ -76,32 +76,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def search_store(searcher: Searcher, store: Store, query: Query, k: int) -> list[Hit]:
-    """``Searcher.search_index`` with the items scored by ``store`` (same exclusion dims,
-    same threshold, same hits and explanations), e.g. a Qdrant collection."""
-    from sparsemm.errors import SparsemmError
-
-    if len(store) != len(searcher.index) or store.dim != searcher.index.dim:
-        raise SparsemmError(
-            f"the {store.backend} store holds {len(store)} items of dim {store.dim}, the "
-            f"collection's index {len(searcher.index)} of dim {searcher.index.dim}; re-run "
-            "`sparsemm index ... --backend qdrant` to bring it up to date"
-        )
-    local = searcher.index
-    # search_index only calls .search(q, k=, exclude=) on its index, which a Store provides
-    searcher.index = store  # type: ignore[assignment]
-    try:
-        return searcher.search_index(query, k=k)
-    finally:
-        searcher.index = local
-
-
 def list_strategies() -> str:
     from sparsemm.query.strategies import STRATEGIES
 
     width = max(len(n) for n in STRATEGIES)
     lines = [f"{name:<{width}}  {spec.description}" for name, spec in STRATEGIES.items()]
     return "\n".join(lines)
+
+
+# Terms per include / exclude list: the HTTP API's limit (sparsemm.web.app.MAX_TERMS), so the
+# CLI answers no query the API refuses. Longer exclusion lists also stop excluding reliably.
+MAX_TERMS = 16
 
 
 def image_path(searcher: Searcher, row: int) -> str | None:
@@ -111,6 +96,28 @@ def image_path(searcher: Searcher, row: int) -> str | None:
         return None
     p = Path(str(img))
     return str(p if p.is_absolute() else (searcher.collection.root / p).resolve())
+
+
+def _search(searcher: Searcher, query: Query, args: argparse.Namespace) -> list[Hit]:
+    """Hits of ``query``: the model's default (served through the index or store), any
+    strategy by name, or the index's hard filter (``--engine index``)."""
+    from sparsemm.errors import SparsemmError
+
+    args.strategy = args.strategy or ("filter" if args.engine == "index" else None)
+    args.strategy = args.strategy or searcher.default_strategy
+    if args.engine == "index":
+        if args.strategy != "filter" or args.offset:
+            raise SparsemmError("--engine index supports --strategy filter without --offset")
+        return searcher.search_index(query, k=args.k)
+    if args.backend == "qdrant" and not searcher.served(args.strategy):
+        if args.strategy != "filter" or args.offset:
+            raise SparsemmError(
+                f"--backend qdrant serves the default ({searcher.default_strategy}, with a "
+                "model that has detectors: `sparsemm train detectors`) and --strategy filter "
+                "without --offset"
+            )
+        return searcher.search_index(query, k=args.k)
+    return searcher.search(query, k=args.k, strategy=args.strategy, offset=args.offset)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,26 +133,23 @@ def run(args: argparse.Namespace) -> int:
             'give a collection and a query, e.g. sparsemm search COLLECTION "dog but not cat"'
         )
     query = parse_query(args.query, exclude=tuple(args.exclude))
-    searcher = Searcher(args.collection)
-    # The index engine and Qdrant serve the `filter` strategy (issue 16 brings the default
-    # scorer to them); the strategy engine serves the model's default.
-    engine_strategy = "filter" if args.backend == "qdrant" or args.engine == "index" else None
-    args.strategy = args.strategy or engine_strategy or searcher.default_strategy
+    if len(query.include) > MAX_TERMS or len(query.exclude) > MAX_TERMS:
+        raise SparsemmError(
+            f"a query may hold at most {MAX_TERMS} include and {MAX_TERMS} exclude terms (got "
+            f"{len(query.include)} and {len(query.exclude)}); split it into several searches"
+        )
     if args.backend == "qdrant":
-        if args.strategy != "filter" or args.offset:
-            raise SparsemmError("--backend qdrant supports --strategy filter without --offset")
         from sparsemm.cli.index import collection_name
         from sparsemm.index.qdrant import QdrantStore, connect
 
         client = connect(args.url, api_key=args.api_key)
         with QdrantStore.open(client, collection_name(args)) as store:
-            hits = search_store(searcher, store, query, args.k)
-    elif args.engine == "index":
-        if args.strategy != "filter" or args.offset:
-            raise SparsemmError("--engine index supports --strategy filter without --offset")
-        hits = searcher.search_index(query, k=args.k)
+            # The served default reads its candidates and codes from Qdrant.
+            searcher = Searcher(args.collection, store=store)
+            hits = _search(searcher, query, args)
     else:
-        hits = searcher.search(query, k=args.k, strategy=args.strategy, offset=args.offset)
+        searcher = Searcher(args.collection)
+        hits = _search(searcher, query, args)
     if args.json:
         out = {
             "query": {"include": list(query.include), "exclude": list(query.exclude),

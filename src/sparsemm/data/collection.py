@@ -19,7 +19,6 @@ arrays' shapes and finiteness, and the format version.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -33,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import (
+from sparsemm.io import (  # sha256_file: re-exported
     exclusive_lock,
     find_dir,
     load_npy,
@@ -42,6 +41,7 @@ from sparsemm.io import (
     read_jsonl,
     replace_dir,
     save_npy,
+    sha256_file,
     write_error,
     write_json,
     write_jsonl,
@@ -53,14 +53,6 @@ FORMAT = "sparsemm.collection"
 VERSION = 1  # the format this sparsemm writes
 MIN_VERSION = 1  # the oldest format it still reads
 SKIPPED = "skipped.jsonl"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def check_embeddings(arr: np.ndarray, dim: int | None, what: str) -> np.ndarray:

@@ -303,7 +303,12 @@ def source_fingerprint(
     The stamp is size + mtime (or the sha256 with ``checksum``) for a file, and a hash of
     the (relative path, size, mtime) listing for an image folder.
     """
-    path = Path(source).expanduser().resolve()
+    try:
+        path = Path(source).expanduser().resolve()
+    except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError up to 3.12)
+        raise SparsemmError(
+            f"source {source} is a symbolic link loop; point to the real file or folder"
+        ) from exc
     if not path.exists():
         raise SparsemmError(f"source not found: {path}")
     fp: dict[str, Any] = {"path": str(path), "format": format}

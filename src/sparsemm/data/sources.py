@@ -9,6 +9,7 @@ both "one row per image" and "one row per caption" files work.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 from collections import Counter
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sparsemm.errors import SparsemmError
+from sparsemm.io import read_text_utf8, resolve_path
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +202,7 @@ class _Merger:
             if not isinstance(image, str):
                 raise SparsemmError(f"{where}: 'image' must be a file path string")
             img = Path(image).expanduser()
-            fields["image"] = str(img if img.is_absolute() else (self.base / img).resolve())
+            fields["image"] = str(img if img.is_absolute() else resolve_path(self.base / img))
         labels = row.get("labels")
         if labels not in (None, ""):
             fields["labels"] = (
@@ -245,17 +247,16 @@ def read_captions_jsonl(path: str | Path) -> list[Item]:
     optional ``image`` (relative to the file's folder), ``labels`` (list), ``split``."""
     path = _require_file(path)
     merger = _Merger(path)
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SparsemmError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
-            if not isinstance(row, dict):
-                raise SparsemmError(f"{path}:{lineno}: expected a JSON object per line")
-            merger.add(row, lineno, csv_cells=False)
+    for lineno, line in enumerate(read_text_utf8(path).split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SparsemmError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+        if not isinstance(row, dict):
+            raise SparsemmError(f"{path}:{lineno}: expected a JSON object per line")
+        merger.add(row, lineno, csv_cells=False)
     return merger.result()
 
 
@@ -265,7 +266,7 @@ def read_captions_csv(path: str | Path) -> list[Item]:
     list or ``|``-separated captions."""
     path = _require_file(path)
     merger = _Merger(path)
-    with path.open(encoding="utf-8-sig", newline="") as fh:
+    with io.StringIO(read_text_utf8(path, bom=True), newline="") as fh:
         reader = csv.DictReader(fh)
         header = [h.strip() for h in (reader.fieldnames or [])]
         if "id" not in header or not {"caption", "captions", "text", "image"} & set(header):
@@ -312,7 +313,7 @@ def read_image_folder(path: str | Path) -> list[Item]:
             unread[suffix] += 1
         if suffix not in IMAGE_EXTENSIONS or not file.is_file():
             continue
-        item: Item = {"id": rel.as_posix(), "image": str(file.resolve())}
+        item: Item = {"id": rel.as_posix(), "image": str(resolve_path(file))}
         if len(rel.parts) > 1:
             item["labels"] = [rel.parent.name]
         items.append(item)

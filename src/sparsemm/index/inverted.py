@@ -7,7 +7,8 @@ optional exclusion of dimensions (hard filter or score penalty) and an optional 
 On disk (format ``sparsemm.index``, version 1) an index is a folder::
 
     manifest.json          format, version, dim, count, nnz, meta, next_segment,
-                           segments: [{"name", "count", "nnz"}, ...] in row order
+                           segments: [{"name", "count", "nnz", "sha256"}, ...] in row
+                           order; "sha256" maps each file of the segment to its SHA-256
     .lock                  writer lock file (fcntl.flock, exclusive, non-blocking)
     seg-000001-<hex>/      one immutable segment holding rows [start, start + count)
         post_indptr.npy    (dim + 1,) int64  posting list of dim d = [indptr[d], indptr[d+1])
@@ -32,8 +33,13 @@ ones, commits one manifest naming only it, then deletes the old segments, so the
 stays readable in full until the commit and a crash before it leaves it unchanged.
 
 Readers memory-map the arrays (``np.load(mmap_mode="r", allow_pickle=False)``) and check
-their layout once (O(nnz)), so a damaged file raises SparsemmError instead of reaching the
-unchecked kernels; ``warm()`` faults all pages in. An opened index is a snapshot;
+their layout and the finiteness of their values once (O(nnz)), so a damaged file raises
+SparsemmError instead of reaching the unchecked kernels; ``warm()`` faults all pages in.
+Each segment file's SHA-256 (written with the segment) is verified the first time this
+process opens that file (remembered by path, inode, size and mtime: segments are immutable,
+so a reload or a second open does not hash again), so a changed value - a finite one too -
+is refused by name. Segments written before the checksums open with a warning (layout and
+finiteness checked only); ``sparsemm index`` rebuilds them. An opened index is a snapshot;
 ``reload()`` picks up later commits (the writing object is updated in place). Old segment
 files deleted by a merge stay readable through existing maps (POSIX); a reader that finds a
 segment file gone while opening re-reads the manifest and retries.
@@ -64,13 +70,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import logging
+import os
 import re
 import secrets
 import shutil
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -80,7 +89,7 @@ import scipy.sparse as sp
 from numba import njit, uint64
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import fsync_dir, load_npy, read_json, save_npy, write_json
+from sparsemm.io import fsync_dir, load_npy, read_json, save_npy, sha256_file, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -448,9 +457,70 @@ def _valid_layout(
     return not bad
 
 
+@njit(cache=True, nogil=True)
+def _all_finite(vals: np.ndarray) -> bool:  # pragma: no cover - numba
+    """True when no value is NaN or +-inf (v - v is 0 exactly for finite v); branch-free."""
+    bad = False
+    for p in range(vals.shape[0]):
+        bad |= (vals[p] - vals[p]) != 0.0
+    return not bad
+
+
 # --------------------------------------------------------------------------------------------
 # Segments on disk
 # --------------------------------------------------------------------------------------------
+
+_SEG_FILES = (*(f"{a}.npy" for a in _ARRAYS), "ids.json")
+# Segment files whose checksum this process verified: (path, inode, size, mtime_ns, sha256).
+_VERIFIED: set[tuple[str, int, int, int, str]] = set()
+_VERIFIED_LOCK = threading.Lock()
+_WARNED_UNCHECKED: set[str] = set()
+
+
+def _file_key(path: Path, digest: str) -> tuple[str, int, int, int, str]:
+    st = os.stat(path)
+    return (str(path), st.st_ino, st.st_size, st.st_mtime_ns, digest)
+
+
+def _verify_segment_files(root: Path, folder: Path, digests: Any) -> None:
+    """Check each segment file against its SHA-256 in the manifest (once per file version
+    per process); warn (once) when the segment predates the checksums."""
+    if digests is None:
+        if str(folder) not in _WARNED_UNCHECKED:
+            _WARNED_UNCHECKED.add(str(folder))
+            logger.warning(
+                "index %s: segment %s has no checksums (written by an older sparsemm); only "
+                "its layout and values are checked. Rebuild it with `sparsemm index` to "
+                "add them",
+                root,
+                folder.name,
+            )
+        return
+    if not isinstance(digests, dict) or set(digests) != set(_SEG_FILES):
+        raise SparsemmError(
+            f"index {root}: the manifest's checksums of segment {folder.name} are malformed; "
+            "rebuild the index with `sparsemm index`"
+        )
+    todo: list[tuple[str, tuple[str, int, int, int, str]]] = []
+    for fname in _SEG_FILES:
+        want = str(digests[fname])
+        key = _read_segment_file(folder / fname, functools.partial(_file_key, digest=want))
+        with _VERIFIED_LOCK:
+            if key not in _VERIFIED:
+                todo.append((fname, key))
+    if not todo:
+        return
+    # hashlib releases the GIL: the files of a large segment are hashed in parallel
+    with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
+        got = list(pool.map(lambda t: _read_segment_file(folder / t[0], sha256_file), todo))
+    for (fname, _key), digest in zip(todo, got, strict=True):
+        if digest != digests[fname]:
+            raise SparsemmError(
+                f"index {root}: {folder.name}/{fname} does not match its checksum in "
+                f"{MANIFEST} (damaged or modified); rebuild the index with `sparsemm index`"
+            )
+    with _VERIFIED_LOCK:
+        _VERIFIED.update(key for _, key in todo)
 
 
 @dataclass
@@ -495,8 +565,9 @@ def _write_segment(
     row_vals: np.ndarray,
     ids: list[str],
     post: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-) -> None:
-    """Write a segment folder from its row-major arrays (posting lists built if not given)."""
+) -> dict[str, str]:
+    """Write a segment folder from its row-major arrays (posting lists built if not given);
+    return the SHA-256 of each file (the manifest's ``sha256`` entry of the segment)."""
     count = len(row_indptr) - 1
     if post is None:
         csc = sp.csr_matrix((row_vals, row_dims, row_indptr), shape=(count, dim)).tocsc()
@@ -515,6 +586,10 @@ def _write_segment(
         save_npy(folder / f"{name}.npy", arr)
     write_json(folder / "ids.json", ids)
     fsync_dir(folder)
+    digests = {fname: sha256_file(folder / fname) for fname in _SEG_FILES}
+    with _VERIFIED_LOCK:  # just written and hashed: opening it need not hash again
+        _VERIFIED.update(_file_key(folder / f, d) for f, d in digests.items())
+    return digests
 
 
 def _read_segment_file(path: Path, read: Callable[[Path], Any]) -> Any:
@@ -539,6 +614,7 @@ def _load_segment(root: Path, meta: dict[str, Any], start: int, dim: int) -> _Se
     folder = root / str(meta["name"])
     if not folder.is_dir():
         raise FileNotFoundError(folder)
+    _verify_segment_files(root, folder, meta.get("sha256"))
     arrs = {}
     for name in _ARRAYS:
         # plain read-only ndarray view of the memory map
@@ -566,6 +642,12 @@ def _load_segment(root: Path, meta: dict[str, Any], start: int, dim: int) -> _Se
             f"index {root}: segment {folder.name} does not match the manifest (corrupt or "
             "modified); rebuild the index"
         )
+    for name in ("post_vals", "row_vals"):
+        if not _all_finite(arrs[name]):
+            raise SparsemmError(
+                f"index {root}: {folder.name}/{name}.npy holds NaN or inf values (damaged or "
+                "modified); rebuild the index with `sparsemm index`"
+            )
     return _Segment(name=folder.name, start=start, count=count, nnz=nnz, ids=ids, **arrs)
 
 
@@ -892,8 +974,10 @@ class InvertedIndex:
             if items is not None and items[1]:
                 csr, id_list = items
                 name = f"seg-{seq:06d}-{secrets.token_hex(4)}"
-                _write_segment(root / name, int(dim), csr.indptr, csr.indices, csr.data, id_list)
-                seg = {"name": name, "count": len(id_list), "nnz": int(csr.nnz)}
+                digests = _write_segment(
+                    root / name, int(dim), csr.indptr, csr.indices, csr.data, id_list
+                )
+                seg = {"name": name, "count": len(id_list), "nnz": int(csr.nnz), "sha256": digests}
                 manifest.update(
                     count=seg["count"], nnz=seg["nnz"], next_segment=seq + 1, segments=[seg]
                 )
@@ -1067,8 +1151,10 @@ class InvertedIndex:
             if clash is not None:
                 raise SparsemmError(f"id {clash!r} is already in index {self._root}")
             name = self._new_segment_name()
-            _write_segment(self._root / name, self._dim, csr.indptr, csr.indices, csr.data, id_list)
-            meta = {"name": name, "count": len(id_list), "nnz": int(csr.nnz)}
+            digests = _write_segment(
+                self._root / name, self._dim, csr.indptr, csr.indices, csr.data, id_list
+            )
+            meta = {"name": name, "count": len(id_list), "nnz": int(csr.nnz), "sha256": digests}
             self._commit([*self._manifest["segments"], meta])
             logger.info("index %s: added %d items (segment %s)", self._root, len(id_list), name)
             try:
@@ -1100,7 +1186,7 @@ class InvertedIndex:
         arrays = _merge_segments(segs, self._dim)
         ids = [i for s in segs for i in s.ids]
         name = self._new_segment_name()
-        _write_segment(
+        digests = _write_segment(
             self._root / name,
             self._dim,
             arrays[3],
@@ -1109,7 +1195,7 @@ class InvertedIndex:
             ids,
             post=(arrays[0], arrays[1], arrays[2]),
         )
-        meta = {"name": name, "count": len(ids), "nnz": int(arrays[0][-1])}
+        meta = {"name": name, "count": len(ids), "nnz": int(arrays[0][-1]), "sha256": digests}
         self._commit([*self._manifest["segments"][:-m], meta])
         logger.info("index %s: merged %d segments into %s", self._root, m, name)
 

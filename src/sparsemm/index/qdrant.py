@@ -99,7 +99,46 @@ def connect(
         raise SparsemmError(
             f"--url {url!r} is not a URL; give the server address, e.g. http://localhost:6333"
         )
-    return qc.QdrantClient(url=url, api_key=api_key, timeout=timeout, prefer_grpc=prefer_grpc)
+    # The client connects lazily: ask the server once now, so an address with no server
+    # behind it is one clear error here instead of an HTTP traceback from the first request.
+    # (The client's own version check runs in a thread and only warns; done here instead.)
+    client = qc.QdrantClient(
+        url=url,
+        api_key=api_key,
+        timeout=timeout,
+        prefer_grpc=prefer_grpc,
+        check_compatibility=False,
+    )
+    try:
+        client.get_collections()
+    except Exception as exc:  # connection refused, DNS, TLS, auth, timeouts: all one way
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise SparsemmError(
+            f"cannot reach a Qdrant server at {url} ({reason}); start it or check --url "
+            "(and --api-key)"
+        ) from exc
+    _warn_if_incompatible(client, url)
+    return client
+
+
+def _warn_if_incompatible(client: Any, url: str) -> None:
+    """Log a warning when the server's major version differs from qdrant-client's, or the
+    minor versions differ by more than one (qdrant-client's own compatibility rule)."""
+    try:
+        from importlib.metadata import version
+
+        mine = [int(x) for x in version("qdrant-client").split(".")[:2]]
+        theirs = [int(x) for x in str(client.info().version).split(".")[:2]]
+    except Exception:  # an old server without /info, an odd version string: not worth failing
+        return
+    if mine[0] != theirs[0] or abs(mine[1] - theirs[1]) > 1:
+        logger.warning(
+            "the Qdrant server at %s runs version %d.%d, qdrant-client is %d.%d; they may "
+            "not work together (major versions should match, minor ones differ by <= 1)",
+            url,
+            *theirs,
+            *mine,
+        )
 
 
 @dataclass(frozen=True)
@@ -382,6 +421,33 @@ class QdrantStore(Store):
         return True
 
     # ----- search ---------------------------------------------------------------------------
+
+    def codes(self, rows: Sequence[int] | np.ndarray) -> sp.csr_matrix:
+        r = np.asarray(rows, dtype=np.int64).ravel()
+        if r.size and (r.min() < 0 or r.max() >= self._count):
+            raise SparsemmError(f"rows must lie in [0, {self._count}), got {r.min()}..{r.max()}")
+        name = self.config.sparse_name
+        got = self.client.retrieve(self.name, ids=np.unique(r).tolist(), with_vectors=[name])
+        by_row = {int(p.id): (p.vector or {}).get(name) for p in got}
+        indptr = np.zeros(len(r) + 1, np.int64)
+        idx_parts, val_parts = [], []
+        for i, row in enumerate(r.tolist()):
+            if row not in by_row:
+                raise SparsemmError(
+                    f"Qdrant collection {self.name} has no point {row}; re-run `sparsemm index "
+                    "... --backend qdrant`"
+                )
+            sv = by_row[row]
+            idx = np.asarray([] if sv is None else sv.indices, np.int32)
+            val = np.asarray([] if sv is None else sv.values, np.float32)
+            idx_parts.append(idx)
+            val_parts.append(val)
+            indptr[i + 1] = indptr[i] + len(idx)
+        idx = np.concatenate(idx_parts) if idx_parts else np.zeros(0, np.int32)
+        vals = np.concatenate(val_parts) if val_parts else np.zeros(0, np.float32)
+        out = sp.csr_matrix((vals, idx, indptr), shape=(len(r), self.dim))
+        out.sort_indices()
+        return out
 
     def _filter(self, plan: _Plan) -> Any:
         if not plan.ban_dims.size:

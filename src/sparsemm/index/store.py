@@ -300,6 +300,11 @@ class Store(ABC):
         """Whether the store's first len(self) items are these (resume check)."""
 
     @abstractmethod
+    def codes(self, rows: Sequence[int] | np.ndarray) -> sp.csr_matrix:
+        """Stored sparse codes of ``rows`` as a (len(rows), dim) float32 CSR matrix with
+        sorted indices (the forward index the served path rescores from)."""
+
+    @abstractmethod
     def search(
         self, query: QueryLike, k: int = 10, exclude: Exclusion | None = None
     ) -> SearchResult:
@@ -679,6 +684,11 @@ class LocalStore(Store):
         return True
 
     # ----- search ---------------------------------------------------------------------------
+
+    def codes(self, rows: Sequence[int] | np.ndarray) -> sp.csr_matrix:
+        out = self.index.codes(np.asarray(rows, dtype=np.int64))
+        out.sort_indices()
+        return out
 
     def search(
         self, query: QueryLike, k: int = 10, exclude: Exclusion | None = None

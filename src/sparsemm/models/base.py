@@ -21,12 +21,19 @@ pending commit first.
 The ``training`` entry of config.json (not a field of the config dataclass, so checkpoints
 and configs compare as before) records what the model was trained on; see
 :func:`encoder_record` and :func:`check_encoders`.
+
+Integrity: config.json's ``weights_sha256`` entry is the SHA-256 of model.safetensors (the
+pair is committed together, so it always describes the weights beside it).
+``from_pretrained`` refuses weights that do not match it, and any NaN/inf weight (naming the
+tensor) even without a checksum; ``save_pretrained`` refuses to write non-finite weights.
+Folders saved before the checksum load with a warning (finiteness checked only).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import os
 import shutil
@@ -37,7 +44,7 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
 from sparsemm.errors import SparsemmError
@@ -53,6 +60,72 @@ MODEL_FILES = (WEIGHTS_FILE, CONFIG_FILE)
 PENDING_DIR = ".pretrained.pending"  # a committed pair not yet moved to the top level
 TMP_PREFIX = ".pretrained.tmp."  # + "<pid>.": a pair being written
 TRAINING_KEY = "training"  # config.json entry: what the model was trained on
+DIGEST_KEY = "weights_sha256"  # config.json entry: SHA-256 of model.safetensors
+
+
+def one_line(exc: Exception, limit: int = 300) -> str:
+    """The gist of a (multi-line) torch/safetensors error on one line: load_state_dict lists
+    every mismatched tensor on its own line under an "Error(s) in loading ..." heading."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if len(lines) > 1 and lines[0].startswith("Error(s) in loading"):
+        lines = lines[1:]
+    text = lines[0] if lines else type(exc).__name__
+    if len(lines) > 1:
+        text += f" (and {len(lines) - 1} more)"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def nonfinite_tensors(tensors: Mapping[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors holding NaN or inf, each with its bad count."""
+    bad = []
+    for name, t in tensors.items():
+        if t.is_floating_point():
+            n = int((~torch.isfinite(t)).sum())
+            if n:
+                bad.append(f"{name} ({n} of {t.numel()} values)")
+    return bad
+
+
+def weights_file_bytes(
+    tensors: Mapping[str, torch.Tensor], metadata: dict[str, str], what: str, out: Path
+) -> tuple[bytes, str]:
+    """(safetensors bytes, their SHA-256) of finite ``tensors``; SparsemmError when any
+    holds NaN or inf (a diverged run must not be saved as a model)."""
+    bad = nonfinite_tensors(tensors)
+    if bad:
+        raise SparsemmError(
+            f"not saving the {what} model to {out}: its weights hold NaN or inf values "
+            f"({', '.join(bad[:3])}); training diverged - lower the learning rate"
+        )
+    data = save_bytes(dict(tensors), metadata=metadata)
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def check_weights(
+    d: Path, want: Any, digest: str | None, state: Mapping[str, torch.Tensor]
+) -> None:
+    """Refuse a model folder's weights whose SHA-256 ``digest`` differs from config.json's
+    ``want`` (None: saved before the checksum - warned) or that hold NaN/inf values."""
+    if want is not None and not isinstance(want, str):
+        raise SparsemmError(f"{d}/config.json is malformed ({DIGEST_KEY!r} is not a string)")
+    if want is not None and digest is not None and digest != want:
+        raise SparsemmError(
+            f"{d}/model.safetensors is corrupt or does not match config.json (its SHA-256 "
+            "differs from the checksum saved with it: damaged, modified or another "
+            "model's file); re-create the model"
+        )
+    bad = nonfinite_tensors(state)
+    if bad:
+        raise SparsemmError(
+            f"{d}/model.safetensors holds NaN or inf weights ({', '.join(bad[:3])}); "
+            "the file is damaged or training diverged; re-create the model"
+        )
+    if want is None:
+        log.warning(
+            "%s has no weights checksum (saved by an older sparsemm): only its values are "
+            "checked; save it again to add one",
+            d,
+        )
 
 
 def _pid_alive(pid: int) -> bool:
@@ -158,9 +231,12 @@ class PretrainedMixin:
             raise SparsemmError(f"{out} exists and is not a folder; choose another output folder")
         assert isinstance(self, torch.nn.Module)
         tensors = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        meta = {"model_type": self.model_type}
+        data, digest = weights_file_bytes(tensors, meta, self.model_type, out)
         config = {"model_type": self.model_type, **dataclasses.asdict(self.config)}
         if self.training_info is not None:
             config[TRAINING_KEY] = dict(self.training_info)
+        config[DIGEST_KEY] = digest
         try:
             out.mkdir(parents=True, exist_ok=True)
             _finish_pending(out)  # a save a kill interrupted after its commit point
@@ -170,7 +246,7 @@ class PretrainedMixin:
             raise write_error(exc, out) from exc
         try:
             with atomic_open(tmp / WEIGHTS_FILE, "wb") as fh:
-                fh.write(save_bytes(tensors, metadata={"model_type": self.model_type}))
+                fh.write(data)
             write_json(tmp / CONFIG_FILE, config)
             fsync_dir(tmp)
             replace_dir(tmp, out / PENDING_DIR)  # the commit point
@@ -199,13 +275,16 @@ class PretrainedMixin:
                 )
             raw = read_json(src / CONFIG_FILE)
             error: Exception | None = None
+            digest = None
             try:
-                state = load_file(str(src / WEIGHTS_FILE))
+                data = (src / WEIGHTS_FILE).read_bytes()
+                digest = hashlib.sha256(data).hexdigest()
+                state = load_bytes(data)
             except (OSError, ValueError, SafetensorError) as exc:
                 state, error = {}, exc
             if pair_dir(d) == src and _signature(src) == before:
                 break
-        return cls._build(d, raw, state, error)
+        return cls._build(d, raw, state, error, digest)
 
     @classmethod
     def _build(
@@ -214,6 +293,7 @@ class PretrainedMixin:
         raw: Any,
         state: dict[str, torch.Tensor],
         error: Exception | None,
+        digest: str | None = None,
     ) -> T:
         if not isinstance(raw, dict):
             raise SparsemmError(
@@ -227,6 +307,9 @@ class PretrainedMixin:
         training = raw.pop(TRAINING_KEY, None)
         if training is not None and not isinstance(training, dict):
             raise SparsemmError(f"{d}/config.json is malformed ('training' is not an object)")
+        want = raw.pop(DIGEST_KEY, None)
+        if error is None:  # unreadable weights: reported below, with the config's shapes
+            check_weights(d, want, digest, state)
         fields = {f.name for f in dataclasses.fields(cls.config_class)}
         unknown = set(raw) - fields
         if unknown:
@@ -248,8 +331,8 @@ class PretrainedMixin:
             model.load_state_dict(state)
         except (RuntimeError, OSError, ValueError, SafetensorError) as exc:
             raise SparsemmError(
-                f"{d}/model.safetensors is corrupt or does not match config.json ({exc}); "
-                "re-create the model"
+                f"{d}/model.safetensors is corrupt or does not match config.json "
+                f"({one_line(exc)}); re-create the model"
             ) from exc
         model.training_info = training
         model.eval()

@@ -31,7 +31,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import atomic_open, read_json, write_json
+from sparsemm.io import atomic_open, read_json, sha256_file, write_json
 from sparsemm.text import term_tokens
 
 WEIGHTS_FILE = "detectors.safetensors"
@@ -226,11 +226,7 @@ def model_weights_sha256(model_dir: str | Path) -> str | None:
     path = pair_dir(model_dir) / MODEL_WEIGHTS
     if not path.is_file():
         return None
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return sha256_file(path)
 
 
 def has_detectors(model_dir: str | Path) -> bool:

@@ -51,6 +51,7 @@ from torch import nn
 
 from sparsemm.errors import SparsemmError, require_extra
 from sparsemm.io import atomic_open, read_json, write_json
+from sparsemm.models.base import DIGEST_KEY, check_weights, weights_file_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +109,8 @@ class LexLIPConfig:
                 raise SparsemmError(f"{name} must be in (0, 1)")
         if not 0.0 <= self.momentum < 1.0:
             raise SparsemmError("momentum must be in [0, 1)")
-        if self.tau <= 0 or min(self.flops_weight, self.dense_weight, self.identity_weight) < 0:
+        weights = min(self.flops_weight, self.dense_weight, self.identity_weight)
+        if not (self.tau > 0 and weights >= 0):  # NaN too
             raise SparsemmError(
                 "tau must be positive; flops_weight, dense_weight, identity_weight >= 0"
             )
@@ -761,26 +763,25 @@ class LexLIPModel(nn.Module):
             )
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
-        """Write ``config.json`` + ``model.safetensors`` (atomic) into ``out_dir``."""
-        from safetensors.torch import save as save_bytes
-
+        """Write ``config.json`` + ``model.safetensors`` (atomic) into ``out_dir``; config.json
+        holds the weights' SHA-256, checked with their finiteness on load."""
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
         meta = {"model_type": MODEL_TYPE}
         if self._pretrained_backbone():
             meta["backbone_sha256"] = self.backbone_digest()
+        data, digest = weights_file_bytes(self.trainable_state(), meta, MODEL_TYPE, out)
+        out.mkdir(parents=True, exist_ok=True)
         with atomic_open(out / "model.safetensors", "wb") as fh:
-            fh.write(save_bytes(self.trainable_state(), metadata=meta))
-        write_json(
-            out / "config.json", {"model_type": MODEL_TYPE, **dataclasses.asdict(self.config)}
-        )
+            fh.write(data)
+        config = {"model_type": MODEL_TYPE, **dataclasses.asdict(self.config)}
+        write_json(out / "config.json", {**config, DIGEST_KEY: digest})
         return out
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> LexLIPModel:
         """Load a model written by :meth:`save_pretrained` (eval mode)."""
         from safetensors import SafetensorError, safe_open
-        from safetensors.torch import load_file
+        from safetensors.torch import load as load_bytes
 
         d = Path(model_dir)
         if not (d / "config.json").is_file() or not (d / "model.safetensors").is_file():
@@ -789,7 +790,13 @@ class LexLIPModel(nn.Module):
                 "train one with `sparsemm train lexlip`"
             )
         raw = read_json(d / "config.json")
+        if not isinstance(raw, dict):
+            raise SparsemmError(
+                f"{d}/config.json is malformed (a JSON object was expected, got "
+                f"{type(raw).__name__}); re-create the model"
+            )
         mtype = raw.pop("model_type", None)
+        want = raw.pop(DIGEST_KEY, None)
         if mtype != MODEL_TYPE:
             raise SparsemmError(f"{d} holds a {mtype!r} model, not {MODEL_TYPE!r}")
         fields = {f.name for f in dataclasses.fields(LexLIPConfig)}
@@ -803,11 +810,13 @@ class LexLIPModel(nn.Module):
         try:
             with safe_open(str(d / "model.safetensors"), framework="pt") as fh:
                 meta = fh.metadata() or {}
-            state = load_file(str(d / "model.safetensors"))
+            data = (d / "model.safetensors").read_bytes()
+            state = load_bytes(data)
         except (OSError, SafetensorError, ValueError) as exc:
             raise SparsemmError(
                 f"{d}/model.safetensors is corrupt ({exc}); re-create the model"
             ) from exc
+        check_weights(d, want, hashlib.sha256(data).hexdigest(), state)
         if "vocab_ids" not in state:
             raise SparsemmError(f"{d}/model.safetensors has no vocab_ids; re-create the model")
         model = cls(config, state["vocab_ids"].numpy())

@@ -38,8 +38,8 @@ class AlignConfig:
     def __post_init__(self) -> None:
         if min(self.image_dim, self.text_dim, self.dim) < 1:
             raise SparsemmError("image_dim, text_dim and dim must be positive")
-        if self.tau <= 0:
-            raise SparsemmError(f"tau must be positive, got {self.tau}")
+        if not (0 < self.tau < float("inf")):  # NaN too
+            raise SparsemmError(f"tau (--tau) must be a positive number, got {self.tau}")
 
 
 class LinearAligner(PretrainedMixin, nn.Module):

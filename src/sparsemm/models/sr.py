@@ -52,6 +52,12 @@ class SRConfig:
             raise SparsemmError(f"top_k must be in 1..latent_dim ({self.latent_dim})")
         if self.shared and self.text_dim != self.image_dim:
             raise SparsemmError("a shared SR encoder needs text_dim == image_dim")
+        # "not (x > 0)" refuses NaN too; tau = 0 divides the InfoNCE logits by zero
+        if not (0 < self.tau < float("inf")):
+            raise SparsemmError(f"tau (--tau) must be a positive number, got {self.tau}")
+        for name in ("contrastive_weight", "recon_weight"):
+            if not (0 <= getattr(self, name) < float("inf")):
+                raise SparsemmError(f"{name} must be a non-negative number")
 
 
 def topk_mask(latent: torch.Tensor, k: int) -> torch.Tensor:

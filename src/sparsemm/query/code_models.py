@@ -171,11 +171,19 @@ MODEL_TYPES: dict[str, type[SRCodeModel] | type[VDRCodeModel] | type[ConceptCode
 def load_code_model(path: str | Path, top_k: int | None = None) -> CodeModel:
     """Load a saved sparse model folder as a :class:`CodeModel` (by its ``model_type``)."""
     cfg = Path(path) / "config.json"
+    if not Path(path).exists():
+        raise SparsemmError(f"model folder not found: {path}; check the path")
     if not cfg.is_file():
         raise SparsemmError(
             f"{path} is not a saved model (no config.json); train one with `sparsemm train`"
         )
-    kind = read_json(cfg).get("model_type")
+    raw = read_json(cfg)
+    if not isinstance(raw, dict):
+        raise SparsemmError(
+            f"{cfg} is malformed (a JSON object was expected, got {type(raw).__name__}); "
+            "re-create the model"
+        )
+    kind = raw.get("model_type")
     if kind not in MODEL_TYPES:
         raise SparsemmError(
             f"{path} holds a {kind!r} model; the index serves "

@@ -30,6 +30,7 @@ from sparsemm.encoders.base import get_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.retrieval import normalize_rows
 from sparsemm.index import Exclusion, InvertedIndex
+from sparsemm.index.store import Store
 from sparsemm.io import read_json
 from sparsemm.models.base import check_encoders
 from sparsemm.models.lit import AlignedTextEncoder, LinearAligner
@@ -262,7 +263,9 @@ class _Explainer:
 class Searcher:
     """Answer queries over one indexed collection (see the module docstring)."""
 
-    def __init__(self, collection_dir: str | Path, encoder: Any = None) -> None:
+    def __init__(
+        self, collection_dir: str | Path, encoder: Any = None, store: Store | None = None
+    ) -> None:
         self.collection: Collection = open_collection(collection_dir)
         # collection.root: where open_collection found it (a crash may have parked it aside)
         root = self.collection.root / INDEX_DIR
@@ -272,7 +275,15 @@ class Searcher:
                 f"{collection_dir} --model MODEL_DIR`"
             )
         self.index = InvertedIndex.open(root)
-        self._local_index = self.index
+        if store is not None and (len(store) != len(self.index) or store.dim != self.index.dim):
+            raise SparsemmError(
+                f"the {store.backend} store holds {len(store)} items of dim {store.dim}, the "
+                f"collection's index {len(self.index)} of dim {self.index.dim}; re-run "
+                f"`sparsemm index ... --backend {store.backend}` to bring it up to date"
+            )
+        # Where the served path reads candidates and codes: the collection's own index, or a
+        # store holding the same items (e.g. a Qdrant collection).
+        self.store: Any = store if store is not None else self.index
         if list(self.index.ids) != self.collection.ids:
             raise SparsemmError(
                 f"the index in {root} does not match the collection's items; rebuild it"
@@ -282,12 +293,27 @@ class Searcher:
             raise SparsemmError(
                 f"the index in {root} does not name its model; rebuild it with `sparsemm index`"
             )
-        self.model = load_code_model(meta["model"], int(meta["top_k"]))
+        top_k = meta.get("top_k")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise SparsemmError(
+                f"the index in {root} has no valid top_k in its manifest ({top_k!r}); rebuild "
+                f"it with `sparsemm index {collection_dir} --model MODEL_DIR`"
+            )
+        for key in ("model", "dense_model"):
+            if meta.get(key) and not Path(str(meta[key])).exists():
+                raise SparsemmError(
+                    f"the index in {root} was built with the {key.replace('_', ' ')} "
+                    f"{meta[key]}, which is no longer there (moved or deleted?); rebuild the "
+                    f"index with `sparsemm index {collection_dir} --model MODEL_DIR"
+                    f"{' --dense-model ALIGNER_DIR' if key == 'dense_model' else ''}` naming "
+                    "where it is now"
+                )
+        self.model = load_code_model(meta["model"], top_k)
         self.default_strategy: str = self.model.default_strategy
         check_encoders(
             self.model.training_info, self.collection.manifest, meta["model"], collection_dir
         )
-        self.top_k = int(meta["top_k"])
+        self.top_k = top_k
         labels = meta.get("labels")
         if not isinstance(labels, dict):  # an index built before labels lived in its meta
             legacy = root / LEGACY_LABELS
@@ -311,6 +337,7 @@ class Searcher:
         self._dense: np.ndarray | None = None
         # How the last search was answered (served path: candidates, certificate).
         self.last_served: ServedResult | None = None
+        self._captionless: bool | None = None
 
     @property
     def codes(self) -> sp.csr_matrix:
@@ -418,8 +445,10 @@ class Searcher:
             return False
         if self.model.detectors is not None:
             return True
-        col = self.collection
-        return not any(it.get("captions") or it.get("labels") for it in col.items)
+        if self._captionless is None:
+            items = self.collection.items
+            self._captionless = not any(it.get("captions") or it.get("labels") for it in items)
+        return self._captionless
 
     def dim_words(self, dim: int) -> list[str]:
         data = self.labels_data[dim] if dim < len(self.labels_data) else []
@@ -429,8 +458,9 @@ class Searcher:
     # -- search ----------------------------------------------------------------------------
     def check_terms(self, query: Query, strategy: str) -> None:
         """Raise SparsemmError naming a query term that means nothing to the model: its query
-        code (sparse strategies) or text embedding (dense ones) is all zeros, so searching
-        for it would return nothing and excluding it would silently exclude nothing.
+        code (sparse strategies) or text embedding (dense ones) is all zeros, or it holds no
+        letter or digit (emoji, symbols), so searching for it would return nothing (or noise)
+        and excluding it would silently exclude nothing.
 
         ``strategy`` is a registered strategy name or a kind ("sparse" / "dense"). The
         messages are those of the web API (:mod:`sparsemm.web.app`).
@@ -439,8 +469,11 @@ class Searcher:
         ctx = self.text_context
         for side, terms in (("search for", query.include), ("exclude", query.exclude)):
             for term in terms:
+                # A term without a letter or digit (emoji, symbols) names no concept, though
+                # a subword encoder embeds it (as [UNK] or byte pieces) to a non-zero vector.
+                wordless = not any(ch.isalnum() for ch in term)
                 vec = ctx.term_code(term) if kind == "sparse" else ctx.term_embedding(term)
-                if not np.any(vec):
+                if wordless or not np.any(vec):
                     raise SparsemmError(
                         f"{term!r} matches no concept of this collection's model, so it "
                         f"cannot {side} anything; check the spelling or try another word"
@@ -481,7 +514,7 @@ class Searcher:
         if served:
             base = self.text_context
             self.check_terms(q, get_strategy(strategy, base, **params).kind)
-            res = served_rank(self.index, base, q, strategy, k=k, offset=offset, **params)
+            res = served_rank(self.store, base, q, strategy, k=k, offset=offset, **params)
             self.last_served = res
             rows, scores = res.rows, res.scores
         else:
@@ -625,7 +658,7 @@ class Searcher:
             ex = Exclusion(dims, threshold=float(strat.p["threshold"]), mode="filter")
         qa = self.text_context.term_code(a)
         qa = qa / max(float(np.linalg.norm(qa)), 1e-12)  # scores = cosine, as in `search`
-        res = self.index.search(qa, k=k, exclude=ex)
+        res = self.store.search(qa, k=k, exclude=ex)
         why = self._explainer(q)
         keep = [i for i, s in enumerate(res.scores) if s > 0]  # no concept in common: no match
         rows = np.asarray(res.rows, dtype=np.int64)[keep]
@@ -637,6 +670,5 @@ class Searcher:
         ]
 
     def _codes_of(self, rows: np.ndarray) -> sp.csr_matrix:
-        """Codes of ``rows`` from this collection's own index (the CLI may swap ``index``
-        for a Qdrant store, which scores but does not hold the row store)."""
-        return self._local_index.codes(rows)
+        """Codes of ``rows`` from the serving store (the collection's index by default)."""
+        return self.store.codes(np.asarray(rows, dtype=np.int64))

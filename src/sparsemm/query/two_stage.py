@@ -143,14 +143,18 @@ def _cut(v: np.ndarray, proxy_dims: int) -> tuple[np.ndarray, np.ndarray, float]
 
 def _nth(source: CodeSource, dims: np.ndarray, w: np.ndarray, n: int) -> tuple[np.ndarray, float]:
     """(rows, bound): the top ``n`` rows by the inner product, and the largest score an item
-    outside them can have (-inf when they are every item)."""
-    if not len(dims):  # the proxy is zero for every item
-        res_rows = np.arange(min(n, len(source)), dtype=np.int64)
-        return res_rows, (-np.inf if n >= len(source) else 0.0)
+    outside them can have: the n-th score; -inf when they are every item; 0 when the source
+    returned fewer (a :class:`~sparsemm.index.store.Store` returns only scores > 0, so every
+    item it left out scores <= 0)."""
+    total = len(source)
+    if not len(dims):  # the proxy is 0 for every item
+        return np.arange(min(n, total), dtype=np.int64), (-np.inf if n >= total else 0.0)
     res = source.search((dims, w), k=n)
     rows = np.asarray(res.rows, dtype=np.int64)
-    if len(rows) < n or n >= len(source):
+    if len(rows) >= total:
         return rows, -np.inf
+    if len(rows) < n:
+        return rows, 0.0
     return rows, float(res.scores[-1])
 
 

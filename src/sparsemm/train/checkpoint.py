@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from sparsemm.errors import SparsemmError
 from sparsemm.io import find_dir, old_dir, read_json, replace_dir, write_error, write_json
-from sparsemm.models.base import sweep_temp_dirs
+from sparsemm.models.base import one_line, sweep_temp_dirs
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def load_checkpoint(
         model.load_state_dict(load_file(str(ck / "model.safetensors")))
     except RuntimeError as exc:
         raise SparsemmError(
-            f"checkpoint in {out_dir} does not fit this model configuration ({exc}); "
+            f"checkpoint in {out_dir} does not fit this model configuration ({one_line(exc)}); "
             "use the same settings as the interrupted run or drop --resume"
         ) from exc
     _unflatten_optimizer(optimizer, load_file(str(ck / "optim.safetensors")), full["optimizer"])

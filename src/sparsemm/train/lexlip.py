@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
-from sparsemm.io import load_npy, save_npy, write_json
+from sparsemm.io import check_output_dir, load_npy, save_npy, write_json
 from sparsemm.models.lexlip import (
     LexLIPConfig,
     LexLIPModel,
@@ -64,6 +64,7 @@ from sparsemm.train.checkpoint import (
     remove_checkpoint,
     save_checkpoint,
 )
+from sparsemm.train.loop import stop_if_diverged
 from sparsemm.train.losses import info_nce
 
 log = logging.getLogger(__name__)
@@ -720,7 +721,7 @@ def train_lexlip(
     ``log_every`` steps. Leaves the model in eval mode.
     """
     train = train or LexLIPTrainConfig()
-    out = Path(out_dir)
+    out = check_output_dir(out_dir)  # a wrong -o fails before training
     if data.patches.shape[2] != config.image_dim:
         raise SparsemmError(
             f"the items' patches have width {data.patches.shape[2]} but the config expects "
@@ -786,6 +787,14 @@ def train_lexlip(
                 keys = None
             else:
                 losses, keys = contrastive_losses(model, momentum, batch)
+            stop_if_diverged(
+                losses["loss"],
+                "LexLIP",
+                f"phase {phase}, step {s + 1}",
+                f"--lr {train.lr}, --new-lr {train.new_lr}",
+                out,
+                "" if has_checkpoint(out) else None,
+            )
             opt.zero_grad(set_to_none=True)
             losses["loss"].backward()
             torch.nn.utils.clip_grad_norm_(

@@ -8,6 +8,10 @@ checkpoint every ``checkpoint_every`` epochs and after the last, holding the epo
 history and the run's settings and data fingerprint. Resuming replays exactly what an
 uninterrupted run would have done; a checkpoint of other settings or data is refused.
 What differs, the loss of one batch, is the caller's ``batch_loss``.
+
+A run that diverges stops at the first batch whose loss is NaN or inf (and before a
+checkpoint of non-finite weights): :func:`stop_if_diverged` raises one SparsemmError naming
+the settings, and the last good checkpoint is left as it was (nothing is written after it).
 """
 
 from __future__ import annotations
@@ -22,7 +26,14 @@ import torch
 from tqdm.auto import tqdm
 
 from sparsemm.errors import SparsemmError
-from sparsemm.train.checkpoint import checkpoint_due, resume_checkpoint, save_checkpoint
+from sparsemm.io import check_output_dir
+from sparsemm.models.base import nonfinite_tensors
+from sparsemm.train.checkpoint import (
+    CKPT_DIR,
+    checkpoint_due,
+    resume_checkpoint,
+    save_checkpoint,
+)
 
 if TYPE_CHECKING:
     from sparsemm.train.sr import SRTrainConfig
@@ -31,6 +42,36 @@ log = logging.getLogger(__name__)
 
 # batch_loss(idx) -> (objective to minimise, named terms averaged into the history record)
 BatchLoss = Callable[[np.ndarray], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def stop_if_diverged(
+    loss: torch.Tensor | float,
+    desc: str,
+    where: str,
+    settings: str,
+    out_dir: str | Path,
+    last_good: str | None,
+) -> None:
+    """Raise SparsemmError when ``loss`` is NaN or inf: the run diverged at ``where``.
+
+    ``settings`` names the values to change (e.g. ``"--lr 0.001, --tau 0.05"``);
+    ``last_good`` describes the last checkpoint this run wrote (``"epoch 3"``; ``""``: one
+    exists; None: none yet). Nothing is saved after it, so the model folder and the
+    checkpoint stay as they were.
+    """
+    value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+    if np.isfinite(value):
+        return
+    at = f" ({last_good})" if last_good else ""
+    kept = (
+        f"the last good checkpoint{at} is kept in {Path(out_dir) / CKPT_DIR}"
+        if last_good is not None
+        else "no checkpoint was written"
+    )
+    raise SparsemmError(
+        f"{desc} training diverged at {where}: the loss is {value} with {settings}; {kept} "
+        "and no model was saved; lower the learning rate or fix that setting and run again"
+    )
 
 
 def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
@@ -80,21 +121,27 @@ def fit_epochs(
     on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
     desc: str = "SR",
     save: Callable[..., Path] = save_checkpoint,
+    settings: str | None = None,
 ) -> list[dict[str, float]]:
     """Train ``model`` (every parameter) for ``train.epochs`` over ``n_pairs`` pairs.
 
     ``expected`` (JSON: settings and data fingerprint) goes into each checkpoint in
     ``out_dir/checkpoint`` and must match on resume. ``on_epoch_end(epoch, record)`` runs
     after the epoch's checkpoint. ``save`` writes a checkpoint (``save_checkpoint``'s
-    signature). Returns the history (one record per epoch); leaves ``model`` in eval mode.
+    signature). ``settings`` names the run's settings in the error of a diverged run
+    (default: the learning rate). Returns the history (one record per epoch); leaves
+    ``model`` in eval mode.
     """
-    out = Path(out_dir)
+    out = check_output_dir(out_dir)  # a wrong -o fails now, not after the first epoch
     opt = torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
     start_epoch, history = 0, []
     state = resume_checkpoint(out, model, opt, expected, resume)
+    last_good: str | None = None
     if state is not None:
         start_epoch, history = int(state["epoch"]), list(state["history"])
+        last_good = f"epoch {start_epoch}"
         log.info("resuming %s training at epoch %d/%d", desc, start_epoch + 1, train.epochs)
+    settings = settings or f"--lr {train.lr}"
 
     model.train()
     for epoch in range(start_epoch, train.epochs):
@@ -107,11 +154,13 @@ def fit_epochs(
             disable=not progress,
             leave=False,
         )
-        for s in bar:
+        for b, s in enumerate(bar):
             idx = perm[s : s + train.batch_size]
             if len(idx) < 2:
                 continue
             objective, terms = batch_loss(idx)
+            where = f"epoch {epoch + 1}, batch {b + 1}"
+            stop_if_diverged(objective, desc, where, settings, out, last_good)
             opt.zero_grad()
             objective.backward()
             opt.step()
@@ -127,8 +176,11 @@ def fit_epochs(
             epoch + 1,
             ", ".join(f"{k}={v:.4f}" for k, v in record.items() if k != "epoch"),
         )
+        if nonfinite_tensors(model.state_dict()):  # the last step overflowed
+            stop_if_diverged(float("nan"), desc, f"epoch {epoch + 1}", settings, out, last_good)
         if checkpoint_due(epoch + 1, train.checkpoint_every, train.epochs):
             save(out, model, opt, {"epoch": epoch + 1, "history": history, **expected})
+            last_good = f"epoch {epoch + 1}"
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, record)
     model.eval()

@@ -39,8 +39,12 @@ class SRTrainConfig:
             raise SparsemmError("epochs and checkpoint_every must be at least 1")
         if self.batch_size < 2:
             raise SparsemmError("batch_size must be at least 2 (InfoNCE needs in-batch negatives)")
-        if self.lr <= 0 or self.weight_decay < 0:
-            raise SparsemmError("lr must be positive and weight_decay non-negative")
+        # written as "not (x > 0)" so NaN is refused too
+        if not (0 < self.lr < float("inf")) or not (0 <= self.weight_decay < float("inf")):
+            raise SparsemmError(
+                f"lr must be a positive number and weight_decay a non-negative one (got lr "
+                f"{self.lr}, weight_decay {self.weight_decay})"
+            )
 
 
 def data_fingerprint(*arrays: np.ndarray | sp.csr_matrix | None) -> str:
@@ -177,6 +181,7 @@ def fit_sr(
         progress=progress,
         on_epoch_end=on_epoch_end,
         desc=desc,
+        settings=f"--lr {train.lr}, --tau {config.tau}, --lambda {config.contrastive_weight}",
     )
 
 

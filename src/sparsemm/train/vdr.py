@@ -38,10 +38,15 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import write_json
+from sparsemm.io import check_output_dir, write_json
 from sparsemm.models.vdr import VDRModel, sparsify
-from sparsemm.train.checkpoint import checkpoint_due, resume_checkpoint, save_checkpoint
-from sparsemm.train.loop import epoch_permutation
+from sparsemm.train.checkpoint import (
+    checkpoint_due,
+    has_checkpoint,
+    resume_checkpoint,
+    save_checkpoint,
+)
+from sparsemm.train.loop import epoch_permutation, stop_if_diverged
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +105,7 @@ class VDRTrainConfig:
             raise SparsemmError("batch_size must be at least 2 (InfoNCE needs in-batch negatives)")
         if self.epochs < 1 or (self.max_steps is not None and self.max_steps < 1):
             raise SparsemmError("epochs and max_steps must be at least 1")
-        if self.lr <= 0 or self.tau <= 0 or self.weight_decay < 0:
+        if not (self.lr > 0 and self.tau > 0 and self.weight_decay >= 0):  # NaN too
             raise SparsemmError("lr and tau must be positive, weight_decay non-negative")
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise SparsemmError("warmup_fraction must be in [0, 1)")
@@ -394,7 +399,7 @@ def train_vdr(
     query drawn from ``data.hard_negatives``. Returns (model, history records).
     """
     train = train or VDRTrainConfig()
-    out = Path(out_dir)
+    out = check_output_dir(out_dir)  # a wrong -o fails before training
     cross = isinstance(data, CrossModalData)
     if (train.mode == "cross") != cross:
         need = "CrossModalData" if train.mode == "cross" else "TextPairData"
@@ -471,6 +476,14 @@ def train_vdr(
             batch["d_bow"],
             train.tau,
             batch["groups"],
+        )
+        stop_if_diverged(
+            losses["loss"],
+            "VDR",
+            f"step {step + 1}",
+            f"--lr {train.lr}, --tau {train.tau}",
+            out,
+            "" if has_checkpoint(out) else None,
         )
         opt.zero_grad()
         losses["loss"].backward()

@@ -32,9 +32,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import load_csr, read_json, save_csr, write_json
+from sparsemm.io import check_output_dir, load_csr, read_json, save_csr, write_json
 from sparsemm.models.base import PretrainedMixin
 from sparsemm.train.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from sparsemm.train.loop import stop_if_diverged
 from sparsemm.words.bias import STOP_WORDS, is_token, tokenize
 from sparsemm.words.vectors import WordVectors, read_words, write_words
 
@@ -170,9 +171,9 @@ def train_spine(
         )
     if len(word_vectors) < 2:
         raise SparsemmError("SPINE needs at least 2 word vectors to train on")
-    if epochs < 1 or batch_size < 1 or lr <= 0 or checkpoint_every < 1:
+    if epochs < 1 or batch_size < 1 or not (0 < lr < float("inf")) or checkpoint_every < 1:
         raise SparsemmError("epochs, batch_size, checkpoint_every and lr must be positive")
-    out = Path(out_dir)
+    out = check_output_dir(out_dir)  # a wrong -o fails before training
     if has_checkpoint(out) and not resume:
         raise SparsemmError(
             f"{out} already holds a training checkpoint; pass resume=True (--resume) to "
@@ -233,6 +234,14 @@ def train_spine(
             noise = torch.randn(x.shape, generator=gen) * config.noise_std
             z, x_hat = model(x + noise)
             parts = spine_loss(x, z, x_hat, config)
+            stop_if_diverged(
+                parts["loss"],
+                "SPINE",
+                f"epoch {epoch + 1}",
+                f"--lr {lr}",
+                out,
+                "" if has_checkpoint(out) else None,
+            )
             optimizer.zero_grad(set_to_none=True)
             parts["loss"].backward()
             optimizer.step()
