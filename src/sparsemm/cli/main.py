@@ -25,6 +25,7 @@ VERBS = (
     "index",
     "search",
     "serve",
+    "up",
     "demo",
     "bench",
     "export",
@@ -32,7 +33,7 @@ VERBS = (
 
 
 # Verbs whose output is meant for people and pipes: library log lines only with -v.
-QUIET_VERBS = frozenset({"search"})
+QUIET_VERBS = frozenset({"search", "up"})
 
 
 def build_parser() -> argparse.ArgumentParser:

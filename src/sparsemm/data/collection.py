@@ -20,6 +20,7 @@ arrays' shapes and finiteness, and the format version.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -272,6 +273,7 @@ def write_collection(
     extra: dict[str, Any] | None = None,
     text_encoder: dict[str, Any] | None = None,
     skipped: Sequence[dict[str, Any]] | None = None,
+    keep: Sequence[str] = (),
 ) -> Collection:
     """Write a collection folder atomically (temp folder, then swap) and return it opened.
 
@@ -279,8 +281,11 @@ def write_collection(
     texts come from another backbone than the images (e.g. EfficientNet + MiniLM). ``texts``
     rows carry ``item`` (an index into ``items``) and ``text``; they are required when
     ``text_emb`` is given. ``skipped`` (source items left out, e.g. unreadable images) goes
-    to ``skipped.jsonl`` and its count to the manifest. Holds the collection's writer lock
-    (SparsemmError if another process writes it); on any failure nothing is left behind.
+    to ``skipped.jsonl`` and its count to the manifest. ``keep`` names sub-folders of the
+    collection now at ``path`` (e.g. its ``index`` when items were only appended, caches) to
+    carry into the new version, hard-linked in the same atomic swap; without it every
+    sub-folder is dropped. Holds the collection's writer lock (SparsemmError if another
+    process writes it); on any failure nothing is left behind.
     """
     root = Path(path)
     dim = int(encoder["dim"])
@@ -330,6 +335,8 @@ def write_collection(
                 **(extra or {}),
             }
             write_json(tmp / "manifest.json", manifest)
+            if keep:
+                _carry_subdirs(find_dir(root), tmp, keep)
             _swap_dir(tmp, root)
         except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -337,6 +344,23 @@ def write_collection(
                 raise write_error(exc, root) from exc
             raise
         return open_collection(root)
+
+
+def _carry_subdirs(old: Path, new: Path, names: Sequence[str]) -> None:
+    """Hard-link (copy where links fail) the sub-folders ``names`` of ``old`` into ``new``.
+    Their writers replace files rather than rewrite them, so a link never sees a change
+    made to the other version."""
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    for name in names:
+        src = old / name
+        if src.is_dir() and not src.is_symlink():
+            shutil.copytree(src, new / name, copy_function=link)
 
 
 def collection_lock(path: str | Path) -> Any:

