@@ -104,6 +104,28 @@ def dimension_labels(
     return out
 
 
+def name_dimensions(col: Collection, codes: sp.csr_matrix, model: Any) -> list[list[str]]:
+    """Names of each dimension from the collection's captions and labels: the model's
+    detector vocabulary (else one built from the collection), ranked by
+    :func:`sparsemm.query.naming.top_share_names`; none without captions or labels."""
+    from sparsemm.models.detectors import DetectorConfig
+    from sparsemm.query.naming import top_share_names
+    from sparsemm.text import CaptionIndex
+    from sparsemm.train.detectors import detector_vocabulary
+
+    captions = [list(it.get("captions", [])) for it in col.items]
+    labels = [list(it.get("labels") or []) for it in col.items]
+    if not any(captions) and not any(labels):
+        return [[] for _ in range(codes.shape[1])]
+    det = getattr(model, "detectors", None)
+    terms = (
+        list(det.terms)
+        if det is not None
+        else [t for t, _ in detector_vocabulary(captions, labels, DetectorConfig(min_mentions=5))]
+    )
+    return top_share_names(codes, CaptionIndex(captions, labels), terms)
+
+
 def build_index(
     collection_dir: str | Path,
     model_dir: str | Path,
@@ -149,10 +171,10 @@ def build_index(
                 f"SPINE has {vectors.dim} dims but the model's codes have {codes.shape[1]}"
             )
         spine_labels = [[w for w, _ in top_words(vectors, j, 6)] for j in range(vectors.dim)]
-    captions = [list(it.get("captions", [])) for it in col.items]
     names = model.dim_names()
-    # A VDR dimension is a word piece: its token is its label.
-    data_labels = [[n] for n in names] if names is not None else dimension_labels(codes, captions)
+    # A VDR dimension is a word piece: its token is its label; others are named by the
+    # vocabulary terms their top items share (sparsemm.query.naming).
+    data_labels = [[n] for n in names] if names is not None else name_dimensions(col, codes, model)
     meta = {
         "model": str(Path(model_dir).resolve()),
         "model_type": model.kind,
