@@ -221,15 +221,17 @@ def bound_socket(host: str = "127.0.0.1") -> socket.socket:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any, host: str = "127.0.0.1") -> Iterator[int]:
-    """Serve ``app`` with uvicorn (``sparsemm serve``'s settings) in a daemon thread on a free
-    loopback port; yields the port and stops the server on exit."""
+def serve_in_thread(app: Any, host: str = "127.0.0.1", **options: Any) -> Iterator[int]:
+    """Serve ``app`` with uvicorn (``sparsemm serve``'s settings; ``options`` go to
+    :func:`~sparsemm.cli.serve.server_options`) in a daemon thread on a free loopback port;
+    yields the port and stops the server on exit."""
     import uvicorn
 
     from sparsemm.cli.serve import server_options
 
     sock = bound_socket(host)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **server_options()))
+    config = uvicorn.Config(app, log_level="warning", **server_options(**options))
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:

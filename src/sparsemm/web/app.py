@@ -466,6 +466,7 @@ class SearchService:
         heavy = max(1, workers // 2) if heavy_workers is None else heavy_workers
         self._heavy_lanes = threading.BoundedSemaphore(max(1, min(heavy, workers)))
         self.workers, self.max_waiting, self.queue_timeout = workers, max_waiting, queue_timeout
+        self.heavy_terms = HEAVY_TERMS
         self._waiting = 0
         self._count_lock = threading.Lock()  # _waiting, _requests
         self._reload_lock = threading.Lock()
@@ -689,7 +690,7 @@ class SearchService:
 
     def _search(self, req: SearchRequest, query: Query, prefix: str) -> SearchOut:
         strategy = req.strategy or self.searcher.default_strategy
-        with self.lane(heavy=len(query.include) + len(query.exclude) > HEAVY_TERMS):
+        with self.lane(heavy=len(query.include) + len(query.exclude) > self.heavy_terms):
             try:  # the searcher names unknown strategies and terms (Searcher.check_terms)
                 hits = self.searcher.search(query, k=req.k, strategy=strategy, offset=req.offset)
             finally:
@@ -717,7 +718,7 @@ class SearchService:
 
     def _explain(self, item_id: str, query: Query, prefix: str) -> ExplainOut:
         row = self.row(item_id)
-        with self.lane(heavy=len(query.include) + len(query.exclude) > HEAVY_TERMS):
+        with self.lane(heavy=len(query.include) + len(query.exclude) > self.heavy_terms):
             try:
                 matched, checks = self.searcher.explain(row, query, n_dims=EXPLAIN_DIMS)
             finally:
