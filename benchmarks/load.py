@@ -230,9 +230,7 @@ def fresh_paths(words: Sequence[str], k: int = 10, seed: int = 2) -> list[str]:
     out = []
     for j in range(0, len(words) - 1, 2):
         a, b = words[j], words[j + 1]
-        out.append(
-            "/api/search?" + urlencode({"q": a if j % 8 == 6 else f"{a} -{b}", "k": k})
-        )
+        out.append("/api/search?" + urlencode({"q": a if j % 8 == 6 else f"{a} -{b}", "k": k}))
     return out
 
 
