@@ -471,9 +471,9 @@ class Searcher:
         # Embed (and code) the terms in batches first: one at a time, the 32 terms of a full
         # query were 66 encoder calls (seconds); batches of CHECK_BATCH stay on the light
         # MiniLM path. Same vectors, cached for the search that follows.
-        terms = list(dict.fromkeys([*query.include, *query.exclude]))
-        for i in range(0, len(terms), CHECK_BATCH):
-            ctx.prefetch(terms[i : i + CHECK_BATCH], codes=kind == "sparse")
+        unique = list(dict.fromkeys([*query.include, *query.exclude]))
+        for i in range(0, len(unique), CHECK_BATCH):
+            ctx.prefetch(unique[i : i + CHECK_BATCH], codes=kind == "sparse")
         for side, terms in (("search for", query.include), ("exclude", query.exclude)):
             for term in terms:
                 # A term without a letter or digit (emoji, symbols) names no concept, though

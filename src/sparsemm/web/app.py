@@ -17,8 +17,10 @@
 
 Every error is JSON ``{"error": message}``: a :class:`~sparsemm.errors.SparsemmError`,
 invalid parameters or a query term that means nothing to the model (its query code is
-empty) give 400, an unknown item, dimension or image 404, an oversized body 413, anything
-unexpected 500 (details only in the server log). The OpenAPI schema documents exactly these.
+empty) give 400, an unknown item, dimension or image 404, an oversized body 413, a full
+search queue or an index that changed on disk and cannot be reopened 503 (with Retry-After),
+anything unexpected 500 (details only in the server log). The OpenAPI schema documents
+exactly these.
 
 Safety: only image files referenced by the collection's items are served, looked up by item
 id (a request path is never joined to a folder, so ``..`` cannot escape), and only with an
