@@ -19,7 +19,7 @@ from webtoy import WORDS, WebKeywordEncoder, make_collection, make_sr
 
 from sparsemm.query.searcher import Searcher, build_index
 from sparsemm.query.strategies import LRUCache
-from sparsemm.web.app import SearchRequest, ServerBusy, create_app
+from sparsemm.web.app import SearchRequest, ServerBusy, _nbytes, create_app
 
 pytest.importorskip("httpx", reason="FastAPI's TestClient needs httpx")
 from fastapi.testclient import TestClient
@@ -191,7 +191,15 @@ def test_lru_cache_is_safe_under_threads() -> None:
         except BaseException as exc:
             failures.append(exc)
 
+    def measure() -> None:  # what the server's cache bound does beside the searches
+        try:
+            for _ in range(2_000):
+                _nbytes({"cache": cache})
+        except BaseException as exc:
+            failures.append(exc)
+
     threads = [threading.Thread(target=hammer, args=(s,)) for s in range(6)]
+    threads.append(threading.Thread(target=measure))
     for t in threads:
         t.start()
     for t in threads:

@@ -789,7 +789,10 @@ def _nbytes(obj: Any, depth: int = 0) -> int:
             int(getattr(obj, a).nbytes) for a in ("data", "indices", "indptr") if hasattr(obj, a)
         )
     if depth < 4 and isinstance(obj, dict):
-        return sum(_nbytes(v, depth + 1) + 64 for v in obj.values())
+        # a snapshot under the cache's own lock: other threads' searches write to it
+        with getattr(obj, "_lock", contextlib.nullcontext()):
+            values = list(obj.values())
+        return sum(_nbytes(v, depth + 1) + 64 for v in values)
     if depth < 4 and isinstance(obj, list | tuple):
         return sum(_nbytes(v, depth + 1) for v in obj)
     return 64
