@@ -436,7 +436,8 @@ class SearchService:
 
     Concurrency: searches run on the server's threads at once (the strategy caches are
     thread-safe LRU caches), at most ``workers`` at a time and at most ``heavy_workers`` of
-    them costly (more than :data:`HEAVY_TERMS` terms), so a few slow queries cannot take every
+    them costly (more than :data:`HEAVY_TERMS` terms; a quarter by default), so slow queries
+    cannot take every
     lane; a request that waits longer than ``queue_timeout`` seconds for a lane, or finds
     ``max_waiting`` requests already waiting, is refused with :class:`ServerBusy` (503).
 
@@ -465,7 +466,7 @@ class SearchService:
         self._current = self._served(searcher, images, gen, digest, _stamp(root))
         self._pinned = threading.local()  # the version a request in this thread started on
         self._lanes = threading.BoundedSemaphore(workers)
-        heavy = max(1, workers // 2) if heavy_workers is None else heavy_workers
+        heavy = max(1, workers // 4) if heavy_workers is None else heavy_workers
         self._heavy_lanes = threading.BoundedSemaphore(max(1, min(heavy, workers)))
         self.workers, self.max_waiting, self.queue_timeout = workers, max_waiting, queue_timeout
         self.heavy_terms = HEAVY_TERMS
