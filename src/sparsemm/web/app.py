@@ -437,9 +437,9 @@ class SearchService:
     Concurrency: searches run on the server's threads at once (the strategy caches are
     thread-safe LRU caches), at most ``workers`` at a time and at most ``heavy_workers`` of
     them costly (more than :data:`HEAVY_TERMS` terms; a quarter by default), so slow queries
-    cannot take every
-    lane; a request that waits longer than ``queue_timeout`` seconds for a lane, or finds
-    ``max_waiting`` requests already waiting, is refused with :class:`ServerBusy` (503).
+    cannot take every lane; a request that waits longer than ``queue_timeout`` seconds for a
+    lane, or finds ``max_waiting`` requests already waiting, is refused with
+    :class:`ServerBusy` (503).
 
     Re-index: at most once every ``check_every`` seconds a request stats the collection's and
     index's manifests; when a writer committed a new version, a new Searcher is opened and
