@@ -78,6 +78,28 @@ def test_slow_loris_is_dropped_and_bad_requests_get_json(toy_collection: Path) -
                 break
         s.close()
         assert closed, "a trickling client was never dropped"
+        # a body trickled after a complete head is cut by the same deadline
+        s = _connect(port)
+        s.sendall(
+            b"POST /api/search HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+        )
+        got = None
+        for _ in range(100):  # up to 10 s of trickling; the deadline is 0.3 s
+            try:
+                s.sendall(b" ")
+                s.setblocking(False)
+                got = s.recv(65536)
+                break
+            except BlockingIOError:
+                time.sleep(0.1)
+            except OSError:
+                got = b""
+                break
+            finally:
+                s.setblocking(True)
+        s.close()
+        assert got is not None, "a trickled body was never cut"
         # a malformed request line: the API's JSON error shape, not uvicorn's text
         s = _connect(port)
         s.sendall(b"GARBAGE\x01 / HTTP/1.1\r\n\r\n")

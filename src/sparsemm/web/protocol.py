@@ -4,7 +4,7 @@ uvicorn's own ``limit_concurrency`` counts open connections, so 600 idle sockets
 nothing make every real request a 503, and a client that trickles header bytes is never
 timed out (each byte cancels the keep-alive timer). This protocol instead:
 
-- closes a connection whose request head (request line and headers) is not complete
+- closes a connection whose request (request line, headers and body) is not complete
   within ``header_timeout`` seconds of the connection opening or of the first byte after
   the previous response (a slow-loris client is dropped, however slowly it trickles);
 - refuses connections beyond ``max_connections`` at once (closed on accept), so the open
@@ -61,7 +61,10 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def _waiting_for_head(self) -> bool:
-        """True between requests and while a request head is still arriving."""
+        """True between requests, while a request head is still arriving and while its
+        body is (the deadline covers the whole request, so a trickled body is cut too)."""
+        if self.conn.their_state is h11.SEND_BODY:
+            return True
         idle = self.cycle is None or self.cycle.response_complete
         return idle and self.conn.their_state in (h11.IDLE, h11.DONE)
 
