@@ -10,6 +10,17 @@ thread.
     python benchmarks/load.py --toy --clients 100 --duration 30
     python benchmarks/load.py --collection runs/x/collection --clients 100 --duration 30
 
+Abuse mode (``--abuse``): while the clients run, ``--idle`` connections (600) are held
+open by a misbehaving client: most send nothing, every 10th trickles a header byte a
+second (a slow-loris; the server drops it and it reconnects); ``--heavy-clients`` of the
+clients send the costliest query the API accepts (16 include + 16 exclude distinct words);
+the well-behaved clients' and the heavy clients' figures are reported apart.
+``--fresh-words`` makes every request's words distinct and never seen before (issue 16's
+"distinct words" target: nothing is cached).
+
+    python benchmarks/load.py --collection C --clients 100 --duration 30 --abuse
+    python benchmarks/load.py --collection C --clients 100 --duration 30 --fresh-words
+
 ``--toy`` builds a synthetic collection in a temp folder: ``--toy-items`` items, each with
 1-4 of 200 concepts, a keyword encoder and a hand-made SR model (dimension j = concept j).
 ``--collection`` serves an indexed collection (``sparsemm index``) with its own text
@@ -194,6 +205,102 @@ def search_paths(terms: Sequence[str], n: int = 2000, k: int = 10, seed: int = 0
     return out
 
 
+def heavy_paths(terms: Sequence[str], n: int = 200, per_side: int = 16, seed: int = 1) -> list[str]:
+    """``n`` POST-free GET URLs of the costliest accepted query: ``per_side`` include and
+    ``per_side`` exclude distinct terms (the API's maximum), drawn at random from ``terms``."""
+    rng = np.random.default_rng(seed)
+    terms = list(dict.fromkeys(terms))
+    if len(terms) < 2 * per_side:
+        raise ValueError(f"need {2 * per_side} distinct terms for the heavy query")
+    out = []
+    for _ in range(n):
+        pick = [terms[i] for i in rng.choice(len(terms), size=2 * per_side, replace=False)]
+        query = [("include", t) for t in pick[:per_side]] + [
+            ("exclude", t) for t in pick[per_side:]
+        ]
+        out.append("/api/search?" + urlencode([*query, ("k", 10)]))
+    return out
+
+
+def fresh_paths(words: Sequence[str], k: int = 10, seed: int = 2) -> list[str]:
+    """One search per pair of ``words`` ("A -B", every 4th plain "A"), each word used
+    once, so no request finds its words in the server's caches (while the list lasts)."""
+    rng = np.random.default_rng(seed)
+    words = [words[i] for i in rng.permutation(len(words))]
+    out = []
+    for j in range(0, len(words) - 1, 2):
+        a, b = words[j], words[j + 1]
+        out.append("/api/search?" + urlencode({"q": a if j % 8 == 6 else f"{a} -{b}", "k": k}))
+    return out
+
+
+async def abusive_connections(
+    host: str, port: int, n: int, deadline: float, trickle_every: int = 10
+) -> Counter[str]:
+    """Hold ``n`` connections open until ``deadline``: most silent, every
+    ``trickle_every``-th sending one header byte a second; any the server closes is
+    reopened. Returns counts of what happened (opened, dropped by the server)."""
+    stats: Counter[str] = Counter()
+
+    async def one(i: int) -> None:
+        trickle = trickle_every > 0 and i % trickle_every == 0
+        head = b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 10_000
+        while time.perf_counter() < deadline:
+            try:
+                reader, writer = await asyncio.open_connection(host, port)
+            except OSError:
+                stats["refused"] += 1
+                await asyncio.sleep(0.5)
+                continue
+            stats["opened"] += 1
+            sent = 0
+            try:
+                while time.perf_counter() < deadline:
+                    if trickle and sent < len(head):
+                        writer.write(head[sent : sent + 1])
+                        sent += 1
+                    try:
+                        data = await asyncio.wait_for(reader.read(4096), 1.0)
+                    except TimeoutError:
+                        continue
+                    if not data or data.startswith(b"HTTP/"):
+                        stats["dropped by the server"] += 1
+                        break
+            except OSError:
+                stats["dropped by the server"] += 1
+            finally:
+                writer.close()
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return stats
+
+
+def fresh_words(collection: str | Path, limit: int = 20_000) -> list[str]:
+    """Words for ``fresh_paths`` and ``heavy_paths``: the collection's caption words plus,
+    when the MiniLM wheel is installed, the whole words of its vocabulary (letters only, 4+
+    characters); only words the query parser accepts as a search term are kept."""
+    from sparsemm.data.collection import open_collection
+    from sparsemm.errors import SparsemmError
+    from sparsemm.query.parse import parse_query
+    from sparsemm.words.bias import tokenize
+
+    col = open_collection(collection)
+    words = {w for it in col.items for c in it.get("captions") or [] for w in tokenize(c)}
+    with contextlib.suppress(SparsemmError, OSError, KeyError, ValueError):
+        from sparsemm.encoders.minilm import default_model_path
+
+        vocab = json.loads((default_model_path() / "tokenizer.json").read_text())["model"]["vocab"]
+        words |= {w for w in vocab if len(w) >= 4 and w.isalpha() and w.isascii()}
+
+    def term(w: str) -> bool:
+        try:
+            return parse_query(w).include == (w,)
+        except SparsemmError:
+            return False
+
+    return [w for w in sorted(words) if len(w) >= 3 and w.isalpha() and term(w)][:limit]
+
+
 def collection_terms(collection: str | Path, limit: int = 80) -> list[str]:
     """Query terms for a collection: its most common item labels, else caption words."""
     from sparsemm.data.collection import open_collection
@@ -221,15 +328,17 @@ def bound_socket(host: str = "127.0.0.1") -> socket.socket:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any, host: str = "127.0.0.1") -> Iterator[int]:
-    """Serve ``app`` with uvicorn (``sparsemm serve``'s settings) in a daemon thread on a free
-    loopback port; yields the port and stops the server on exit."""
+def serve_in_thread(app: Any, host: str = "127.0.0.1", **options: Any) -> Iterator[int]:
+    """Serve ``app`` with uvicorn (``sparsemm serve``'s settings; ``options`` go to
+    :func:`~sparsemm.cli.serve.server_options`) in a daemon thread on a free loopback port;
+    yields the port and stops the server on exit."""
     import uvicorn
 
     from sparsemm.cli.serve import server_options
 
     sock = bound_socket(host)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **server_options()))
+    config = uvicorn.Config(app, log_level="warning", **server_options(**options))
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -332,6 +441,21 @@ def _serve_child(collection: str, toy: bool) -> None:
     uvicorn.Server(uvicorn.Config(app, log_level="warning", **server_options())).run(sockets=[sock])
 
 
+async def _abuse_run(
+    args: argparse.Namespace, port: int, paths: list[str], heavy: list[str], warmed: bool
+) -> tuple[LoadReport, LoadReport, Counter[str]]:
+    """The abusive connections, the well-behaved clients and the heavy clients at once."""
+    host = "127.0.0.1"
+    deadline = time.perf_counter() + args.duration + 1.0
+    abuse = asyncio.ensure_future(abusive_connections(host, port, args.idle, deadline))
+    await asyncio.sleep(1.0)  # the idle connections are in place before the clients start
+    good, bad = await asyncio.gather(
+        run_load(host, port, paths, args.clients - args.heavy_clients, args.duration, args.timeout),
+        run_load(host, port, heavy, args.heavy_clients, args.duration, args.timeout),
+    )
+    return good, bad, await abuse
+
+
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(
@@ -359,6 +483,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before measuring")
     p.add_argument("--k", type=int, default=10, help="results per query")
     p.add_argument("--timeout", type=float, default=30.0, help="per-request timeout (s)")
+    p.add_argument(
+        "--abuse", action="store_true", help="idle/slow-loris connections + heavy queries"
+    )
+    p.add_argument("--idle", type=int, default=600, help="abusive connections (--abuse)")
+    p.add_argument(
+        "--heavy-clients", type=int, default=10, help="clients sending 16+16-term queries"
+    )
+    p.add_argument("--fresh-words", action="store_true", help="never-seen words in every request")
     p.add_argument("--out", type=Path, help="write config.json / metrics.json here")
     p.add_argument("--serve", help=argparse.SUPPRESS)  # child mode: serve this collection
     args = p.parse_args(argv)
@@ -378,7 +510,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             collection = args.collection
             terms = collection_terms(collection)
-        paths = search_paths(terms, k=args.k)
+        paths = warm_paths = search_paths(terms, k=args.k)
+        vocab = [f"c{j}" for j in range(TOY_CONCEPTS)] if args.toy else fresh_words(collection)
+        if args.fresh_words:
+            paths = fresh_paths(vocab, k=args.k)
         mode = ["--toy"] if args.toy else ["--collection", str(collection)]
         cmd = [sys.executable, __file__, "--serve", str(collection), *mode]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -390,14 +525,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise SystemExit(f"the server did not start (exit {server.poll()})")
             port = int(line)
             log.info("server pid %d on 127.0.0.1:%d; %d query paths", server.pid, port, len(paths))
-            if args.warmup > 0:
+            if args.warmup > 0:  # on the label queries: the fresh words stay unseen
                 warm = asyncio.run(
-                    run_load("127.0.0.1", port, paths, args.clients, args.warmup, args.timeout)
+                    run_load("127.0.0.1", port, warm_paths, args.clients, args.warmup, args.timeout)
                 )
                 log.info("warm-up: %s", warm.summary())
-            report = asyncio.run(
-                run_load("127.0.0.1", port, paths, args.clients, args.duration, args.timeout)
-            )
+            if args.abuse:
+                report, heavy, abuse = asyncio.run(
+                    _abuse_run(args, port, paths, heavy_paths(vocab), args.warmup > 0)
+                )
+                log.info("abusive connections: %s", dict(abuse))
+                print(f"heavy clients: {heavy.summary()}")
+            else:
+                report = asyncio.run(
+                    run_load("127.0.0.1", port, paths, args.clients, args.duration, args.timeout)
+                )
         finally:
             server.terminate()
             try:

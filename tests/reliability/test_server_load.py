@@ -43,8 +43,14 @@ def test_serve_bounds_concurrency_and_keep_alive(
     assert cli("serve", str(toy_collection), "--max-connections", "64").code == 0
     (kw,) = calls
     assert kw["host"] == "127.0.0.1"  # loopback unless told otherwise
-    assert kw["limit_concurrency"] == 64 and kw["timeout_keep_alive"] == 5
+    # idle connections must not count against the work limit (uvicorn's limit_concurrency)
+    assert "limit_concurrency" not in kw and kw["timeout_keep_alive"] == 5
+    assert kw["http"].max_connections == 64 and kw["http"].header_timeout == 10.0
+    assert kw["h11_max_incomplete_event_size"] == 16 * 1024
     assert kw["server_header"] is False and kw["proxy_headers"] is False
     cli("serve", str(toy_collection), "--max-connections", "0").one_line_error(
         "--max-connections must be at least 1"
+    )
+    cli("serve", str(toy_collection), "--search-threads", "0").one_line_error(
+        "--search-threads must be at least 1"
     )

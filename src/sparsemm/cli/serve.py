@@ -14,10 +14,12 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
-# Open connections + requests in progress before new ones get 503 (uvicorn's
-# limit_concurrency): a flood of clients queues at most this much work and memory.
-DEFAULT_MAX_CONNECTIONS = 512
+# Open connections beyond which new ones are closed on accept. Not uvicorn's
+# limit_concurrency: that counts idle connections too, so a few hundred idle sockets made
+# every real request a 503. Work is bounded by the search lanes (sparsemm.web.app).
+DEFAULT_MAX_CONNECTIONS = 4096
 KEEP_ALIVE_SECONDS = 5  # idle keep-alive connections are closed after this
+HEADER_TIMEOUT_SECONDS = 10.0  # a request head must arrive complete within this
 _WILDCARDS = ("0.0.0.0", "::", "")
 
 
@@ -47,8 +49,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=DEFAULT_MAX_CONNECTIONS,
         metavar="N",
-        help="connections and requests in progress before new ones are answered 503 "
-        f"(default {DEFAULT_MAX_CONNECTIONS})",
+        help="open connections beyond which new ones are closed at once "
+        f"(default {DEFAULT_MAX_CONNECTIONS}); idle and slow clients are dropped after "
+        f"{HEADER_TIMEOUT_SECONDS:g} s without a complete request head",
+    )
+    p.add_argument(
+        "--search-threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="searches answered at once (default 4); more wait in a bounded queue and get "
+        "503 after 10 s",
     )
     p.add_argument(
         "--cors-origin",
@@ -84,14 +95,20 @@ def allowed_hosts(host: str, extra: list[str]) -> list[str]:
     return list(dict.fromkeys([*LOCAL_HOSTS, host.strip("[]").lower(), *extra]))
 
 
-def server_options(max_connections: int = DEFAULT_MAX_CONNECTIONS) -> dict[str, Any]:
+def server_options(
+    max_connections: int = DEFAULT_MAX_CONNECTIONS, header_timeout: float = HEADER_TIMEOUT_SECONDS
+) -> dict[str, Any]:
     """The uvicorn settings ``sparsemm serve`` hardens the server with (also used by the
-    load test): no Server header, no X-Forwarded-* trust, bounded concurrency and idle
-    keep-alive time."""
+    load test): no Server header, no X-Forwarded-* trust, the guarded HTTP/1.1 protocol
+    (:mod:`sparsemm.web.protocol`: a request-head deadline, a connection cap, JSON 400s),
+    request heads of at most 16 KiB and an idle keep-alive time."""
+    from sparsemm.web.protocol import MAX_HEADER_BYTES, protocol_class
+
     return {
         "server_header": False,
         "proxy_headers": False,
-        "limit_concurrency": max_connections,
+        "http": protocol_class(header_timeout=header_timeout, max_connections=max_connections),
+        "h11_max_incomplete_event_size": MAX_HEADER_BYTES,
         "timeout_keep_alive": KEEP_ALIVE_SECONDS,
     }
 
@@ -105,12 +122,15 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
     except ModuleNotFoundError:
         require_extra("uvicorn", "web")
-    from sparsemm.web.app import create_app
+    from sparsemm.web.app import DEFAULT_WORKERS, create_app
 
     if not 1 <= args.port <= 65535:
         raise SparsemmError(f"--port must be in 1..65535, got {args.port}")
     if args.max_connections < 1:
         raise SparsemmError(f"--max-connections must be at least 1, got {args.max_connections}")
+    threads = DEFAULT_WORKERS if args.search_threads is None else args.search_threads
+    if threads < 1:
+        raise SparsemmError(f"--search-threads must be at least 1, got {threads}")
     if not is_loopback(args.host):
         log.warning(
             "binding %s: the search API and every image the collection references are "
@@ -123,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         allowed_hosts=allowed_hosts(args.host, list(args.allow_host)),
         cors_origins=list(args.cors_origin),
         warm=True,
+        workers=threads,
     )
     shown = f"[{args.host}]" if ":" in args.host else args.host
     log.info("serving %s at http://%s:%d/ (Ctrl+C to stop)", args.collection, shown, args.port)

@@ -56,6 +56,7 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -182,33 +183,54 @@ def _normalize_csr(x: sp.csr_matrix) -> sp.csr_matrix:
 
 class LRUCache(OrderedDict[Any, Any]):
     """A dict that keeps only its ``maxsize`` most recently used entries (a read or a write
-    is a use); the oldest is dropped when a new key would exceed the limit."""
+    is a use); the oldest is dropped when a new key would exceed the limit.
+
+    Thread-safe: every access holds the cache's own lock (a read reorders the entries, so
+    even reads mutate), which lets the web server run searches on several threads at once
+    over one strategy context without serialising whole searches.
+    """
 
     def __init__(self, maxsize: int) -> None:
         super().__init__()
         if maxsize < 1:
             raise SparsemmError(f"cache size must be at least 1, got {maxsize}")
         self.maxsize = maxsize
+        self._lock = threading.RLock()
 
     def __getitem__(self, key: Any) -> Any:
-        value = super().__getitem__(key)
-        self.move_to_end(key)
-        return value
+        with self._lock:
+            value = super().__getitem__(key)
+            self.move_to_end(key)
+            return value
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        super().__setitem__(key, value)
-        self.move_to_end(key)
-        while len(self) > self.maxsize:
-            self.popitem(last=False)
+        with self._lock:
+            super().__setitem__(key, value)
+            self.move_to_end(key)
+            while len(self) > self.maxsize:
+                self.popitem(last=False)
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return super().__contains__(key)
 
     def get(self, key: Any, default: Any = None) -> Any:
-        return self[key] if key in self else default
+        with self._lock:
+            return self[key] if super().__contains__(key) else default
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
-        if key in self:
-            return self[key]
-        self[key] = default
-        return default
+        with self._lock:
+            if super().__contains__(key):
+                return self[key]
+            self[key] = default
+            return default
+
+    def clear(self) -> None:
+        with self._lock:
+            super().clear()
+
+
+_MISSING = object()  # a cache-miss marker that no cached value can equal
 
 
 # Default entry limit of each ExclusionContext cache: above the working set of the full
@@ -361,8 +383,10 @@ class ExclusionContext:
         assert self.text_encoder is not None
         # Collected locally: with more distinct texts than the cache holds, the first
         # would be evicted before they are stacked.
-        found = {t: self._emb[t] for t in dict.fromkeys(texts) if t in self._emb}
-        missing = [t for t in dict.fromkeys(texts) if t not in found]
+        # .get, not `in` then [...]: another thread may evict an entry in between
+        hit = {t: self._emb.get(t, _MISSING) for t in dict.fromkeys(texts)}
+        found = {t: e for t, e in hit.items() if e is not _MISSING}
+        missing = [t for t in hit if t not in found]
         if missing:
             emb = normalize_rows(self.text_encoder.encode_text(missing))
             for t, e in zip(missing, emb, strict=True):
@@ -373,8 +397,9 @@ class ExclusionContext:
         """(len(texts), d) dense copies of the sparse query codes of ``texts`` (cached)."""
         self.require("query_coder")
         assert self.query_coder is not None
-        found = {t: self._code[t] for t in dict.fromkeys(texts) if t in self._code}
-        missing = [t for t in dict.fromkeys(texts) if t not in found]
+        hit = {t: self._code.get(t, _MISSING) for t in dict.fromkeys(texts)}
+        found = {t: c for t, c in hit.items() if c is not _MISSING}
+        missing = [t for t in hit if t not in found]
         if missing:
             codes = self.query_coder(self.embed(missing), missing)
             dense = np.asarray(sp.csr_matrix(codes).toarray(), dtype=np.float32)

@@ -17,8 +17,10 @@
 
 Every error is JSON ``{"error": message}``: a :class:`~sparsemm.errors.SparsemmError`,
 invalid parameters or a query term that means nothing to the model (its query code is
-empty) give 400, an unknown item, dimension or image 404, an oversized body 413, anything
-unexpected 500 (details only in the server log). The OpenAPI schema documents exactly these.
+empty) give 400, an unknown item, dimension or image 404, an oversized body 413, a full
+search queue or an index that changed on disk and cannot be reopened 503 (with Retry-After),
+anything unexpected 500 (details only in the server log). The OpenAPI schema documents
+exactly these.
 
 Safety: only image files referenced by the collection's items are served, looked up by item
 id (a request path is never joined to a folder, so ``..`` cannot escape), and only with an
@@ -31,11 +33,16 @@ bounded, and so is the memory the per-query caches of the strategies may take
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import hashlib
+import json
 import logging
 import math
 import threading
-from collections.abc import Sequence
-from dataclasses import asdict
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -46,8 +53,9 @@ import scipy.sparse as sp
 from sparsemm import __version__
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
+from sparsemm.io import read_json
 from sparsemm.query.parse import MAX_QUERY_CHARS, Query, parse_query
-from sparsemm.query.searcher import Concept, ExcludedCheck, Hit, Searcher
+from sparsemm.query.searcher import INDEX_DIR, Concept, ExcludedCheck, Hit, Searcher
 from sparsemm.query.strategies import HardFilter, available_strategies
 
 try:
@@ -84,6 +92,13 @@ ITEM_CONCEPTS = 8  # an item's own strongest concepts in an explanation
 # when they pass this size; measured every CACHE_CHECK_EVERY requests (summing is O(entries)).
 MAX_CACHE_BYTES = 256 * 2**20
 CACHE_CHECK_EVERY = 32
+# Searches in progress at once (threads: the index kernels and torch release the GIL), the
+# share of them a costly query may hold, how many may wait for a lane and for how long.
+DEFAULT_WORKERS = 4
+HEAVY_TERMS = 8  # a query with more include + exclude terms than this is costly
+MAX_WAITING = 256
+QUEUE_TIMEOUT = 10.0
+RELOAD_CHECK_SECONDS = 1.0  # how often a request stats the manifests for a re-index
 # Suffixes served from /images/ and their media types; any other referenced file is not served.
 IMAGE_TYPES = {
     ".png": "image/png",
@@ -121,6 +136,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     },
     404: {"model": ErrorOut, "description": "Unknown item, dimension or path"},
     413: {"model": ErrorOut, "description": "Request body larger than 64 KiB"},
+    503: {
+        "model": ErrorOut,
+        "description": "Too many searches waiting, or the index changed on disk and cannot "
+        "be reopened yet; retry after the Retry-After seconds",
+    },
     500: {"model": ErrorOut, "description": "Unexpected server error (details in its log)"},
 }
 
@@ -233,6 +253,8 @@ class HealthOut(BaseModel):
     status: str
     version: str
     collection: str
+    index_generation: int  # the index manifest's commit counter (next_segment)
+    index_digest: str  # SHA-256 (16 hex) of its segment list: changes with every re-index
     items: int
     images: int
     dims: int
@@ -367,23 +389,217 @@ class ImageStore:
 # ------------------------------------------------------------------------------- service
 
 
+def index_version(collection_root: Path) -> tuple[int, str]:
+    """(generation, digest) of the committed index in a collection folder: the manifest's
+    ``next_segment`` counter and the first 16 hex digits of the SHA-256 of its segment list
+    (names, counts, checksums), which changes with every commit that changes the items."""
+    manifest = read_json(collection_root / INDEX_DIR / "manifest.json")
+    segments = json.dumps(manifest.get("segments", []), sort_keys=True).encode()
+    return int(manifest.get("next_segment", 0)), hashlib.sha256(segments).hexdigest()[:16]
+
+
+def _stamp(collection_root: Path) -> tuple[tuple[int, int, int], ...]:
+    """What changes when the collection or its index is rewritten: (inode, size, mtime) of
+    both manifests (every writer swaps them atomically, so a new commit is a new file)."""
+    out = []
+    for path in (collection_root / "manifest.json", collection_root / INDEX_DIR / "manifest.json"):
+        try:
+            st = path.stat()
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append((0, 0, 0))
+    return tuple(out)
+
+
+class ServerBusy(SparsemmError):
+    """The server has more searches in progress or waiting than it accepts (HTTP 503)."""
+
+
+class IndexUnavailable(SparsemmError):
+    """The index changed on disk and could not be reopened (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class _Served:
+    """One opened version of the collection: everything a request reads, swapped as a whole."""
+
+    searcher: Searcher
+    images: ImageStore
+    row_of: dict[str, int]
+    generation: int
+    digest: str
+    stamp: tuple[tuple[int, int, int], ...]
+
+
 class SearchService:
     """The API's operations over one :class:`Searcher`, independent of HTTP.
 
-    The searcher caches query codes in plain dicts, so calls are serialised with a lock
-    (FastAPI runs sync endpoints in a thread pool).
+    Concurrency: searches run on the server's threads at once (the strategy caches are
+    thread-safe LRU caches), at most ``workers`` at a time and at most ``heavy_workers`` of
+    them costly (more than :data:`HEAVY_TERMS` terms; a quarter by default), so slow queries
+    cannot take every lane; a request that waits longer than ``queue_timeout`` seconds for a
+    lane, or finds ``max_waiting`` requests already waiting, is refused with
+    :class:`ServerBusy` (503).
+
+    Re-index: at most once every ``check_every`` seconds a request stats the collection's and
+    index's manifests; when a writer committed a new version, a new Searcher is opened and
+    swapped in atomically (requests in progress finish on the one they started with). If it
+    cannot be opened, requests get :class:`IndexUnavailable` (503) until it can.
     """
 
-    def __init__(self, searcher: Searcher, images: ImageStore | None = None) -> None:
-        self.searcher = searcher
-        self.collection = searcher.collection
-        self.images = (
-            images if images is not None else ImageStore.from_collection(searcher.collection)
-        )
-        self.row_of = {item_id: row for row, item_id in enumerate(self.collection.ids)}
-        self.n_dims = int(searcher.index.dim)
-        self._lock = threading.Lock()
+    def __init__(
+        self,
+        searcher: Searcher,
+        images: ImageStore | None = None,
+        *,
+        workers: int = DEFAULT_WORKERS,
+        heavy_workers: int | None = None,
+        max_waiting: int = MAX_WAITING,
+        queue_timeout: float = QUEUE_TIMEOUT,
+        check_every: float = RELOAD_CHECK_SECONDS,
+    ) -> None:
+        if workers < 1:
+            raise SparsemmError(f"workers must be at least 1, got {workers}")
+        root = searcher.collection.root
+        gen, digest = index_version(root)
+        images = images if images is not None else ImageStore.from_collection(searcher.collection)
+        self._current = self._served(searcher, images, gen, digest, _stamp(root))
+        self._pinned = threading.local()  # the version a request in this thread started on
+        self._lanes = threading.BoundedSemaphore(workers)
+        heavy = max(1, workers // 4) if heavy_workers is None else heavy_workers
+        self._heavy_lanes = threading.BoundedSemaphore(max(1, min(heavy, workers)))
+        self.workers, self.max_waiting, self.queue_timeout = workers, max_waiting, queue_timeout
+        self.heavy_terms = HEAVY_TERMS
+        self._waiting = 0
+        self._count_lock = threading.Lock()  # _waiting, _requests
+        self._reload_lock = threading.Lock()
+        self.check_every = check_every
+        self._checked = time.monotonic()
+        self._reload_error: str | None = None
         self._requests = 0
+
+    @staticmethod
+    def _served(
+        searcher: Searcher,
+        images: ImageStore,
+        gen: int,
+        digest: str,
+        stamp: tuple[tuple[int, int, int], ...],
+    ) -> _Served:
+        row_of = {item_id: row for row, item_id in enumerate(searcher.collection.ids)}
+        return _Served(searcher, images, row_of, gen, digest, stamp)
+
+    # -- the served version ------------------------------------------------------------
+    @property
+    def state(self) -> _Served:
+        pinned: _Served | None = getattr(self._pinned, "state", None)
+        return pinned if pinned is not None else self._current
+
+    @property
+    def searcher(self) -> Searcher:
+        return self.state.searcher
+
+    @property
+    def collection(self) -> Collection:
+        return self.state.searcher.collection
+
+    @property
+    def images(self) -> ImageStore:
+        return self.state.images
+
+    @property
+    def row_of(self) -> dict[str, int]:
+        return self.state.row_of
+
+    @property
+    def n_dims(self) -> int:
+        return int(self.state.searcher.index.dim)
+
+    def refresh(self, force: bool = False) -> None:
+        """Swap in a re-indexed collection if a writer committed one (checked at most once
+        every ``check_every`` seconds; the check is two stat calls)."""
+        now = time.monotonic()
+        if not force and now - self._checked < self.check_every:
+            return
+        if not self._reload_lock.acquire(blocking=False):
+            return  # another thread is checking or reopening; serve the current version
+        try:
+            if not force and now - self._checked < self.check_every:
+                return
+            self._checked = now
+            old = self._current
+            root = old.searcher.collection.root
+            stamp = _stamp(root)
+            if stamp == old.stamp and self._reload_error is None:
+                return
+            try:
+                gen, digest = index_version(root)
+                if (gen, digest) == (old.generation, old.digest) and self._reload_error is None:
+                    # a manifest rewritten with the same segments (e.g. metadata only)
+                    self._current = dataclasses.replace(old, stamp=stamp)
+                    return
+                new = Searcher(root, encoder=old.searcher._encoder, store=_remote_store(old))
+                new.default_strategy = old.searcher.default_strategy
+                _ = new.text_context
+                images = ImageStore.from_collection(new.collection)
+                self._current = self._served(new, images, gen, digest, _stamp(root))
+                self._reload_error = None
+                log.info("the index of %s changed (generation %d, %s): reopened", root, gen, digest)
+            except (SparsemmError, OSError, ValueError, KeyError) as exc:
+                self._reload_error = (
+                    f"the index of {root.name} changed on disk and cannot be opened ({exc}); "
+                    "wait for the re-index to finish or restart the server"
+                )
+                log.warning("%s", self._reload_error)
+        finally:
+            self._reload_lock.release()
+
+    @contextlib.contextmanager
+    def pinned(self) -> Iterator[_Served]:
+        """Serve one request from one version: refresh, then pin the current version to
+        this thread until the request is answered."""
+        self.refresh()
+        if self._reload_error is not None:
+            raise IndexUnavailable(self._reload_error)
+        prev = getattr(self._pinned, "state", None)
+        self._pinned.state = state = self._current
+        try:
+            yield state
+        finally:
+            self._pinned.state = prev
+
+    @contextlib.contextmanager
+    def lane(self, heavy: bool = False) -> Iterator[None]:
+        """Hold a worker lane (and a heavy lane for a costly query) while searching; refuse
+        with ServerBusy when too many wait or the wait passes ``queue_timeout``."""
+        with self._count_lock:
+            if self._waiting >= self.max_waiting:
+                raise ServerBusy(
+                    f"the server is busy ({self._waiting} searches waiting); retry shortly"
+                )
+            self._waiting += 1
+        held: list[threading.BoundedSemaphore] = []
+        try:
+            deadline = time.monotonic() + self.queue_timeout
+            for sem in (self._heavy_lanes, self._lanes) if heavy else (self._lanes,):
+                if not sem.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    raise ServerBusy(
+                        f"the server is busy (no search lane free within "
+                        f"{self.queue_timeout:g} s); retry shortly"
+                    )
+                held.append(sem)
+        except BaseException:
+            for sem in reversed(held):
+                sem.release()
+            raise
+        finally:
+            with self._count_lock:
+                self._waiting -= 1
+        try:
+            yield
+        finally:
+            for sem in reversed(held):
+                sem.release()
 
     # -- rendering ---------------------------------------------------------------------
     def image_url(self, item_id: str, prefix: str = "") -> str | None:
@@ -434,10 +650,16 @@ class SearchService:
 
     # -- operations --------------------------------------------------------------------
     def health(self) -> HealthOut:
+        with self.pinned() as st:
+            return self._health(st)
+
+    def _health(self, st: _Served) -> HealthOut:
         return HealthOut(
             status="ok",
             version=__version__,
             collection=self.collection.root.name,
+            index_generation=st.generation,
+            index_digest=st.digest,
             items=len(self.collection.items),
             images=len(self.images),
             dims=self.n_dims,
@@ -450,10 +672,11 @@ class SearchService:
 
     def _bound_caches(self) -> None:
         """Drop the strategy context's per-query caches once they pass MAX_CACHE_BYTES
-        (checked every CACHE_CHECK_EVERY requests; call under the lock)."""
-        self._requests += 1
-        if self._requests % CACHE_CHECK_EVERY:
-            return
+        (checked every CACHE_CHECK_EVERY requests)."""
+        with self._count_lock:
+            self._requests += 1
+            if self._requests % CACHE_CHECK_EVERY:
+                return
         ctxs = [c for c in (self.searcher._ctx, self.searcher._text_ctx) if c is not None]
         caches = [getattr(ctx, name, None) for ctx in ctxs for name in ("_emb", "_code", "cache")]
         dicts = [c for c in caches if isinstance(c, dict)]
@@ -465,8 +688,12 @@ class SearchService:
 
     def search(self, req: SearchRequest, prefix: str = "") -> SearchOut:
         query = build_query(req.q, req.include, req.exclude)
+        with self.pinned():
+            return self._search(req, query, prefix)
+
+    def _search(self, req: SearchRequest, query: Query, prefix: str) -> SearchOut:
         strategy = req.strategy or self.searcher.default_strategy
-        with self._lock:
+        with self.lane(heavy=len(query.include) + len(query.exclude) > self.heavy_terms):
             try:  # the searcher names unknown strategies and terms (Searcher.check_terms)
                 hits = self.searcher.search(query, k=req.k, strategy=strategy, offset=req.offset)
             finally:
@@ -489,8 +716,12 @@ class SearchService:
         return self.row_of[item_id]
 
     def explain(self, item_id: str, query: Query, prefix: str = "") -> ExplainOut:
+        with self.pinned():
+            return self._explain(item_id, query, prefix)
+
+    def _explain(self, item_id: str, query: Query, prefix: str) -> ExplainOut:
         row = self.row(item_id)
-        with self._lock:
+        with self.lane(heavy=len(query.include) + len(query.exclude) > self.heavy_terms):
             try:
                 matched, checks = self.searcher.explain(row, query, n_dims=EXPLAIN_DIMS)
             finally:
@@ -519,6 +750,10 @@ class SearchService:
         )
 
     def dim(self, dim: int, n: int = 12, prefix: str = "") -> DimOut:
+        with self.pinned(), self.lane():
+            return self._dim(dim, n, prefix)
+
+    def _dim(self, dim: int, n: int, prefix: str) -> DimOut:
         if not 0 <= dim < self.n_dims:
             raise HTTPException(404, f"no dimension {dim}; dimensions are 0..{self.n_dims - 1}")
         # the dim's posting list through the index: highest value first, ties by lower row
@@ -539,6 +774,13 @@ class SearchService:
         )
 
 
+def _remote_store(served: _Served) -> Any:
+    """The store a reopened Searcher should read: a remote one (Qdrant) carries over, the
+    collection's own index is reopened with it."""
+    store = served.searcher.store
+    return None if store is served.searcher.index else store
+
+
 def _nbytes(obj: Any, depth: int = 0) -> int:
     """Approximate memory held by a cache value: arrays by their buffers, containers summed."""
     if isinstance(obj, np.ndarray):
@@ -548,7 +790,10 @@ def _nbytes(obj: Any, depth: int = 0) -> int:
             int(getattr(obj, a).nbytes) for a in ("data", "indices", "indptr") if hasattr(obj, a)
         )
     if depth < 4 and isinstance(obj, dict):
-        return sum(_nbytes(v, depth + 1) + 64 for v in obj.values())
+        # a snapshot under the cache's own lock: other threads' searches write to it
+        with getattr(obj, "_lock", contextlib.nullcontext()):
+            values = list(obj.values())
+        return sum(_nbytes(v, depth + 1) + 64 for v in values)
     if depth < 4 and isinstance(obj, list | tuple):
         return sum(_nbytes(v, depth + 1) for v in obj)
     return 64
@@ -632,6 +877,7 @@ def create_app(
     allowed_hosts: Sequence[str] = LOCAL_HOSTS,
     cors_origins: Sequence[str] = (),
     warm: bool = False,
+    workers: int = DEFAULT_WORKERS,
 ) -> FastAPI:
     """The FastAPI app serving the search page and JSON API over one indexed collection.
 
@@ -639,6 +885,7 @@ def create_app(
     ready ``searcher``. ``allowed_hosts``: Host-header names accepted (``"*"`` for any);
     ``cors_origins``: origins allowed to call the API from other sites (none by default).
     ``warm`` loads the text encoder and strategy context now instead of at the first query.
+    ``workers``: searches answered at once (see :class:`SearchService`).
     Raises SparsemmError when the collection has no index or it does not match.
     """
     if searcher is None:
@@ -647,7 +894,8 @@ def create_app(
         searcher = Searcher(collection_dir, encoder=encoder)
     if warm:
         _ = searcher.context
-    service = SearchService(searcher)
+        _ = searcher.text_context
+    service = SearchService(searcher, workers=workers)
 
     app = FastAPI(
         title="sparsemm",
@@ -687,6 +935,8 @@ def create_app(
 
     @app.exception_handler(SparsemmError)
     async def _user_error(request: Request, exc: SparsemmError) -> JSONResponse:
+        if isinstance(exc, ServerBusy | IndexUnavailable):
+            return JSONResponse({"error": str(exc)}, status_code=503, headers={"retry-after": "1"})
         return JSONResponse({"error": str(exc)}, status_code=400)
 
     @app.exception_handler(RequestValidationError)
