@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -763,17 +763,33 @@ class Searcher:
                 f"strategy {strategy!r} ranks text embeddings; a like-query is a sparse code "
                 "(use the default or another sparse strategy)"
             )
+        with self.like_term(like) as term:
+            return self.search(
+                Query((term,), tuple(exclude)), k=k, strategy=strategy, offset=offset, **params
+            )
+
+    @contextlib.contextmanager
+    def like_term(self, like: Any) -> Iterator[str]:
+        """A pseudo include term ("like: LABEL") whose query code is ``like``'s code (see
+        :meth:`like_code`) while the block runs; removed afterwards, so a typed query never
+        meets it. Not thread-safe: the web service holds its lock around it."""
         label, code = self.like_code(like)
         if not np.any(code):
             raise SparsemmError(f"the {label} has an empty code: nothing to search like it")
         term = f"like: {label}"
-        for ctx in {id(c): c for c in (self.text_context, self._ctx) if c is not None}.values():
+        ctxs = [c for c in (self.text_context, self._ctx) if c is not None]
+        for ctx in ctxs:
             ctx._code[ctx.term_text(term)] = code
         try:
-            return self.search(
-                Query((term,), tuple(exclude)), k=k, strategy=strategy, offset=offset, **params
-            )
-        finally:  # a typed query must never meet this code
-            for ctx in (self.text_context, self._ctx):
+            yield term
+        finally:
+            for ctx in (self.text_context, self._ctx, *ctxs):
                 if ctx is not None:
                     ctx._code.pop(ctx.term_text(term), None)
+
+    def explain_like(
+        self, row: int, like: Any, exclude: tuple[str, ...] = (), n_dims: int = 5
+    ) -> tuple[list[Concept], list[ExcludedCheck]]:
+        """:meth:`explain` for a like-query: the concepts item ``row`` shares with ``like``."""
+        with self.like_term(like) as term:
+            return self.explain(row, Query((term,), tuple(exclude)), n_dims)
