@@ -21,9 +21,7 @@ from sparsemm.web.app import MAX_UPLOAD_BYTES, create_app, violations
 
 @pytest.fixture(scope="module")
 def searcher(web_collection: Path) -> Searcher:
-    return Searcher(
-        web_collection, encoder=WebKeywordEncoder(), image_encoder=StripeImageEncoder()
-    )
+    return Searcher(web_collection, encoder=WebKeywordEncoder(), image_encoder=StripeImageEncoder())
 
 
 @pytest.fixture()

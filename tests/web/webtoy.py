@@ -141,7 +141,7 @@ class StripeImageEncoder:
     dim = len(WORDS)
     modalities = ("image",)
 
-    def encode_image(self, images, batch_size=32, normalize=True, progress=False):  # noqa: ANN001
+    def encode_image(self, images, batch_size=32, normalize=True, progress=False):
         import numpy as np
 
         out = np.zeros((len(images), self.dim), dtype=np.float32)

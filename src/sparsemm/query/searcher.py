@@ -782,10 +782,10 @@ class Searcher:
             ctx._code[ctx.term_text(term)] = code
         try:
             yield term
-        finally:
-            for ctx in (self.text_context, self._ctx, *ctxs):
-                if ctx is not None:
-                    ctx._code.pop(ctx.term_text(term), None)
+        finally:  # the full context may have been built meanwhile: clear it too
+            for late in (self.text_context, self._ctx, *ctxs):
+                if late is not None:
+                    late._code.pop(late.term_text(term), None)
 
     def explain_like(
         self, row: int, like: Any, exclude: tuple[str, ...] = (), n_dims: int = 5
