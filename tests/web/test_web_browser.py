@@ -237,6 +237,9 @@ def test_search_page_end_to_end(server: str, tmp_path: Path) -> None:
             assert set(marked) == shown_ids(page) & with_("ball")
             assert with_("dog") & with_("ball") <= set(marked)
             assert "has ball" in page.inner_text(".card[data-id='db1'] .violation")
+            page.click(".card[data-id='db1'] .thumb")  # its "why" agrees with its labels
+            page.wait_for_selector("#panel .checks li.check.bad[data-term='ball']")
+            page.click("#panel-close")
             page.screenshot(path=str(shots / "web-screenshot-marks.png"), full_page=True)
 
             # 10. more like this: a result's code with the "but not" terms

@@ -396,14 +396,19 @@
 
   /** An excluded term's check: absent (nothing on its dims), faint (every value at most the
    *  filter threshold) or present. */
-  function checkRow(check) {
+  function checkRow(check, labels = []) {
     const peak = check.item_peak;
-    const [cls, verdict] =
+    let [cls, verdict] =
       peak === 0
         ? ["ok", "✓ absent"]
         : peak <= state.filterThreshold
           ? ["ok", "✓ faint"]
           : ["bad", "✗ present"];
+    // the item's labels are what it shows: the verdict never contradicts them
+    const term = wordsOf(check.term).join(" ");
+    if (labels.some((l) => wordsOf(l).join(" ") === term)) {
+      [cls, verdict] = ["bad", cls === "ok" ? "✗ in its labels (the codes missed it)" : "✗ present"];
+    }
     const dims = check.dims.length ? check.dims.slice(0, 8).join(", ") : "none";
     const more = check.dims.length > 8 ? ` +${check.dims.length - 8}` : "";
     return el(
@@ -442,7 +447,7 @@
           : "No concept in common with the query."),
       el("h3", {}, "Excluded concepts checked"),
       data.excluded.length
-        ? el("ul", { class: "checks" }, data.excluded.map(checkRow))
+        ? el("ul", { class: "checks" }, data.excluded.map((c) => checkRow(c, item.labels)))
         : el("p", { class: "muted" }, "Nothing excluded yet: type terms in “but not” or click a concept."),
       el("h3", {}, "Strongest concepts in this item"),
       data.concepts.length
