@@ -340,3 +340,33 @@ def test_result_grid_png_size_and_borders(tmp_path: Path) -> None:
         assert im.size == (2 * 48 + 3 * 6, 64 + 2 * 6 + 24)
     with pytest.raises(SparsemmError, match="at least one"):
         result_grid_png([], tmp_path / "e.png")
+
+
+def test_why_panel_never_contradicts_the_labels(tmp_path: Path) -> None:
+    from sparsemm.viz.report import render_demo_html
+
+    item = ResultItem(
+        "i1",
+        None,
+        1.0,
+        labels=["bag", "sneaker"],
+        caption="a bag beside a sneaker",
+        violates=True,
+        excluded=[("bag", [3, 4], 0.0, ["bag"]), ("coat", [5], 0.2, ["coat"])],
+    )
+    panel = QueryPanel("sneaker but not bag", ["sneaker"], ["bag", "coat"], {"SR": [item]})
+    report = DemoReport("t", panels=[panel], legend={"hybrid": "the served default"})
+    html = render_demo_html(report, tmp_path)
+    # codes saw no bag, but the labels say bag: present; coat has mass but no label: absent
+    assert '<tr class="check present" data-term="bag">' in html
+    assert "the codes missed it" in html and "✓ absent" not in html
+    assert '<tr class="check ok" data-term="coat">' in html
+    assert "<dt>hybrid</dt><dd>the served default</dd>" in html
+
+
+def test_method_legend_names_every_strategy() -> None:
+    from sparsemm.eval.demo_report import method_legend
+
+    legend = method_legend(["slq", "hybrid", "avg_emb_0.5", "not-a-strategy", "slq"])
+    assert list(legend) == ["slq", "hybrid", "avg_emb_0.5"]
+    assert "served default" in legend["hybrid"] and "without" in legend["slq"]

@@ -1,8 +1,10 @@
 """End to end in a real browser: Playwright drives the system Chromium against uvicorn.
 
-Types a query, sees the image grid, leaves out a concept through the "but not" box and then
-through a concept chip, and checks that the items carrying it disappear. A screenshot goes to
-the test's tmp folder and to ``runs/web-screenshot.png`` at the repository root.
+Types a query, sees the grid of server-made thumbnails, leaves out a concept through the "but
+not" box and then through a concept chip, and checks that the items carrying it disappear;
+then searches by image ("more like this" on a result, and an uploaded picture) and sees items
+that break the query marked. Screenshots go to
+the test's tmp folder and to ``runs/`` at the repository root (``$SPARSEMM_SCREENSHOTS``).
 
 Needs ``pip install playwright`` (no ``playwright install``: the Debian ``chromium`` package
 is used). Skipped when either is missing; ``SPARSEMM_CHROMIUM`` overrides the browser path.
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from webtoy import ITEMS, NO_IMAGE, WebKeywordEncoder
+from webtoy import ITEMS, NO_IMAGE, StripeImageEncoder, WebKeywordEncoder, draw
 
 from sparsemm.query.searcher import Searcher
 from sparsemm.web.app import create_app
@@ -67,7 +69,9 @@ pytestmark = [
 @pytest.fixture()
 def server(web_collection: Path) -> Iterator[str]:
     """uvicorn on a free 127.0.0.1 port in a thread; yields the base URL."""
-    searcher = Searcher(web_collection, encoder=WebKeywordEncoder())
+    searcher = Searcher(
+        web_collection, encoder=WebKeywordEncoder(), image_encoder=StripeImageEncoder()
+    )
     # The page mechanics are checked against exact sets: serve the hard `filter` (the
     # default scorer's soft ranking is tested in tests/query and tests/eval).
     searcher.default_strategy = "filter"
@@ -91,6 +95,13 @@ def server(web_collection: Path) -> Iterator[str]:
         srv.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+def screenshot_dir() -> Path:
+    """Where the screenshots go: $SPARSEMM_SCREENSHOTS, else ``runs/`` at the repository root."""
+    path = Path(os.environ.get("SPARSEMM_SCREENSHOTS") or REPO / "runs")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def shown_ids(page: Any) -> set[str]:
@@ -140,6 +151,9 @@ def test_search_page_end_to_end(server: str, tmp_path: Path) -> None:
             )
             n_images = page.locator("#results .card img").count()
             assert n_images >= len(with_("dog") - set(NO_IMAGE))
+            srcs = page.eval_on_selector_all("#results .card img", "i => i.map(x => x.src)")
+            assert all("/thumbs/" in s for s in srcs)  # thumbnails, not the full images
+            assert page.inner_text("#status").startswith(f"Showing {len(first)} of ")
             # an item without an image is a caption card
             card = page.locator(f".card[data-id='{NO_IMAGE[0]}'] .caption-card")
             assert card.inner_text() == ITEMS[NO_IMAGE[0]][0]
@@ -155,7 +169,9 @@ def test_search_page_end_to_end(server: str, tmp_path: Path) -> None:
             # 3. leave out ball by clicking its concept chip on a dog-with-ball result
             chip = page.locator(".card[data-id='db1'] .chip[data-term='ball']")
             assert chip.is_enabled()
-            assert page.locator(".card[data-id='db1'] .chip[data-term='dog']").is_disabled()
+            # the searched term is shown, never offered as an exclusion
+            searched = page.locator(".card[data-id='db1'] .chip[data-term='dog']")
+            assert searched.evaluate("c => c.tagName") == "SPAN"
             chip.click()
             wait_for_query(page, "dog -cat -ball")
             assert page.input_value("#exclude") == "cat, ball"
@@ -174,9 +190,8 @@ def test_search_page_end_to_end(server: str, tmp_path: Path) -> None:
             shot = tmp_path / "web-screenshot.png"
             page.screenshot(path=str(shot), full_page=True)
             assert shot.stat().st_size > 10_000
-            runs = REPO / "runs"
-            runs.mkdir(exist_ok=True)
-            shutil.copyfile(shot, runs / "web-screenshot.png")
+            shots = screenshot_dir()
+            shutil.copyfile(shot, shots / "web-screenshot.png")
 
             # 5. a concept's own page: its words and top items; back to the explanation
             page.click("#panel tr[data-dim='0'] button.link")
@@ -210,6 +225,53 @@ def test_search_page_end_to_end(server: str, tmp_path: Path) -> None:
             page.wait_for_selector("#results .card .evidence")
             line = page.inner_text("#results .card:first-child .evidence")
             assert line.startswith("dog ") and " · not cat " in line
+
+            # 9. items that break the query are marked (code_a ignores the exclusion)
+            page.select_option("#strategy", "code_a")
+            page.fill("#exclude", "ball")
+            page.click("#search-button")
+            wait_for_query(page, "dog -ball")
+            marked = page.eval_on_selector_all(
+                "#results .card.violates", "cs => cs.map(c => c.dataset.id)"
+            )
+            assert set(marked) == shown_ids(page) & with_("ball")
+            assert with_("dog") & with_("ball") <= set(marked)
+            assert "has ball" in page.inner_text(".card[data-id='db1'] .violation")
+            page.click(".card[data-id='db1'] .thumb")  # its "why" agrees with its labels
+            page.wait_for_selector("#panel .checks li.check.bad[data-term='ball']")
+            page.click("#panel-close")
+            page.screenshot(path=str(shots / "web-screenshot-marks.png"), full_page=True)
+
+            # 10. more like this: a result's code with the "but not" terms
+            page.select_option("#strategy", "filter")
+            page.fill("#exclude", "cat")
+            page.click(".card[data-id='d3'] .like-button")
+            wait_for_query(page, "like item d3 -cat")
+            liked = shown_ids(page)
+            assert liked and not liked & with_("cat") and "d3" in liked
+            assert "More like item d3" in page.inner_text("#like-bar")
+            assert page.url.endswith("?like=d3&not=cat")
+            page.click(".card[data-id='d1'] .thumb")
+            page.wait_for_selector("#panel .checks li[data-term='cat']")
+            assert "null" not in page.inner_text("#panel")
+            assert "dog" in page.inner_text("#panel table.concepts")
+
+            # 11. an uploaded picture (pizza and car) but not car
+            picture = tmp_path / "pizza_car.png"
+            draw(["pizza", "car"], picture)
+            page.fill("#exclude", "car")
+            page.set_input_files("#upload", str(picture))
+            wait_for_query(page, "like uploaded image -car")
+            uploaded = shown_ids(page)
+            assert uploaded and uploaded <= with_("pizza", without=("car",)) | with_("dog")
+            assert set(sorted(uploaded)[:1]) <= with_("pizza", without=("car",))
+            assert "your picture pizza_car.png" in page.inner_text("#like-bar")
+            page.screenshot(path=str(shots / "web-screenshot-like.png"), full_page=True)
+            # typing a query again leaves the image search
+            page.fill("#include", "tree")
+            page.click("#search-button")
+            wait_for_query(page, "tree -car")
+            assert page.locator("#like-bar").is_hidden()
             assert not errors, errors
         finally:
             context.close()

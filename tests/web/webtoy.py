@@ -131,3 +131,24 @@ def make_sr(root: Path) -> Path:
         model.enc_image.bias.zero_()
     model.save_pretrained(root / "sr")
     return root / "sr"
+
+
+class StripeImageEncoder:
+    """Toy image encoder for query images: the keywords whose stripe colours the picture
+    holds (the inverse of :func:`draw`), as the keyword encoder's vectors."""
+
+    name = "webkw"
+    dim = len(WORDS)
+    modalities = ("image",)
+
+    def encode_image(self, images, batch_size=32, normalize=True, progress=False):
+        import numpy as np
+
+        out = np.zeros((len(images), self.dim), dtype=np.float32)
+        for i, img in enumerate(images):
+            pic = img if isinstance(img, Image.Image) else Image.open(img)
+            colours = {c for _, c in pic.convert("RGB").getcolors(maxcolors=4096) or []}
+            for word, rgb in COLOURS.items():
+                out[i, dim_of(word)] = float(rgb in colours)
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        return out / np.maximum(norms, 1e-12) if normalize else out

@@ -45,6 +45,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="TERM",
         help="an extra term to leave out (repeatable)",
     )
+    p.add_argument(
+        "--like",
+        metavar="IMAGE_OR_ID",
+        default=None,
+        help="more like this: rank by the code of an image file (embedded with the "
+        "collection's image encoder, SR models) or of a collection item (its id); the query "
+        'then only says what to leave out, e.g. --like photo.jpg "but not person"',
+    )
     p.add_argument("-k", type=int, default=10, help="number of results (default 10)")
     p.add_argument("--offset", type=int, default=0, help="skip this many results (paging)")
     p.add_argument(
@@ -139,6 +147,7 @@ def forwardable(args: argparse.Namespace) -> bool:
         or args.explain
         or args.backend != "local"
         or args.engine != "strategy"
+        or args.like is not None
     )
 
 
@@ -173,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
     from sparsemm.query.parse import parse_query
     from sparsemm.query.searcher import Searcher
 
+    if args.like is not None:
+        return run_like(args)
     if args.collection is None or args.query is None:
         raise SparsemmError(
             'give a collection and a query, e.g. sparsemm search COLLECTION "dog but not cat"'
@@ -210,9 +221,61 @@ def run(args: argparse.Namespace) -> int:
         return 0
     excl = f"  but not: {', '.join(query.exclude)}" if query.exclude else ""
     print(f"query: {', '.join(query.include) or '(anything)'}{excl}   [{args.strategy}]")
+    print_hits(hits, args.explain)
+    return 0
+
+
+def run_like(args: argparse.Namespace) -> int:
+    """``--like IMAGE_OR_ID ["but not X"]``: Searcher.search_like with the query's exclusions."""
+    from sparsemm.errors import SparsemmError
+    from sparsemm.query.parse import parse_query
+    from sparsemm.query.searcher import Searcher
+
+    if args.collection is None:
+        raise SparsemmError('give a collection, e.g. sparsemm search COLLECTION --like ID "no cat"')
+    if args.engine != "strategy" or args.backend != "local":
+        raise SparsemmError(
+            "--like searches the local index with a strategy (no --engine/--backend)"
+        )
+    text = (args.query or "").strip()
+    query = parse_query(text, exclude=tuple(args.exclude)) if text else None
+    if query is not None and query.include:
+        raise SparsemmError(
+            f"with --like the query only names what to leave out (got {', '.join(query.include)!r} "
+            'to find); write it as "but not X" or "-X"'
+        )
+    exclude = query.exclude if query is not None else tuple(args.exclude)
+    if len(exclude) > MAX_TERMS:
+        raise SparsemmError(f"a query may exclude at most {MAX_TERMS} terms")
+    searcher = Searcher(args.collection)
+    args.strategy = args.strategy or searcher.default_strategy
+    hits = searcher.search_like(
+        args.like, exclude=tuple(exclude), k=args.k, strategy=args.strategy, offset=args.offset
+    )
+    if args.json:
+        out = {
+            "like": args.like,
+            "query": {"include": [], "exclude": list(exclude)},
+            "strategy": args.strategy,
+            "hits": [{**h.to_dict(), "image": image_path(searcher, h.row)} for h in hits],
+        }
+        print(json.dumps(out, indent=1))
+        return 0
+    if args.paths:
+        for h in hits:
+            print(image_path(searcher, h.row) or h.id)
+        return 0
+    excl = f"  but not: {', '.join(exclude)}" if exclude else ""
+    print(f"query: like {args.like}{excl}   [{args.strategy}]")
+    print_hits(hits, args.explain)
+    return 0
+
+
+def print_hits(hits: list[Hit], explain: bool) -> None:
+    """The text output's result lines (and with ``explain`` the why of each)."""
     for h in hits:
         print(f"{h.rank:>3}. {h.id}  {h.score:.3f}  {h.caption}")
-        if args.explain:
+        if explain:
             for c in h.matched:
                 print(f"       matched dim {c.dim} (+{c.weight:.3f}): {', '.join(c.words[:5])}")
             for e in h.excluded:
@@ -233,4 +296,3 @@ def run(args: argparse.Namespace) -> int:
                 print(f"       scored: {how}")
     if not hits:
         print("no results")
-    return 0

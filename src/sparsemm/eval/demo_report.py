@@ -1,6 +1,7 @@
 """The demo's HTML report: dense and SR results side by side for "A but not B" queries.
 
-For each example query the report shows the top results of the dense baseline and of SR
+For each example query the report shows the top results of a dense single-line query (the
+whole sentence embedded, negation left to the encoder), of the dense baseline and of SR
 (each with the strategy parameters the benchmark chose on the train split), marks results
 that carry an excluded concept, explains every SR result (matched concept dimensions with
 their contributions, excluded concepts checked) and draws word clouds of the concept
@@ -24,6 +25,9 @@ from sparsemm.query.searcher import Hit, Searcher, dimension_word_scores
 log = logging.getLogger(__name__)
 
 DENSE_STRATEGY = "avg_emb_0.5"  # the SR paper's strongest dense baseline
+# the plain dense query ("a photo of a A without a B" as one sentence): what the served
+# default is compared with, so the violations it avoids are visible side by side
+SLQ_STRATEGY = "slq"
 SPARSE_STRATEGY = "hybrid"  # the served default (sparsemm.query.rank.DEFAULT_STRATEGY)
 N_CLOUD_WORDS = 30
 TABLE_METRICS = ("ap@10", "ndcg@10", "mrr@10", "violation@10", "inclusion@10")
@@ -50,6 +54,20 @@ def bench_table(bench: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
             row += [f"{means[m]:.3f}" if m in means else "–" for m in TABLE_METRICS]
         rows.append(row)
     return header, rows
+
+
+def method_legend(names: Sequence[str]) -> dict[str, str]:
+    """Method (strategy) name -> one line on what it is, from the strategy registry; the
+    result columns are named "dense: NAME" / "SR: NAME" after these."""
+    from sparsemm.query.strategies import STRATEGIES
+
+    legend: dict[str, str] = {}
+    for name in dict.fromkeys(names):
+        spec = STRATEGIES.get(name)
+        if spec is not None:
+            served = " — the served default" if name == SPARSE_STRATEGY else ""
+            legend[name] = spec.description + served
+    return legend
 
 
 def _column(
@@ -91,6 +109,7 @@ def write_demo_report(
     dense_strategy: str = DENSE_STRATEGY,
     sparse_strategy: str = SPARSE_STRATEGY,
     commands: Sequence[str] = (),
+    slq_strategy: str | None = SLQ_STRATEGY,
 ) -> Path:
     """Write ``out_dir/index.html`` for an indexed collection (see the module docstring)."""
     from sparsemm.viz.report import DemoReport, QueryPanel, render_demo_report
@@ -116,19 +135,27 @@ def write_demo_report(
             cloud_files[dim] = str(path.resolve())
         return cloud_files[dim]
 
+    model_name = (
+        f"{searcher.model.kind.upper()} model {Path(str(searcher.index.meta['model'])).name}"
+    )
+    slq_name = f"dense: {slq_strategy}"
+    dense_name = f"dense: {dense_strategy}"
+    sparse_name = f"SR: {sparse_strategy}"
+    methods = [(sparse_name, sparse_strategy), (dense_name, dense_strategy)]
+    if slq_strategy is not None:
+        methods.insert(0, (slq_name, slq_strategy))
     panels = []
     for text in queries:
         q = parse_query(text)
-        dense_name = f"dense: {dense_strategy}"
-        sparse_name = f"SR: {sparse_strategy}"
-        dense_hits = searcher.search(
-            q, k=n_results, strategy=dense_strategy, **chosen.get(dense_strategy, {})
-        )
-        sr_hits = searcher.search(
-            q, k=n_results, strategy=sparse_strategy, **chosen.get(sparse_strategy, {})
-        )
-        d_items, d_metrics = _column(col, dense_hits, q.exclude, q.include)
-        s_items, s_metrics = _column(col, sr_hits, q.exclude, q.include)
+        columns: dict[str, list[Any]] = {}
+        metrics: dict[str, dict[str, float]] = {}
+        hits_of: dict[str, list[Hit]] = {}
+        for name, strategy in methods:
+            hits_of[name] = searcher.search(
+                q, k=n_results, strategy=strategy, **chosen.get(strategy, {})
+            )
+            columns[name], metrics[name] = _column(col, hits_of[name], q.exclude, q.include)
+        sr_hits = hits_of[sparse_name]
         # The concept dimensions involved: the include term's strongest dims among the
         # SR results' matches, then each excluded term's dims.
         dims: list[tuple[str, int]] = []
@@ -145,14 +172,14 @@ def write_demo_report(
             seen.add(j)
             png = cloud(j)
             if png is not None:
-                clouds.append((f"dim {j} ({why})", png))
+                clouds.append((f"{model_name}, dimension {j}: {why}", png))
         panels.append(
             QueryPanel(
                 query=text,
                 include=list(q.include),
                 exclude=list(q.exclude),
-                columns={dense_name: d_items, sparse_name: s_items},
-                metrics={dense_name: d_metrics, sparse_name: s_metrics},
+                columns=columns,
+                metrics=metrics,
                 clouds=clouds[:6],
             )
         )
@@ -170,6 +197,9 @@ def write_demo_report(
         "split by the benchmark."
     )
     report = DemoReport(
+        legend=method_legend(
+            [s for _, s in methods] + [str(m) for m in (bench or {}).get("methods", [])]
+        ),
         title="sparsemm demo: 'A but not B' on Fashion-MNIST collages",
         summary_md=summary,
         panels=panels,

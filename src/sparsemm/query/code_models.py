@@ -75,6 +75,11 @@ class SRCodeModel:
             self.model.encode(collection.image_embeddings(), "image", top_k=self.top_k)
         )
 
+    def encode_embeddings(self, emb: np.ndarray) -> sp.csr_matrix:
+        """Codes (n, d) of image embeddings (n, k): what :meth:`encode_items` does per item,
+        for a query image embedded outside the collection."""
+        return sp.csr_matrix(self.model.encode(emb, "image", top_k=self.top_k))
+
     def query_coder(self, text_encoder: Any = None) -> QueryCoder:
         return sr_query_coder(self.model, top_k=self.top_k, text_encoder=text_encoder)
 

@@ -112,7 +112,7 @@ def top_share_names(
     template = template_terms(index, terms, max_share)
     ok = (df >= min_df) & ~np.array([t in template for t in terms])
     csc = sp.csc_matrix(abs(sp.csr_matrix(codes)))
-    out = []
+    out: list[list[str]] = []
     for j in range(d):
         lo, hi = csc.indptr[j], csc.indptr[j + 1]
         rows, vals = csc.indices[lo:hi], csc.data[lo:hi]

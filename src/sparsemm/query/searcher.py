@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -287,7 +287,11 @@ class Searcher:
     """Answer queries over one indexed collection (see the module docstring)."""
 
     def __init__(
-        self, collection_dir: str | Path, encoder: Any = None, store: Store | None = None
+        self,
+        collection_dir: str | Path,
+        encoder: Any = None,
+        store: Store | None = None,
+        image_encoder: Any = None,
     ) -> None:
         self.collection: Collection = open_collection(collection_dir)
         # collection.root: where open_collection found it (a crash may have parked it aside)
@@ -361,6 +365,8 @@ class Searcher:
         # How the last search was answered (served path: candidates, certificate).
         self.last_served: ServedResult | None = None
         self._captionless: bool | None = None
+        self._image_encoder: Any = image_encoder  # query images (search_like)
+        self._rows: dict[str, int] | None = None
 
     @property
     def codes(self) -> sp.csr_matrix:
@@ -701,3 +707,118 @@ class Searcher:
     def _codes_of(self, rows: np.ndarray) -> sp.csr_matrix:
         """Codes of ``rows`` from the serving store (the collection's index by default)."""
         return self.store.codes(np.asarray(rows, dtype=np.int64))
+
+    # -- image queries ("more like this, but not X") ------------------------------------
+    @property
+    def image_encoder(self) -> Any:
+        """The collection's own image encoder (same name and model), for query images."""
+        if self._image_encoder is None:
+            info = self.collection.manifest["encoder"]
+            # a packaged model is recorded by its name (efficientnet-lite0), a local one by
+            # its folder; only the folder is an argument of the encoder
+            model = info.get("model")
+            kwargs = {"model": model} if model and Path(str(model)).expanduser().is_dir() else {}
+            enc = get_encoder(str(info["name"]), **kwargs)
+            if int(enc.dim) != self.collection.dim:
+                raise SparsemmError(
+                    f"the {info['name']} encoder gives {enc.dim}-d vectors but the collection's "
+                    f"images are {self.collection.dim}-d; re-encode the collection"
+                )
+            self._image_encoder = enc
+        return self._image_encoder
+
+    def row_of(self, item_id: str) -> int:
+        """The collection row of ``item_id``; SparsemmError when there is no such item."""
+        if self._rows is None:
+            self._rows = {str(i): r for r, i in enumerate(self.collection.ids)}
+        row = self._rows.get(str(item_id))
+        if row is None:
+            raise SparsemmError(f"no item {item_id!r} in {self.collection.root}; check the id")
+        return row
+
+    def image_code(self, image: Any) -> np.ndarray:
+        """(d,) item code of a query image (a path or PIL image): embedded with the
+        collection's image encoder, then coded as :meth:`CodeModel.encode_items` codes an
+        item. Only SR codes single embeddings; the other models read features an image
+        query does not have, so they take an item id instead."""
+        encode = getattr(self.model, "encode_embeddings", None)
+        if encode is None:
+            raise SparsemmError(
+                f"a {self.model.kind} index codes items from features a query image does not "
+                "have; search like an item of the collection instead (its id)"
+            )
+        try:
+            emb = self.image_encoder.encode_image([image])
+        except SparsemmError:
+            raise
+        except Exception as exc:  # a corrupt or unreadable image file
+            raise SparsemmError(f"could not read the query image: {exc}") from exc
+        code = encode(np.asarray(emb, dtype=np.float32))
+        return np.asarray(sp.csr_matrix(code).toarray()[0], dtype=np.float32)
+
+    def like_code(self, like: Any) -> tuple[str, np.ndarray]:
+        """(label, (d,) code) of a "more like this" target: an item id of the collection
+        (its stored code from the index) or an image file."""
+        if isinstance(like, str) and not Path(like).is_file():
+            row = self.row_of(like)
+            code = np.asarray(self.item_code(row).toarray()[0], dtype=np.float32)
+            return f"item {like}", code
+        if isinstance(like, str | Path) and not Path(like).is_file():
+            raise SparsemmError(f"query image not found: {like}")
+        name = Path(like).name if isinstance(like, str | Path) else "uploaded image"
+        return f"image {name}", self.image_code(like)
+
+    def search_like(
+        self,
+        like: Any,
+        exclude: tuple[str, ...] = (),
+        k: int = 10,
+        strategy: str | None = None,
+        offset: int = 0,
+        **params: Any,
+    ) -> list[Hit]:
+        """ "More like this, but not X": rank with ``like``'s code (see :meth:`like_code`) as
+        the include side and ``exclude`` applied, through the same scorer as a text query.
+
+        The code stands in for an include term's query code (a pseudo-term, named
+        "like: LABEL", whose cached code is the item code): the served ``hybrid`` scores
+        ``alpha cos(code, x) - gamma sum_B cos(q_B, x) + beta sum_B log(1 - P(B | x) / c_B)``,
+        the same certified index path as text; the pseudo-term has no detector, so its side
+        is code similarity. Dense strategies are refused: the code is not a text embedding.
+        """
+        strategy = strategy or self.default_strategy
+        if strategy in available_strategies() and get_spec(strategy).kind == "dense":
+            raise SparsemmError(
+                f"strategy {strategy!r} ranks text embeddings; a like-query is a sparse code "
+                "(use the default or another sparse strategy)"
+            )
+        with self.like_term(like) as term:
+            return self.search(
+                Query((term,), tuple(exclude)), k=k, strategy=strategy, offset=offset, **params
+            )
+
+    @contextlib.contextmanager
+    def like_term(self, like: Any) -> Iterator[str]:
+        """A pseudo include term ("like: LABEL") whose query code is ``like``'s code (see
+        :meth:`like_code`) while the block runs; removed afterwards, so a typed query never
+        meets it. Not thread-safe: the web service holds its lock around it."""
+        label, code = self.like_code(like)
+        if not np.any(code):
+            raise SparsemmError(f"the {label} has an empty code: nothing to search like it")
+        term = f"like: {label}"
+        ctxs = [c for c in (self.text_context, self._ctx) if c is not None]
+        for ctx in ctxs:
+            ctx._code[ctx.term_text(term)] = code
+        try:
+            yield term
+        finally:  # the full context may have been built meanwhile: clear it too
+            for late in (self.text_context, self._ctx, *ctxs):
+                if late is not None:
+                    late._code.pop(late.term_text(term), None)
+
+    def explain_like(
+        self, row: int, like: Any, exclude: tuple[str, ...] = (), n_dims: int = 5
+    ) -> tuple[list[Concept], list[ExcludedCheck]]:
+        """:meth:`explain` for a like-query: the concepts item ``row`` shares with ``like``."""
+        with self.like_term(like) as term:
+            return self.explain(row, Query((term,), tuple(exclude)), n_dims)

@@ -121,6 +121,8 @@ class DemoReport:
     tables: list[tuple[str, list[str], list[list[str]]]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     commands: list[str] = field(default_factory=list)
+    # method name -> what it is, shown under the summary (the columns' and tables' names)
+    legend: dict[str, str] = field(default_factory=dict)
 
 
 def _get(obj: Any, name: str) -> Any:
@@ -384,6 +386,11 @@ table.expl td.num { text-align: right; font-variant-numeric: tabular-nums; white
 .expl-title { font-weight: 600; margin: 0.4rem 0 0; }
 .check.ok { color: var(--ok); }
 .check.present { color: var(--bad); font-weight: 600; }
+.legend { display: grid; grid-template-columns: max-content 1fr; gap: 0.2rem 1rem;
+  font-size: 0.9rem; margin: 1rem 0; }
+.legend strong { grid-column: 1 / -1; }
+.legend dt { font-family: monospace; }
+.legend dd { margin: 0; color: var(--muted); }
 .clouds { display: flex; flex-wrap: wrap; gap: 0.8rem; margin-top: 1rem; }
 .clouds figure { margin: 0; background: #fff; border: 1px solid var(--line);
   border-radius: 8px; padding: 0.3rem; }
@@ -428,9 +435,16 @@ def _explanation(item: ResultItem) -> str:
             '<table class="expl"><tr><th>term</th><th>dims checked</th>'
             "<th>item mass</th><th>words</th></tr>"
         )
+        labelled = {_norm(x) for x in item.labels}
         for term, dims, mass, words in item.excluded:
             absent = not (math.isfinite(mass) and mass > 0.0)
             cls, verdict = ("ok", "✓ absent") if absent else ("present", "✗ present")
+            # The labels are what the item shows: the verdict never contradicts them.
+            if item.labels and _norm(term) in labelled:
+                cls = "present"
+                verdict = "✗ present (its labels)" + ("; the codes missed it" if absent else "")
+            elif item.labels and not absent:
+                cls, verdict = "ok", "✓ not in its labels (some mass on the dims)"
             dim_text = ", ".join(str(d) for d in list(dims)[:12])
             if len(dims) > 12:
                 dim_text += f" +{len(dims) - 12}"
@@ -551,6 +565,11 @@ def render_demo_html(report: DemoReport, out_dir: str | Path, thumb_px: int = TH
     body: list[str] = [f"<h1>{_e(report.title)}</h1>"]
     if report.summary_md.strip():
         body.append(f'<div class="summary">{markdown_lite(report.summary_md)}</div>')
+    if report.legend:
+        entries = "".join(
+            f"<dt>{_e(name)}</dt><dd>{_e(what)}</dd>" for name, what in report.legend.items()
+        )
+        body.append(f'<dl class="legend"><strong>Methods</strong>{entries}</dl>')
     toc = []
     if report.tables:
         toc.append('<li><a href="#tables">Results tables</a></li>')

@@ -12,7 +12,11 @@
                                            its own strongest concepts
 ``GET /api/dims/{dim}``                    ?n= -> the dimension's label words and its top items
                                            by activation in the index codes
+``POST /api/search/image``                 the same query parameters, the body an image
+                                           (PNG/JPEG/..., <= 8 MiB): "more like this
+                                           picture", the query naming only what to leave out
 ``GET /images/{id}``                       the item's image file
+``GET /thumbs/{id}``                       a small JPEG of it, made and cached by the server
 =========================================  =====================================================
 
 Every error is JSON ``{"error": message}``: a :class:`~sparsemm.errors.SparsemmError`,
@@ -36,11 +40,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import math
+import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -64,7 +71,7 @@ try:
     from fastapi.exceptions import RequestValidationError
     from fastapi.middleware.cors import CORSMiddleware
     from fastapi.openapi.utils import get_openapi
-    from fastapi.responses import FileResponse, JSONResponse
+    from fastapi.responses import FileResponse, JSONResponse, Response
     from fastapi.staticfiles import StaticFiles
     from pydantic import BaseModel, ConfigDict, Field, field_validator
     from starlette.datastructures import Headers, MutableHeaders
@@ -86,6 +93,11 @@ MAX_OFFSET = 10_000  # deep paging costs a full sort; nobody pages 100 screens o
 MAX_TERMS = 16  # per include / exclude list
 MAX_DIM_ITEMS = 100
 MAX_BODY_BYTES = 64 * 1024  # a search request is a few hundred bytes of JSON
+MAX_UPLOAD_BYTES = 8 * 2**20  # a query image (POST /api/search/image); a phone photo fits
+MAX_UPLOAD_PIXELS = 40_000_000  # decoded size cap: a small file can expand to huge pixels
+UPLOAD_PATH = "/api/search/image"
+THUMB_PX = 256  # longest side of a thumbnail (the page shows cards at 256 px)
+THUMB_CACHE_BYTES = 32 * 2**20  # thumbnails kept in memory, least recently used dropped
 EXPLAIN_DIMS = 5  # matched concepts listed per hit
 ITEM_CONCEPTS = 8  # an item's own strongest concepts in an explanation
 # Per-query caches of the strategy context (embeddings, codes, score arrays) are dropped
@@ -163,6 +175,12 @@ class SearchRequest(BaseModel):
     strategy: str | None = Field(
         None, max_length=64, description="exclusion strategy (default: the model's)"
     )
+    like: str | None = Field(
+        None,
+        max_length=512,
+        description="more like this item (its id): its code is the include side; q, include "
+        "and exclude then only name what to leave out",
+    )
 
     @field_validator("include", "exclude", mode="before")
     @classmethod
@@ -189,6 +207,7 @@ class ItemOut(BaseModel):
     caption: str
     labels: list[str]
     image: str | None  # URL of the image, None when the item has no servable image
+    thumb: str | None = None  # URL of its server-made thumbnail (same None rule)
 
 
 class EvidenceOut(BaseModel):
@@ -208,6 +227,7 @@ class HitOut(ItemOut):
     matched: list[ConceptOut]
     excluded: list[ExcludedOut]
     evidence: list[EvidenceOut] = []
+    violations: list[str] = []  # excluded terms among the item's labels (it breaks the query)
 
 
 class ItemDetailOut(ItemOut):
@@ -230,6 +250,8 @@ class SearchOut(BaseModel):
     k: int
     offset: int
     next_offset: int | None  # offset of the next page; None when this page was the last
+    total: int  # items in the collection (every one is ranked)
+    like: str | None = None  # "more like this" target ("item ID" / "image NAME"), or None
     hits: list[HitOut]
 
 
@@ -324,6 +346,57 @@ def _query_out(q: Query) -> QueryOut:
     return QueryOut(include=list(q.include), exclude=list(q.exclude), text=q.text)
 
 
+def like_exclusions(q: str = "", include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Query:
+    """The exclusions of a "more like this" query: ``q`` and the lists may only leave
+    things out ("but not cat"); nothing at all is fine. SparsemmError for an include term."""
+    if not q.strip() and not any(v.strip() for v in [*include, *exclude] if isinstance(v, str)):
+        return Query((), ())
+    query = build_query(q, include, exclude)
+    if query.include:
+        raise SparsemmError(
+            f"a 'more like this' search only takes terms to leave out (got "
+            f"{', '.join(query.include)!r} to find); write them as 'but not X'"
+        )
+    return query
+
+
+def _stem(word: str) -> str:
+    return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
+
+
+def violations(labels: Sequence[str], exclude: Sequence[str]) -> list[str]:
+    """The excluded terms that one of ``labels`` names (case and a plural 's' ignored;
+    'person' matches the label 'person', 'dogs' the label 'dog')."""
+    have = {_stem(" ".join(re.findall(r"[\w-]+", str(lab).lower()))) for lab in labels}
+    return [t for t in exclude if _stem(" ".join(re.findall(r"[\w-]+", t.lower()))) in have]
+
+
+def decode_upload(data: bytes) -> Any:
+    """A query image from an upload's bytes (a PIL image, RGB); SparsemmError when it is
+    empty, too large or not an image."""
+    from PIL import Image
+
+    if not data:
+        raise SparsemmError("send the query image as the request body (PNG, JPEG, WebP, ...)")
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise SparsemmError(f"the image is larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
+    try:
+        img = Image.open(io.BytesIO(data))
+        if img.width * img.height > MAX_UPLOAD_PIXELS:
+            raise SparsemmError(
+                f"the image has {img.width}x{img.height} pixels; send one under "
+                f"{MAX_UPLOAD_PIXELS // 10**6} megapixels"
+            )
+        return img.convert("RGB")
+    except SparsemmError:
+        raise
+    except Exception as exc:  # PIL raises several types for a non-image or a broken file
+        raise SparsemmError(
+            "the upload is not an image this server can read; send a PNG, JPEG, GIF, WebP "
+            "or BMP file"
+        ) from exc
+
+
 # -------------------------------------------------------------------------------- images
 
 
@@ -384,6 +457,58 @@ class ImageStore:
         except (OSError, RuntimeError):
             return None
         return path
+
+
+class ThumbCache:
+    """Thumbnails (JPEG, longest side :data:`THUMB_PX`) made from the served images on first
+    request, kept in memory up to :data:`THUMB_CACHE_BYTES` (least recently used dropped);
+    a file changed since is made again (keyed by path, size and mtime)."""
+
+    def __init__(self, max_bytes: int = THUMB_CACHE_BYTES, px: int = THUMB_PX) -> None:
+        self.max_bytes, self.px = max_bytes, px
+        self._items: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, path: Path) -> bytes | None:
+        """The thumbnail of ``path``; None when the file cannot be read as an image."""
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        data = self._make(path)
+        if data is None:
+            return None
+        with self._lock:
+            if key not in self._items:
+                self._items[key] = data
+                self._bytes += len(data)
+            while self._bytes > self.max_bytes and len(self._items) > 1:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= len(old)
+        return data
+
+    def _make(self, path: Path) -> bytes | None:
+        from PIL import Image
+
+        try:
+            with Image.open(path) as img:
+                if img.width * img.height > MAX_UPLOAD_PIXELS:
+                    return None
+                img.draft("RGB", (self.px, self.px))  # JPEG: decode at a reduced scale
+                small = img.convert("RGB")
+                small.thumbnail((self.px, self.px))
+                out = io.BytesIO()
+                small.save(out, format="JPEG", quality=85)
+                return out.getvalue()
+        except Exception:  # a broken or non-image file: the page falls back to a caption
+            log.warning("cannot make a thumbnail of %s", path, exc_info=True)
+            return None
 
 
 # ------------------------------------------------------------------------------- service
@@ -476,6 +601,7 @@ class SearchService:
         self.check_every = check_every
         self._checked = time.monotonic()
         self._reload_error: str | None = None
+        self.thumbs = ThumbCache()
         self._requests = 0
 
     @staticmethod
@@ -616,6 +742,9 @@ class SearchService:
             "caption": captions[0] if captions else "",
             "labels": [str(x) for x in item.get("labels") or []],
             "image": self.image_url(item_id, prefix),
+            "thumb": (
+                f"{prefix}/thumbs/{quote(item_id, safe='')}" if item_id in self.images else None
+            ),
         }
 
     @staticmethod
@@ -638,14 +767,16 @@ class SearchService:
             for e in checks
         ]
 
-    def _hit(self, hit: Hit, prefix: str) -> HitOut:
+    def _hit(self, hit: Hit, prefix: str, exclude: Sequence[str] = ()) -> HitOut:
+        fields = self._item_fields(hit.row, prefix)
         return HitOut(
-            **self._item_fields(hit.row, prefix),
+            **fields,
             rank=hit.rank,
             score=hit.score,
             matched=self._concepts(hit.matched),
             excluded=self._checks(hit.excluded, hit.row),
             evidence=[EvidenceOut(**asdict(e)) for e in hit.evidence],
+            violations=violations(fields["labels"], exclude),
         )
 
     # -- operations --------------------------------------------------------------------
@@ -686,20 +817,39 @@ class SearchService:
             for c in dicts:
                 c.clear()
 
-    def search(self, req: SearchRequest, prefix: str = "") -> SearchOut:
-        query = build_query(req.q, req.include, req.exclude)
+    def search(self, req: SearchRequest, prefix: str = "", image: Any = None) -> SearchOut:
+        """A text query, or "more like" ``req.like`` (an item id) or ``image`` (a decoded
+        upload) with the query's exclusions (:meth:`Searcher.search_like`)."""
+        like: Any = image if image is not None else req.like
+        if like is not None:
+            query = like_exclusions(req.q, req.include, req.exclude)
+        else:
+            query = build_query(req.q, req.include, req.exclude)
         with self.pinned():
-            return self._search(req, query, prefix)
+            if like is not None and image is None:
+                self.row(str(req.like))  # 404 for an unknown item
+            return self._search(req, query, prefix, like, image)
 
-    def _search(self, req: SearchRequest, query: Query, prefix: str) -> SearchOut:
+    def _search(
+        self, req: SearchRequest, query: Query, prefix: str, like: Any, image: Any
+    ) -> SearchOut:
         strategy = req.strategy or self.searcher.default_strategy
+        label = None
         with self.lane(heavy=len(query.include) + len(query.exclude) > self.heavy_terms):
             try:  # the searcher names unknown strategies and terms (Searcher.check_terms)
-                hits = self.searcher.search(query, k=req.k, strategy=strategy, offset=req.offset)
+                if like is None:
+                    hits = self.searcher.search(
+                        query, k=req.k, strategy=strategy, offset=req.offset
+                    )
+                else:
+                    label = "uploaded image" if image is not None else f"item {req.like}"
+                    hits = self.searcher.search_like(
+                        like, query.exclude, k=req.k, strategy=strategy, offset=req.offset
+                    )
             finally:
                 self._bound_caches()
         hits = [h for h in hits if math.isfinite(h.score)]
-        log.debug("search %r [%s] -> %d hits", query.text, strategy, len(hits))
+        log.debug("search %r like %s [%s] -> %d hits", query.text, label, strategy, len(hits))
         full = len(hits) == req.k and req.offset + req.k <= MAX_OFFSET
         return SearchOut(
             query=_query_out(query),
@@ -707,7 +857,9 @@ class SearchService:
             k=req.k,
             offset=req.offset,
             next_offset=req.offset + req.k if full else None,
-            hits=[self._hit(h, prefix) for h in hits],
+            total=len(self.collection.items),
+            like=label,
+            hits=[self._hit(h, prefix, query.exclude) for h in hits],
         )
 
     def row(self, item_id: str) -> int:
@@ -715,15 +867,26 @@ class SearchService:
             raise HTTPException(404, "unknown item id")
         return self.row_of[item_id]
 
-    def explain(self, item_id: str, query: Query, prefix: str = "") -> ExplainOut:
+    def explain(
+        self, item_id: str, query: Query, prefix: str = "", like: str | None = None
+    ) -> ExplainOut:
+        """Why ``item_id`` matches ``query`` (with ``like``: like that item, ``query``
+        holding only exclusions)."""
         with self.pinned():
-            return self._explain(item_id, query, prefix)
+            return self._explain(item_id, query, prefix, like)
 
-    def _explain(self, item_id: str, query: Query, prefix: str) -> ExplainOut:
+    def _explain(self, item_id: str, query: Query, prefix: str, like: str | None) -> ExplainOut:
         row = self.row(item_id)
+        if like is not None:
+            self.row(like)
         with self.lane(heavy=len(query.include) + len(query.exclude) > self.heavy_terms):
             try:
-                matched, checks = self.searcher.explain(row, query, n_dims=EXPLAIN_DIMS)
+                if like is None:
+                    matched, checks = self.searcher.explain(row, query, n_dims=EXPLAIN_DIMS)
+                else:
+                    matched, checks = self.searcher.explain_like(
+                        row, like, query.exclude, n_dims=EXPLAIN_DIMS
+                    )
             finally:
                 self._bound_caches()
         code = self.searcher.item_code(row)
@@ -813,11 +976,18 @@ def _host_name(host: str) -> str:
 class _Guard:
     """Host check, request-size limit and security headers (pure ASGI middleware)."""
 
-    def __init__(self, app: ASGIApp, allowed_hosts: Sequence[str], max_body: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        allowed_hosts: Sequence[str],
+        max_body: int,
+        path_limits: dict[str, int] | None = None,
+    ) -> None:
         self.app = app
         self.any_host = "*" in allowed_hosts
         self.allowed = {_host_name(h) for h in allowed_hosts}
         self.max_body = max_body
+        self.path_limits = dict(path_limits or {})  # larger bodies for named paths (uploads)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -828,7 +998,8 @@ class _Guard:
             await self._error(scope, receive, send, 400, "request for an unknown host name")
             return
         length = headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+        max_body = self.path_limits.get(scope.get("path", ""), self.max_body)
+        if length is not None and (not length.isdigit() or int(length) > max_body):
             await self._error(scope, receive, send, 413, "request body too large")
             return
         if "chunked" in headers.get("transfer-encoding", "").lower():
@@ -971,10 +1142,16 @@ def create_app(
         q: Annotated[str, QueryParam(max_length=MAX_QUERY_CHARS)] = "",
         include: Annotated[list[str] | None, QueryParam()] = None,
         exclude: Annotated[list[str] | None, QueryParam()] = None,
+        like: Annotated[str | None, QueryParam(max_length=512)] = None,
     ) -> ExplainOut:
         service.row(item_id)  # 404 before parsing the query
-        query = build_query(q, include or [], exclude or [])
-        return service.explain(item_id, query, prefix(request))
+        if like is not None:
+            query = like_exclusions(q, include or [], exclude or [])
+        elif not q.strip() and not any(v.strip() for v in [*(include or []), *(exclude or [])]):
+            query = Query((), ())  # an uploaded image's hit: the item's own concepts only
+        else:
+            query = build_query(q, include or [], exclude or [])
+        return service.explain(item_id, query, prefix(request), like=like)
 
     @app.get("/api/dims/{dim}")
     def dim(
@@ -995,6 +1172,32 @@ def create_app(
             headers={"cache-control": "private, max-age=3600"},
         )
 
+    @app.post(UPLOAD_PATH)
+    async def search_image(
+        request: Request, params: Annotated[SearchRequest, QueryParam()]
+    ) -> SearchOut:
+        """More like the image in the request body (raw bytes, any image type), with the
+        query parameters' exclusions; 400 for a non-image, 413 over 8 MiB."""
+        from starlette.concurrency import run_in_threadpool
+
+        if params.like is not None:
+            raise SparsemmError("send either an image or like=ID, not both")
+        data = await request.body()
+        if len(data) > MAX_UPLOAD_BYTES:
+            raise HTTPException(413, f"the image is larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
+        image = decode_upload(data)
+        return await run_in_threadpool(service.search, params, prefix(request), image)
+
+    @app.get("/thumbs/{item_id:path}", include_in_schema=False)
+    def thumb(item_id: str) -> Response:
+        path = service.images.get(item_id)
+        data = service.thumbs.get(path) if path is not None else None
+        if data is None:
+            raise HTTPException(404, "no such image")
+        return Response(
+            data, media_type="image/jpeg", headers={"cache-control": "private, max-age=3600"}
+        )
+
     @app.get("/", include_in_schema=False)
     def page() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html", headers={"cache-control": "no-cache"})
@@ -1008,5 +1211,10 @@ def create_app(
             allow_methods=["GET", "POST"],
             allow_headers=["content-type"],
         )
-    app.add_middleware(_Guard, allowed_hosts=list(allowed_hosts), max_body=MAX_BODY_BYTES)
+    app.add_middleware(
+        _Guard,
+        allowed_hosts=list(allowed_hosts),
+        max_body=MAX_BODY_BYTES,
+        path_limits={UPLOAD_PATH: MAX_UPLOAD_BYTES},
+    )
     return app

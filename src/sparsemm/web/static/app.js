@@ -16,6 +16,8 @@
   const moreButton = $("more");
   const panel = $("panel");
   const panelBody = $("panel-body");
+  const uploadInput = $("upload");
+  const likeBar = $("like-bar");
 
   // request: the last successful search request; query: the server's parsed query.
   const state = {
@@ -25,6 +27,8 @@
     seq: 0,
     explained: null,
     filterThreshold: 0.1,
+    // "more like this": null, {kind: "item", id, item} or {kind: "image", file, url}
+    like: null,
   };
 
   /** Build an element: attributes (class, dataset, on<event>, others verbatim) + children. */
@@ -46,8 +50,8 @@
 
   /** fetch JSON; a non-2xx answer throws with the server's {"error": message}. */
   async function api(path, options = {}) {
-    const headers = { accept: "application/json" };
-    if (options.body) headers["content-type"] = "application/json";
+    const headers = { accept: "application/json", ...(options.headers || {}) };
+    if (options.body && !headers["content-type"]) headers["content-type"] = "application/json";
     const response = await fetch(path, { ...options, headers });
     let data = null;
     try {
@@ -64,8 +68,14 @@
   const splitTerms = (text) => text.split(/[,;]/).map((t) => t.trim()).filter(Boolean);
   const quoted = (terms) => terms.map((t) => `“${t}”`).join(", ");
 
+  /** "images like item d1" / "images like your picture" while a like-search is on. */
+  function likeText() {
+    if (!state.like) return null;
+    return state.like.kind === "item" ? `items like ${state.like.id}` : "items like your picture";
+  }
+
   function describe(query) {
-    const found = query.include.length ? quoted(query.include) : "anything";
+    const found = query.include.length ? quoted(query.include) : likeText() || "anything";
     return query.exclude.length ? `${found} but not ${quoted(query.exclude)}` : found;
   }
 
@@ -81,8 +91,18 @@
   /** A concept's term for the "but not" box: its top word (none: it cannot be typed). */
   const conceptTerm = (concept) => (concept.words.length ? concept.words[0] : null);
 
+  // "dogs" and "dog" are one term; a chip's word is searched when any include term holds it
+  const stem = (w) => (w.length > 3 && w.endsWith("s") && !w.endsWith("ss") ? w.slice(0, -1) : w);
+  const wordsOf = (text) => (text.toLowerCase().match(/[\p{L}\p{N}-]+/gu) || []).map(stem);
+
   function isSearched(term) {
-    return !term || (state.query !== null && state.query.include.includes(term.toLowerCase()));
+    if (!term) return true;
+    if (state.query === null) return false;
+    const words = wordsOf(term);
+    return state.query.include.some((inc) => {
+      const have = new Set(wordsOf(inc));
+      return words.length > 0 && words.every((w) => have.has(w));
+    });
   }
 
   /** Add a term to the "but not" box (once) and search again. */
@@ -97,6 +117,18 @@
   function chip(concept) {
     const term = conceptTerm(concept);
     const searched = isSearched(term);
+    if (searched) {
+      // part of what was searched: shown, never offered as an exclusion
+      return el(
+        "span",
+        {
+          class: "chip chip-query",
+          title: `dim ${concept.dim}: part of what you searched for`,
+          dataset: { dim: String(concept.dim), term: term || "" },
+        },
+        conceptLabel(concept),
+      );
+    }
     const title = searched
       ? `dim ${concept.dim}: part of what you searched for`
       : `leave out “${term}” (dim ${concept.dim}, weight ${concept.weight.toFixed(3)})`;
@@ -117,10 +149,16 @@
     );
   }
 
-  function thumbnail(item, size) {
+  /** A score as people read it: three significant digits ("17.9", "0.482"). */
+  function formatScore(score) {
+    const a = Math.abs(score);
+    return score.toFixed(a >= 100 ? 0 : a >= 10 ? 1 : a >= 1 ? 2 : 3);
+  }
+
+  function thumbnail(item, size, full = false) {
     if (item.image) {
       return el("img", {
-        src: item.image,
+        src: !full && item.thumb ? item.thumb : item.image,
         alt: item.caption || item.id,
         loading: "lazy",
         width: size,
@@ -131,9 +169,10 @@
   }
 
   function renderHit(hit) {
+    const bad = hit.violations || [];
     return el(
       "figure",
-      { class: "card", dataset: { id: hit.id } },
+      { class: bad.length ? "card violates" : "card", dataset: { id: hit.id } },
       el(
         "button",
         {
@@ -148,11 +187,60 @@
         "figcaption",
         {},
         el("span", { class: "caption" }, hit.caption || hit.id),
-        el("span", { class: "score", title: "score" }, hit.score.toFixed(3)),
+        el(
+          "span",
+          { class: "score", title: `rank ${hit.rank}, score ${hit.score} (higher is better)` },
+          `#${hit.rank} · ${formatScore(hit.score)}`,
+        ),
       ),
+      bad.length
+        ? el("div", { class: "violation", title: "its labels name a term you left out" },
+            `✗ has ${bad.join(", ")}`)
+        : null,
       el("div", { class: "chips", "aria-label": "matched concepts" }, hit.matched.map(chip)),
       evidenceLine(hit.evidence || []),
+      el(
+        "div",
+        { class: "card-actions" },
+        el(
+          "button",
+          {
+            type: "button",
+            class: "like-button",
+            title: "find items like this one (keeps your “but not” terms)",
+            onclick: (event) => {
+              event.stopPropagation();
+              likeItem(hit);
+            },
+          },
+          "more like this",
+        ),
+      ),
     );
+  }
+
+  /** Start a "more like this" search on a result (or on an uploaded picture). */
+  function setLike(like) {
+    state.like = like;
+    likeBar.hidden = !like;
+    if (!like) {
+      uploadInput.value = "";
+      return;
+    }
+    includeBox.value = "";
+    // the page's CSP allows no blob: images, so an upload is named, not previewed
+    const picture = like.kind === "item" ? like.item : null;
+    $("like-label").replaceChildren(
+      picture && picture.image ? el("img", { src: picture.thumb || picture.image, alt: "" }) : "",
+      " More like ",
+      el("strong", {}, like.kind === "item" ? `item ${like.id}` : `your picture ${like.file.name}`),
+      " — type what to leave out in “but not”",
+    );
+  }
+
+  function likeItem(hit) {
+    setLike({ kind: "item", id: hit.id, item: hit });
+    runSearch(false);
   }
 
   /** "dog 0.93 · not cat 0.02": how strongly the item carries each query term. */
@@ -169,7 +257,8 @@
 
   function syncUrl() {
     const params = new URLSearchParams();
-    params.set("q", includeBox.value.trim());
+    if (state.like && state.like.kind === "item") params.set("like", state.like.id);
+    else params.set("q", includeBox.value.trim());
     if (excludeBox.value.trim()) params.set("not", excludeBox.value.trim());
     if (strategySelect.value && strategySelect.value !== strategySelect.dataset.default) {
       params.set("strategy", strategySelect.value);
@@ -180,7 +269,8 @@
   /** Search with the boxes' contents (append: fetch the next page of the last search). */
   async function runSearch(append) {
     const q = includeBox.value.trim();
-    if (!q && !splitTerms(excludeBox.value).length) {
+    if (!append && q && state.like) setLike(null); // typed text: back to a text search
+    if (!q && !state.like && !splitTerms(excludeBox.value).length) {
       showError("Type what to search for (or only what to leave out: 'no people').");
       return;
     }
@@ -192,13 +282,18 @@
           k: PAGE_SIZE,
           offset: 0,
           strategy: strategySelect.value || undefined,
+          like: state.like && state.like.kind === "item" ? state.like.id : undefined,
+          image: state.like && state.like.kind === "image" ? state.like.file : undefined,
         };
     const seq = ++state.seq; // answers to older searches are dropped
     showError("");
     statusLine.textContent = "searching…";
     results.setAttribute("aria-busy", "true");
     try {
-      const data = await api("api/search", { method: "POST", body: JSON.stringify(request) });
+      const data = request.image ? await searchImage(request) : await api("api/search", {
+        method: "POST",
+        body: JSON.stringify({ ...request, image: undefined }),
+      });
       if (seq !== state.seq) return;
       state.request = request;
       state.query = data.query;
@@ -209,11 +304,17 @@
       }
       results.append(...data.hits.map(renderHit));
       const n = results.children.length;
+      // every item is ranked; when the list ended early, the count is exact
+      const of = data.next_offset === null ? n : data.total;
+      const flagged = results.querySelectorAll(".card.violates").length;
       statusLine.textContent = n
-        ? `${n} result${n === 1 ? "" : "s"} for ${describe(data.query)}`
+        ? `Showing ${n} of ${of} for ${describe(data.query)}` +
+          (flagged ? ` · ${flagged} marked ✗ carry a term you left out (by their labels)` : "")
         : `No results for ${describe(data.query)}.`;
       moreButton.hidden = data.next_offset === null;
-      results.dataset.query = data.query.text;
+      results.dataset.query = data.like
+        ? `like ${data.like}${data.query.text ? ` ${data.query.text}` : ""}`
+        : data.query.text;
       syncUrl();
     } catch (error) {
       if (seq !== state.seq) return;
@@ -222,6 +323,18 @@
     } finally {
       if (seq === state.seq) results.removeAttribute("aria-busy");
     }
+  }
+
+  /** POST the uploaded picture with the query's exclusions as URL parameters. */
+  function searchImage(request) {
+    const params = new URLSearchParams({ k: String(request.k), offset: String(request.offset) });
+    for (const term of request.exclude) params.append("exclude", term);
+    if (request.strategy) params.set("strategy", request.strategy);
+    return api(`api/search/image?${params}`, {
+      method: "POST",
+      body: request.image,
+      headers: { "content-type": request.image.type || "application/octet-stream" },
+    });
   }
 
   // ------------------------------------------------------------------ side panel
@@ -283,14 +396,19 @@
 
   /** An excluded term's check: absent (nothing on its dims), faint (every value at most the
    *  filter threshold) or present. */
-  function checkRow(check) {
+  function checkRow(check, labels = []) {
     const peak = check.item_peak;
-    const [cls, verdict] =
+    let [cls, verdict] =
       peak === 0
         ? ["ok", "✓ absent"]
         : peak <= state.filterThreshold
           ? ["ok", "✓ faint"]
           : ["bad", "✗ present"];
+    // the item's labels are what it shows: the verdict never contradicts them
+    const term = wordsOf(check.term).join(" ");
+    if (labels.some((l) => wordsOf(l).join(" ") === term)) {
+      [cls, verdict] = ["bad", cls === "ok" ? "✗ in its labels (the codes missed it)" : "✗ present"];
+    }
     const dims = check.dims.length ? check.dims.slice(0, 8).join(", ") : "none";
     const more = check.dims.length > 8 ? ` +${check.dims.length - 8}` : "";
     return el(
@@ -316,7 +434,7 @@
     const item = data.item;
     const others = item.captions.slice(1);
     return [
-      el("div", { class: "panel-image" }, thumbnail(item, 320)),
+      el("div", { class: "panel-image" }, thumbnail(item, 320, true)),
       el("h2", {}, item.caption || item.id),
       el("p", { class: "muted" }, `id ${item.id}`, item.labels.length ? ` · labels: ${item.labels.join(", ")}` : ""),
       others.length ? el("ul", { class: "captions" }, others.map((c) => el("li", {}, c))) : null,
@@ -324,10 +442,12 @@
       el("p", { class: "note" }, `Concept dimensions shared by ${describe(data.query)} and this item; weight = contribution to the score.`),
       data.matched.length
         ? conceptTable(data.matched, "contribution to the score")
-        : el("p", { class: "muted" }, "No concept in common with the query."),
+        : el("p", { class: "muted" }, state.like && state.like.kind === "image"
+          ? "Shared concepts are shown for text and “more like this” searches."
+          : "No concept in common with the query."),
       el("h3", {}, "Excluded concepts checked"),
       data.excluded.length
-        ? el("ul", { class: "checks" }, data.excluded.map(checkRow))
+        ? el("ul", { class: "checks" }, data.excluded.map((c) => checkRow(c, item.labels)))
         : el("p", { class: "muted" }, "Nothing excluded yet: type terms in “but not” or click a concept."),
       el("h3", {}, "Strongest concepts in this item"),
       data.concepts.length
@@ -340,6 +460,7 @@
     if (!state.request) return;
     const params = new URLSearchParams({ q: state.request.q });
     for (const term of state.request.exclude) params.append("exclude", term);
+    if (state.request.like) params.set("like", state.request.like);
     state.explained = id;
     selectCard(id);
     openPanel([el("p", { class: "muted" }, "loading…")]);
@@ -405,6 +526,18 @@
     runSearch(false);
   });
   moreButton.addEventListener("click", () => runSearch(true));
+  uploadInput.addEventListener("change", () => {
+    const file = uploadInput.files && uploadInput.files[0];
+    if (!file) return;
+    setLike({ kind: "image", file });
+    runSearch(false);
+  });
+  $("like-clear").addEventListener("click", () => {
+    setLike(null);
+    results.replaceChildren();
+    statusLine.textContent = "";
+    includeBox.focus();
+  });
   $("panel-close").addEventListener("click", closePanel);
   document.addEventListener("keydown", (event) => {
     if (event.key === "Escape" && !panel.hidden) closePanel();
@@ -414,7 +547,10 @@
     const params = new URLSearchParams(location.search);
     if (params.get("strategy")) strategySelect.value = params.get("strategy");
     if (params.get("not")) excludeBox.value = params.get("not");
-    if (params.get("q")) {
+    if (params.get("like")) {
+      setLike({ kind: "item", id: params.get("like"), item: null });
+      runSearch(false);
+    } else if (params.get("q")) {
       includeBox.value = params.get("q");
       runSearch(false);
     }
