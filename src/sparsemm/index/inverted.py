@@ -56,6 +56,11 @@ track the touched rows and scan only those once k non-negative hits are held (un
 score 0 and cannot beat them). Cost per query: O(postings of the query and excluded dims) plus
 O(rows) for dense queries or O(touched rows) for sparse ones; extra memory O(BLOCK + k),
 plus 4 bytes per row for each long list of a segment.
+Max-score pruning (exact, on by default, ``index.pruning``): once the heap is full, a dense
+block scan skips the query lists of smallest upper bound (weight times the dim's extreme
+value in the segment) while their bounds sum to less than the k-th score (and at most
+``PRUNE_SHARE`` of it); the few rows whose partial score could still reach the heap are
+rescored exactly from the row store in query order, so results are bit-identical.
 The kernels are numba ``@njit(cache=True, nogil=True)``: searches from several threads run
 in parallel, each with its own accumulator.
 
@@ -108,6 +113,11 @@ SPARSE_RATIO = 4
 # id + value) through a scattered add. It pays off for the long lists of frequent dimensions
 # (VDR-like vocabularies), where the scan is bound by memory bandwidth.
 DENSE_RATIO = 2
+# Max-score pruning skips a block's lists of smallest bounds only while their bounds sum to at
+# most PRUNE_SHARE of the k-th score: the rows left as candidates (partial score >= k-th score
+# minus that sum) are rescored one by one from the row store, so a looser cut costs more
+# rescoring than the skipped postings save.
+PRUNE_SHARE = 0.5
 _MAX_ROWS = 2**31 - 1  # rows are stored as int32
 _SEG_RE = re.compile(r"^seg-\d{6}-[0-9a-f]+$")
 _ARRAYS = ("post_indptr", "post_rows", "post_vals", "row_indptr", "row_dims", "row_vals")
@@ -283,6 +293,57 @@ def _lower_bound(rows: np.ndarray, lo: int, hi: int, x: int) -> int:  # pragma: 
 
 
 @njit(cache=True, nogil=True)
+def _row_score(
+    row_indptr: np.ndarray,
+    row_dims: np.ndarray,
+    row_vals: np.ndarray,
+    r: int,
+    qdims: np.ndarray,
+    qw: np.ndarray,
+) -> Any:  # pragma: no cover - numba
+    """Score of segment row r from the row store: sum of qw[j] * x[r, qdims[j]] in query
+    order in float32, the same operations the block accumulator performs (absent dims add
+    +-0, which leaves a sum unchanged)."""
+    lo0 = row_indptr[r]
+    hi0 = row_indptr[r + 1]
+    s = np.float32(0.0)
+    for j in range(qdims.shape[0]):
+        d = qdims[j]
+        lo, hi = lo0, hi0
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if row_dims[mid] < d:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < hi0 and row_dims[lo] == d:
+            s += qw[j] * row_vals[lo]
+    return s
+
+
+@njit(cache=True, nogil=True)
+def _dim_bounds(
+    indptr: np.ndarray, vals: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """(dmax, dmin) (dim,) f32: largest and smallest posting value of each dim (0 if empty)."""
+    dim = indptr.shape[0] - 1
+    dmax = np.zeros(dim, np.float32)
+    dmin = np.zeros(dim, np.float32)
+    for d in range(dim):
+        lo, hi = indptr[d], indptr[d + 1]
+        if hi > lo:
+            a = vals[lo]
+            b = vals[lo]
+            for p in range(lo + 1, hi):
+                v = vals[p]
+                a = max(a, v)
+                b = min(b, v)
+            dmax[d] = a
+            dmin[d] = b
+    return dmax, dmin
+
+
+@njit(cache=True, nogil=True)
 def _score_segment(
     indptr: np.ndarray,
     rows: np.ndarray,
@@ -303,6 +364,12 @@ def _score_segment(
     size: int,
     slot: np.ndarray,
     dense: np.ndarray,
+    prune: bool,
+    dmax: np.ndarray,
+    dmin: np.ndarray,
+    row_indptr: np.ndarray,
+    row_dims: np.ndarray,
+    row_vals: np.ndarray,
 ) -> int:  # pragma: no cover - numba
     """Score one segment's rows into the running top-k heap (hs, hr, size); return size.
 
@@ -315,6 +382,15 @@ def _score_segment(
     Rows are visited in ascending order block by block, so in a dense block scan a row can
     only enter a full heap with a strictly higher score than the root (ties keep lower rows).
     Unsigned loop/index variables spare numba's negative-index wraparound checks.
+
+    ``prune`` (max-score pruning, exact): dmax/dmin (dim,) are the segment's largest and
+    smallest posting value per dim, so list j adds at most ub_j = max(0, w_j * dmax or
+    w_j * dmin) to any row. Before a dense block scan with a full heap (root score t), the
+    lists with the smallest bounds whose bounds sum (plus a rounding slack) stays below t
+    are skipped: a row can then only beat the root if its score from the other lists is
+    >= t - that sum - slack, and each such candidate is rescored exactly from the row store
+    (row_*), adding w_j * x_rj in query order as the accumulator would, so scores and
+    ranking are bit-identical to the plain scan.
     """
     blk = acc.shape[0]
     k = hs.shape[0]
@@ -336,16 +412,50 @@ def _score_segment(
     sparse = postings * SPARSE_RATIO < count
     neg_inf = np.float32(-np.inf)
     chunk = uint64(256)
+    # max-score bounds: lists sorted by bound ascending, prefix sums of the bounds (float64)
+    order = np.arange(nq)
+    prefix = np.zeros(nq + 1, np.float64)
+    slack = 0.0
+    if prune:
+        ub = np.empty(nq, np.float64)
+        mag = 0.0
+        for j in range(nq):
+            d = qdims[j]
+            w = np.float64(qw[j])
+            hi = w * np.float64(dmax[d]) if w > 0 else w * np.float64(dmin[d])
+            ub[j] = max(hi, 0.0)
+            mag += abs(w) * max(abs(np.float64(dmax[d])), abs(np.float64(dmin[d])))
+        order = np.argsort(ub)
+        for i in range(nq):
+            prefix[i + 1] = prefix[i] + ub[order[i]]
+        # float32 sums of <= nq products err by < (nq + 1) * 2^-24 * mag each (the partial
+        # sum in the accumulator and the exact score): 8x margin over both.
+        slack = (nq + 2) * mag * 2.0**-21 + 1e-30
+    skip = np.zeros(nq, np.bool_)
     for b0 in range(0, count, blk):
         b1 = min(b0 + blk, count)
         nb = uint64(b1 - b0)
         base = offset + b0
         # Once k hits >= 0 are held, untouched rows (score 0, higher row) cannot enter.
         track = sparse and size == k and hs[0] >= 0
+        # lists skipped in this block (max-score): their bounds sum to bound_ne < root - slack
+        n_ne = 0
+        bound_ne = 0.0
+        if prune and not track and size == k:
+            t = np.float64(hs[0]) - slack
+            cap = PRUNE_SHARE * np.float64(hs[0])
+            while n_ne < nq and prefix[n_ne + 1] < t and prefix[n_ne + 1] <= cap:
+                n_ne += 1
+            bound_ne = prefix[n_ne]
+        for i in range(nq):
+            skip[order[i]] = i < n_ne
         nt = 0
         for j in range(nq):
             w = qw[j]
             p0 = cur_q[j]
+            if skip[j]:
+                cur_q[j] = _lower_bound(rows, p0, end_q[j], b1)
+                continue
             sd = slot[qdims[j]]
             if sd >= 0 and not track:
                 # a long list: add its dense value row (contiguous, vectorised)
@@ -390,6 +500,34 @@ def _score_segment(
             for j in range(ne):
                 for p in range(uint64(cur_e[j]), uint64(blk_e[j])):
                     flags[uint64(rows[p] - b0)] = 0
+        elif n_ne > 0:
+            # candidates: partial score >= root - bound_ne - slack (kept a little low in f32)
+            c64 = np.float64(hs[0]) - slack - bound_ne
+            cthr = np.float32(c64 - abs(c64) * 1e-6)
+            thr = hs[0]
+            for c0 in range(uint64(0), nb, chunk):
+                c1 = min(c0 + chunk, nb)
+                above = 0
+                for r in range(c0, c1):
+                    above += acc[r] >= cthr
+                if above == 0:
+                    for r in range(c0, c1):
+                        acc[r] = 0.0
+                    continue
+                for r in range(c0, c1):
+                    s = acc[r]
+                    acc[r] = 0.0
+                    if s >= cthr:
+                        g = base + np.int64(r)
+                        if (flags[r] & 2) != 0 or (use_mask and not mask[g]):
+                            continue
+                        s = _row_score(row_indptr, row_dims, row_vals, b0 + np.int64(r), qdims, qw)
+                        if s > thr:
+                            size = _heap_push(hs, hr, size, s, g)
+                            thr = hs[0]
+            if ne > 0:
+                for r in range(nb):
+                    flags[r] = 0
         else:
             thr = hs[0] if size == k else neg_inf
             # One pass over the block: each 256-row chunk is checked and then reset while it
@@ -541,6 +679,9 @@ class _Segment:
     _dense: tuple[np.ndarray, np.ndarray] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+    _bounds: tuple[np.ndarray, np.ndarray] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @property
     def nbytes(self) -> int:
@@ -555,6 +696,13 @@ class _Segment:
                 self.post_indptr, self.post_rows, self.post_vals, self.count, min_len
             )
         return self._dense
+
+    def dim_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """(dmax, dmin) (dim,) f32: each dim's largest / smallest posting value (max-score
+        pruning bounds), computed on first use (O(nnz), 8 bytes per dim in memory)."""
+        if self._bounds is None:
+            self._bounds = _dim_bounds(self.post_indptr, self.post_vals)
+        return self._bounds
 
 
 def _write_segment(
@@ -880,6 +1028,9 @@ class InvertedIndex:
             raise SparsemmError(f"block_rows must be a positive integer, got {block_rows!r}")
         self._root = root
         self._block = block_rows
+        # Max-score pruning in dense block scans (exact; see _score_segment). False runs the
+        # plain scan: same results, kept for benchmarks and tests that compare the two.
+        self.pruning = True
         self._local = threading.local()
         self._set_state(manifest, segments)
 
@@ -1012,6 +1163,7 @@ class InvertedIndex:
                     step = max(1, 4096 // arr.itemsize)
                     np.add.reduce(arr[::step], dtype=np.float64)
             s.dense_lists()
+            s.dim_bounds()
 
     def reload(self) -> None:
         """Re-read the folder to see commits made by other writers since opening."""
@@ -1272,6 +1424,7 @@ class InvertedIndex:
             m = mask if mask is not None else _NO_MASK
             for s in self._segments:
                 slot, dense = s.dense_lists()
+                dmax, dmin = s.dim_bounds()
                 size = _score_segment(
                     s.post_indptr,
                     s.post_rows,
@@ -1292,6 +1445,12 @@ class InvertedIndex:
                     size,
                     slot,
                     dense,
+                    self.pruning,
+                    dmax,
+                    dmin,
+                    s.row_indptr,
+                    s.row_dims,
+                    s.row_vals,
                 )
         _heap_sort(hs, hr, size)
         rows, scores = hr[:size], hs[:size]
