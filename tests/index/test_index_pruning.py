@@ -56,3 +56,39 @@ def test_pruned_equals_plain_scan_and_brute_force(
             np.testing.assert_array_equal(pruned.scores, scores.astype(np.float32))
         else:
             np.testing.assert_allclose(pruned.scores, scores, rtol=1e-5, atol=1e-5)
+
+
+def test_approx_full_share_is_exact_and_partial_share_recalls(tmp_path: Path) -> None:
+    """approx=1.0 keeps every posting (the exact top-k, exact scores); a smaller share keeps
+    scores exact for what it returns and recalls most of the exact top-10 on random data."""
+    rng = np.random.default_rng(5)
+    codes = random_codes(rng, 3000, DIM, max_nnz=8, dyadic=False)
+    ids = [f"id{i}" for i in range(codes.shape[0])]
+    index = InvertedIndex.build(tmp_path / "ix", codes, ids)
+    recalls = []
+    for t in range(30):
+        q = _query(rng, int(rng.integers(3, 12)), signed=t % 2 == 1)
+        exclude = Exclusion(dims=[int(rng.integers(DIM))]) if t % 3 == 0 else None
+        exact = index.search(q, 10, exclude=exclude)
+        full = index.search(q, 10, exclude=exclude, approx=1.0)
+        np.testing.assert_array_equal(full.rows, exact.rows)
+        assert full.scores.tobytes() == exact.scores.tobytes()
+        part = index.search(q, 10, exclude=exclude, approx=0.5)
+        ref = dict(zip(exact.rows.tolist(), exact.scores.tolist(), strict=True))
+        all_scores = np.asarray(codes @ q.astype(np.float64)).ravel()
+        np.testing.assert_allclose(part.scores, all_scores[part.rows], rtol=1e-5, atol=1e-5)
+        assert list(part.scores) == sorted(part.scores, reverse=True)
+        if exclude is not None:
+            assert not (codes[part.rows][:, exclude.dims].toarray() > 0).any()
+        recalls.append(len(set(part.rows.tolist()) & set(ref)) / len(ref))
+    assert np.mean(recalls) >= 0.9
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5, 1.5, True, "half"])
+def test_approx_share_is_checked(tmp_path: Path, bad: object) -> None:
+    from sparsemm.errors import SparsemmError
+
+    codes = random_codes(np.random.default_rng(0), 50, DIM, max_nnz=4)
+    index = InvertedIndex.build(tmp_path / "ix", codes, [f"id{i}" for i in range(50)])
+    with pytest.raises(SparsemmError, match="approx"):
+        index.search(np.ones(DIM, np.float32), 5, approx=bad)  # type: ignore[arg-type]

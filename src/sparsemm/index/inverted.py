@@ -118,6 +118,10 @@ DENSE_RATIO = 2
 # minus that sum) are rescored one by one from the row store, so a looser cut costs more
 # rescoring than the skipped postings save.
 PRUNE_SHARE = 0.5
+# Approximate mode rescoring pool: the best max(APPROX_POOL_MIN, APPROX_POOL_FACTOR * k)
+# candidates of the truncated lists are rescored exactly.
+APPROX_POOL_MIN = 100
+APPROX_POOL_FACTOR = 10
 _MAX_ROWS = 2**31 - 1  # rows are stored as int32
 _SEG_RE = re.compile(r"^seg-\d{6}-[0-9a-f]+$")
 _ARRAYS = ("post_indptr", "post_rows", "post_vals", "row_indptr", "row_dims", "row_vals")
@@ -319,6 +323,66 @@ def _row_score(
         if lo < hi0 and row_dims[lo] == d:
             s += qw[j] * row_vals[lo]
     return s
+
+
+@njit(cache=True, nogil=True)
+def _truncate_lists(
+    indptr: np.ndarray, rows: np.ndarray, vals: np.ndarray, keep: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """Approximate-mode posting lists: of each list, the ceil(keep * len) postings of largest
+    |value| (ties at the cut all kept), rows still ascending: (indptr, rows, vals)."""
+    dim = indptr.shape[0] - 1
+    cut = np.zeros(dim, np.float32)
+    out_ptr = np.zeros(dim + 1, np.int64)
+    for d in range(dim):
+        lo, hi = indptr[d], indptr[d + 1]
+        n = hi - lo
+        if n == 0:
+            continue
+        m = min(n, max(1, int(np.ceil(keep * n))))
+        a = np.sort(np.abs(vals[lo:hi]))
+        cut[d] = a[n - m]
+        c = 0
+        for p in range(lo, hi):
+            c += abs(vals[p]) >= cut[d]
+        out_ptr[d + 1] = out_ptr[d] + c
+    out_rows = np.empty(out_ptr[dim], rows.dtype)
+    out_vals = np.empty(out_ptr[dim], np.float32)
+    for d in range(dim):
+        q = out_ptr[d]
+        for p in range(indptr[d], indptr[d + 1]):
+            if abs(vals[p]) >= cut[d]:
+                out_rows[q] = rows[p]
+                out_vals[q] = vals[p]
+                q += 1
+    return out_ptr, out_rows, out_vals
+
+
+@njit(cache=True, nogil=True)
+def _rescore_rows(
+    row_indptr: np.ndarray,
+    row_dims: np.ndarray,
+    row_vals: np.ndarray,
+    local: np.ndarray,
+    qdims: np.ndarray,
+    qw: np.ndarray,
+    edims: np.ndarray,
+    ethr: float,
+) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """Exact scores (f32, as the exact search computes them) of segment rows ``local`` and
+    whether each survives the filter-excluded dims (value > ethr on any drops it)."""
+    n = local.shape[0]
+    scores = np.empty(n, np.float32)
+    keep = np.ones(n, np.bool_)
+    for i in range(n):
+        r = local[i]
+        scores[i] = _row_score(row_indptr, row_dims, row_vals, r, qdims, qw)
+        for p in range(row_indptr[r], row_indptr[r + 1]):
+            d = row_dims[p]
+            for j in range(edims.shape[0]):
+                if d == edims[j] and row_vals[p] > ethr:
+                    keep[i] = False
+    return scores, keep
 
 
 @njit(cache=True, nogil=True)
@@ -682,6 +746,9 @@ class _Segment:
     _bounds: tuple[np.ndarray, np.ndarray] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+    _approx: dict[float, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def nbytes(self) -> int:
@@ -703,6 +770,15 @@ class _Segment:
         if self._bounds is None:
             self._bounds = _dim_bounds(self.post_indptr, self.post_vals)
         return self._bounds
+
+    def approx_lists(self, keep: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Truncated posting lists for approximate search (``_truncate_lists``), built on
+        first use and held in memory (8 bytes per kept posting)."""
+        got = self._approx.get(keep)
+        if got is None:
+            got = _truncate_lists(self.post_indptr, self.post_rows, self.post_vals, keep)
+            self._approx[keep] = got
+        return got
 
 
 def _write_segment(
@@ -1149,9 +1225,10 @@ class InvertedIndex:
         manifest, segments = _read_index(root)
         return cls(root, manifest, segments, block_rows=block_rows)
 
-    def warm(self) -> None:
+    def warm(self, approx: float | None = None) -> None:
         """Fault every page of the mapped arrays in now (one read per 4 KiB page) and build
-        the in-memory dense rows of the long posting lists.
+        the in-memory dense rows of the long posting lists (and, with ``approx``, the
+        truncated lists of approximate search with that share).
 
         Otherwise a fresh process pays page faults on the first queries that touch each
         posting list; a long-running service or a latency benchmark calls this after open.
@@ -1164,6 +1241,9 @@ class InvertedIndex:
                     np.add.reduce(arr[::step], dtype=np.float64)
             s.dense_lists()
             s.dim_bounds()
+            a = _check_approx(approx)
+            if a is not None:
+                s.approx_lists(a)
 
     def reload(self) -> None:
         """Re-read the folder to see commits made by other writers since opening."""
@@ -1409,11 +1489,19 @@ class InvertedIndex:
         return mask
 
     def _search_one(
-        self, dims: np.ndarray, w: np.ndarray, k: int, plan: _Plan, mask: np.ndarray | None
+        self,
+        dims: np.ndarray,
+        w: np.ndarray,
+        k: int,
+        plan: _Plan,
+        mask: np.ndarray | None,
+        approx: float | None = None,
     ) -> SearchResult:
         if plan.extra_dims.size:
             dims = np.concatenate([dims, plan.extra_dims])
             w = np.concatenate([w, plan.extra_w])
+        if approx is not None:
+            return self._search_approx(dims, w, k, plan, mask, approx)
         k = min(k, self._count)
         hs = np.empty(k, np.float32)
         hr = np.empty(k, np.int64)
@@ -1457,12 +1545,88 @@ class InvertedIndex:
         all_ids = self._all_ids
         return SearchResult(rows=rows, ids=[all_ids[r] for r in rows.tolist()], scores=scores)
 
+    def _search_approx(
+        self,
+        dims: np.ndarray,
+        w: np.ndarray,
+        k: int,
+        plan: _Plan,
+        mask: np.ndarray | None,
+        keep: float,
+    ) -> SearchResult:
+        """Approximate top-k: candidates from truncated posting lists (each list's ``keep``
+        share of largest |values|, in the spirit of Seismic's static pruning), then every
+        candidate rescored exactly from the row store and filtered; hits carry exact scores
+        and follow the ranking rule among the candidates, but a true hit may be missed."""
+        pool = min(self._count, max(APPROX_POOL_MIN, APPROX_POOL_FACTOR * k))
+        hs = np.empty(pool, np.float32)
+        hr = np.empty(pool, np.int64)
+        size = 0
+        acc, flags, touched = self._workspace()
+        m = mask if mask is not None else _NO_MASK
+        for s in self._segments:
+            t_ptr, t_rows, t_vals = s.approx_lists(keep)
+            no_slot = np.full(self._dim, -1, np.int32)
+            size = _score_segment(
+                t_ptr,
+                t_rows,
+                t_vals,
+                s.start,
+                s.count,
+                dims,
+                w,
+                _EMPTY_I64,
+                0.0,
+                m,
+                mask is not None,
+                acc,
+                flags,
+                touched,
+                hs,
+                hr,
+                size,
+                no_slot,
+                _NO_DENSE,
+                False,
+                _EMPTY_F32,
+                _EMPTY_F32,
+                s.row_indptr,
+                s.row_dims,
+                s.row_vals,
+            )
+        cand = hr[:size]
+        scores = np.empty(size, np.float32)
+        ok = np.ones(size, np.bool_)
+        starts = np.array([s.start for s in self._segments], np.int64)
+        which = np.searchsorted(starts, cand, side="right") - 1
+        for i, s in enumerate(self._segments):
+            sel = np.flatnonzero(which == i)
+            if sel.size:
+                sc, kp = _rescore_rows(
+                    s.row_indptr,
+                    s.row_dims,
+                    s.row_vals,
+                    cand[sel] - s.start,
+                    dims,
+                    w,
+                    plan.ban_dims,
+                    plan.threshold,
+                )
+                scores[sel] = sc
+                ok[sel] = kp
+        cand, scores = cand[ok], scores[ok]
+        order = np.lexsort((cand, -scores))[:k]
+        rows, top = cand[order], scores[order]
+        all_ids = self._all_ids
+        return SearchResult(rows=rows, ids=[all_ids[r] for r in rows.tolist()], scores=top)
+
     def search(
         self,
         query: QueryLike,
         k: int = 10,
         exclude: Exclusion | None = None,
         allowed: np.ndarray | Sequence[int] | None = None,
+        approx: float | None = None,
     ) -> SearchResult:
         """Exact top-``k`` items by inner product with ``query`` (ranking rule: module doc).
 
@@ -1470,11 +1634,18 @@ class InvertedIndex:
         ``exclude``: dims to filter out or penalise. ``allowed``: a (n,) boolean mask or an
         array of rows to restrict the search to (e.g. one split). Returns at most ``k`` hits
         (fewer only when fewer items are allowed and not excluded).
+        ``approx`` (opt-in, not exact): a share in (0, 1]; candidates come from each
+        posting list's ``approx`` share of largest values and are rescored exactly, so
+        scores are exact but a true hit can be missed (recall measured in
+        ``benchmarks/index_latency.py --approx``); the first such search builds the
+        truncated lists in memory (``warm(approx=...)`` does it ahead).
         """
         k = _check_k(k)
         dims, w = _as_query(query, self._dim)
         plan = _plan_exclusion(exclude, self._dim)
-        return self._search_one(dims, w, k, plan, self._allowed_mask(allowed))
+        return self._search_one(
+            dims, w, k, plan, self._allowed_mask(allowed), _check_approx(approx)
+        )
 
     def search_batch(
         self,
@@ -1521,6 +1692,17 @@ class InvertedIndex:
 
 
 _NO_MASK = np.zeros(1, np.bool_)
+_NO_DENSE = np.zeros((0, 1), np.float32)
+
+
+def _check_approx(approx: Any) -> float | None:
+    if approx is None:
+        return None
+    if isinstance(approx, bool) or not isinstance(approx, (int, float, np.floating)):
+        raise SparsemmError(f"approx must be a number in (0, 1] or None, got {approx!r}")
+    if not 0.0 < float(approx) <= 1.0:
+        raise SparsemmError(f"approx must lie in (0, 1], got {approx!r}")
+    return float(approx)
 
 
 def _check_k(k: Any) -> int:
