@@ -117,7 +117,7 @@ DENSE_RATIO = 2
 # most PRUNE_SHARE of the k-th score: the rows left as candidates (partial score >= k-th score
 # minus that sum) are rescored one by one from the row store, so a looser cut costs more
 # rescoring than the skipped postings save.
-PRUNE_SHARE = 0.5
+PRUNE_SHARE = 0.1
 # Approximate mode rescoring pool: the best max(APPROX_POOL_MIN, APPROX_POOL_FACTOR * k)
 # candidates of the truncated lists are rescored exactly.
 APPROX_POOL_MIN = 100
