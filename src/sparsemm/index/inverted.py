@@ -569,36 +569,15 @@ def _score_segment(
             for j in range(ne):
                 for p in range(uint64(cur_e[j]), uint64(blk_e[j])):
                     flags[uint64(rows[p] - b0)] = 0
-        elif n_ne > 0:
-            # candidates: partial score >= root - bound_ne - slack (kept a little low in f32)
-            c64 = np.float64(hs[0]) - slack - bound_ne
-            cthr = np.float32(c64 - abs(c64) * 1e-6)
-            thr = hs[0]
-            for c0 in range(uint64(0), nb, chunk):
-                c1 = min(c0 + chunk, nb)
-                above = 0
-                for r in range(c0, c1):
-                    above += acc[r] >= cthr
-                if above == 0:
-                    for r in range(c0, c1):
-                        acc[r] = 0.0
-                    continue
-                for r in range(c0, c1):
-                    s = acc[r]
-                    acc[r] = 0.0
-                    if s >= cthr:
-                        g = base + np.int64(r)
-                        if (flags[r] & 2) != 0 or (use_mask and not mask[g]):
-                            continue
-                        s = _row_score(row_indptr, row_dims, row_vals, b0 + np.int64(r), qdims, qw)
-                        if s > thr:
-                            size = _heap_push(hs, hr, size, s, g)
-                            thr = hs[0]
-            if ne > 0:
-                for r in range(nb):
-                    flags[r] = 0
         else:
             thr = hs[0] if size == k else neg_inf
+            # rows enter the per-row check when acc > pre: the root's score, or with skipped
+            # lists (n_ne > 0) the candidate cut root - bound_ne - slack (kept a little low
+            # in f32), candidates then being rescored exactly from the row store
+            pre = thr
+            if n_ne > 0:
+                c64 = np.float64(hs[0]) - slack - bound_ne
+                pre = np.nextafter(np.float32(c64 - abs(c64) * 1e-6), neg_inf)
             # One pass over the block: each 256-row chunk is checked and then reset while it
             # is still in L1 (a separate memset pass would stream the block through L2 again).
             for c0 in range(uint64(0), nb, chunk):
@@ -607,7 +586,7 @@ def _score_segment(
                     # vectorised pre-check: most chunks hold nothing above the k-th score
                     above = 0
                     for r in range(c0, c1):
-                        above += acc[r] > thr
+                        above += acc[r] > pre
                     if above == 0:
                         for r in range(c0, c1):
                             acc[r] = 0.0
@@ -615,13 +594,21 @@ def _score_segment(
                 for r in range(c0, c1):
                     s = acc[r]
                     acc[r] = 0.0
-                    if s > thr or size < k:
+                    if s > pre or size < k:
                         g = base + np.int64(r)
                         if (flags[r] & 2) != 0 or (use_mask and not mask[g]):
                             continue
+                        if n_ne > 0:
+                            s = _row_score(
+                                row_indptr, row_dims, row_vals, b0 + np.int64(r), qdims, qw
+                            )
+                            if not s > thr:
+                                continue
                         size = _heap_push(hs, hr, size, s, g)
                         if size == k:
                             thr = hs[0]
+                            if n_ne == 0:
+                                pre = thr
             if ne > 0:
                 for r in range(nb):  # only ban bits are set here; a memset beats re-walking
                     flags[r] = 0
