@@ -318,15 +318,9 @@ def _row_score(
     s = np.float32(0.0)
     for j in range(qdims.shape[0]):
         d = qdims[j]
-        lo, hi = lo0, hi0
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if row_dims[mid] < d:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo < hi0 and row_dims[lo] == d:
-            s += qw[j] * row_vals[lo]
+        p = _lower_bound(row_dims, lo0, hi0, d)
+        if p < hi0 and row_dims[p] == d:
+            s += qw[j] * row_vals[p]
     return s
 
 
