@@ -9,6 +9,11 @@ run, checks that both return the same top-k, and prints a table with the speed-u
 
     python benchmarks/index_latency.py --sizes 100000 1000000 --out runs/index_latency
 
+``--plain-scan`` also times the index with max-score pruning off (``index.pruning = False``,
+the kernel before pruning) on the same queries, so the ratio comes from one run.
+``--approx SHARE`` also times approximate search (``search(..., approx=SHARE)``) on the
+plain queries and reports its recall@k against the exact index results.
+
 With ``--out`` it writes config.json, metrics.json and the git commit there.
 """
 
@@ -102,6 +107,7 @@ def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "build_s": build_s,
         "open_s": open_s,
         "warm_s": warm_s,
+        "queries": args.queries,
     }
     agree = 0
     for label, use_ex in (("plain", False), ("exclusion", True)):
@@ -134,6 +140,34 @@ def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "index_cpu_p50_ms": percentiles(c_idx)[0],
             "brute_cpu_p50_ms": percentiles(c_bf)[0],
         }
+        if args.plain_scan:
+            index.pruning = False
+            c_old = []
+            for i in range(args.queries):
+                ex = ex_objs[i] if use_ex else None
+                c0 = time.thread_time_ns()
+                old = index.search(q_rows[i], args.k, exclude=ex)
+                c_old.append(time.thread_time_ns() - c0)
+                agree_old = np.array_equal(old.rows, hits[i])
+                res.setdefault("plain_scan_identical", 0)
+                res["plain_scan_identical"] += int(agree_old)
+            index.pruning = True
+            res[label]["plain_scan_cpu_p50_ms"] = percentiles(c_old)[0]
+        if args.approx is not None and not use_ex:
+            t0 = time.perf_counter()
+            index.warm(approx=args.approx)
+            res["approx_build_s"] = time.perf_counter() - t0
+            c_ap, rec = [], []
+            for i in range(args.queries):
+                c0 = time.thread_time_ns()
+                ap = index.search(q_rows[i], args.k, approx=args.approx)
+                c_ap.append(time.thread_time_ns() - c0)
+                rec.append(len(set(ap.rows.tolist()) & set(hits[i].tolist())) / len(hits[i]))
+            res["approx"] = {
+                "share": args.approx,
+                "cpu_p50_ms": percentiles(c_ap)[0],
+                "recall": float(np.mean(rec)),
+            }
     res["topk_agreement"] = agree / (2 * args.queries)
     res["index_bytes_per_item"] = index.nbytes / n
     res["disk_bytes_per_item"] = disk_bytes / n
@@ -163,6 +197,27 @@ def print_table(results: list[dict[str, Any]]) -> None:
                 f"{m['brute_cpu_p50_ms']:>8.3f}ms"
             )
     print("(p50/p99: wall clock per query; cpu: p50 CPU time of the searching thread)")
+    for r in results:
+        for label in ("plain", "exclusion"):
+            old = r[label].get("plain_scan_cpu_p50_ms")
+            if old is not None:
+                new = r[label]["index_cpu_p50_ms"]
+                print(
+                    f"{r['n']:>9} {label:>9}: pruning off (plain scan) cpu p50 {old:.3f}ms, "
+                    f"pruning on {new:.3f}ms, ratio {old / new:.2f}x"
+                )
+        if "plain_scan_identical" in r:
+            print(
+                f"{r['n']:>9} plain scan == pruned results: "
+                f"{r['plain_scan_identical']}/{2 * len_queries(r)}"
+            )
+        if "approx" in r:
+            a = r["approx"]
+            print(
+                f"{r['n']:>9} approx share {a['share']}: cpu p50 {a['cpu_p50_ms']:.3f}ms, "
+                f"recall@k vs exact {a['recall']:.4f} (truncated lists built in "
+                f"{r['approx_build_s']:.1f}s)"
+            )
     print()
     for r in results:
         print(
@@ -172,6 +227,10 @@ def print_table(results: list[dict[str, Any]]) -> None:
             f"{r['disk_bytes_per_item']:.0f} B/item incl. ids; CSR {r['csr_bytes_per_item']:.0f}"
             f" B/item), top-k agreement with brute force {r['topk_agreement']:.3f}"
         )
+
+
+def len_queries(r: dict[str, Any]) -> int:
+    return int(r["queries"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", type=Path, default=None, help="where to build the indexes")
     ap.add_argument("--keep", action="store_true", help="keep the built indexes")
+    ap.add_argument(
+        "--plain-scan", action="store_true", help="also time the index with pruning off"
+    )
+    ap.add_argument(
+        "--approx", type=float, default=None, help="also time approximate search at this share"
+    )
     ap.add_argument("--out", type=Path, default=None, help="write config/metrics.json here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)

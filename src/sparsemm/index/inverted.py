@@ -56,6 +56,13 @@ track the touched rows and scan only those once k non-negative hits are held (un
 score 0 and cannot beat them). Cost per query: O(postings of the query and excluded dims) plus
 O(rows) for dense queries or O(touched rows) for sparse ones; extra memory O(BLOCK + k),
 plus 4 bytes per row for each long list of a segment.
+Max-score pruning (exact; on by default for k <= PRUNE_MAX_K, ``index.pruning``): once the
+heap is full, a dense block scan skips the query lists of smallest upper bound (weight times
+the dim's extreme value in the segment) while their bounds sum to less than the k-th score
+(and at most ``PRUNE_SHARE`` of it); the few rows whose partial score could still reach the
+heap are rescored exactly from the row store in query order, so results are bit-identical.
+``search(..., approx=share)`` is an opt-in approximate mode: candidates from each list's
+``share`` of largest |values| (in-memory truncated lists), rescored exactly.
 The kernels are numba ``@njit(cache=True, nogil=True)``: searches from several threads run
 in parallel, each with its own accumulator.
 
@@ -108,6 +115,18 @@ SPARSE_RATIO = 4
 # id + value) through a scattered add. It pays off for the long lists of frequent dimensions
 # (VDR-like vocabularies), where the scan is bound by memory bandwidth.
 DENSE_RATIO = 2
+# Max-score pruning skips a block's lists of smallest bounds only while their bounds sum to at
+# most PRUNE_SHARE of the k-th score: the rows left as candidates (partial score >= k-th score
+# minus that sum) are rescored one by one from the row store, so a looser cut costs more
+# rescoring than the skipped postings save.
+PRUNE_SHARE = 0.1
+# ... and only for k <= PRUNE_MAX_K: at k = 1000 the k-th score sits among many rows, the
+# candidates to rescore are many and pruning measured 0.5x of the plain scan (1M items).
+PRUNE_MAX_K = 10
+# Approximate mode rescoring pool: the best max(APPROX_POOL_MIN, APPROX_POOL_FACTOR * k)
+# candidates of the truncated lists are rescored exactly.
+APPROX_POOL_MIN = 100
+APPROX_POOL_FACTOR = 10
 _MAX_ROWS = 2**31 - 1  # rows are stored as int32
 _SEG_RE = re.compile(r"^seg-\d{6}-[0-9a-f]+$")
 _ARRAYS = ("post_indptr", "post_rows", "post_vals", "row_indptr", "row_dims", "row_vals")
@@ -283,6 +302,111 @@ def _lower_bound(rows: np.ndarray, lo: int, hi: int, x: int) -> int:  # pragma: 
 
 
 @njit(cache=True, nogil=True)
+def _row_score(
+    row_indptr: np.ndarray,
+    row_dims: np.ndarray,
+    row_vals: np.ndarray,
+    r: Any,
+    qdims: np.ndarray,
+    qw: np.ndarray,
+) -> Any:  # pragma: no cover - numba
+    """Score of segment row r from the row store: sum of qw[j] * x[r, qdims[j]] in query
+    order in float32, the same operations the block accumulator performs (absent dims add
+    +-0, which leaves a sum unchanged)."""
+    lo0 = row_indptr[r]
+    hi0 = row_indptr[r + 1]
+    s = np.float32(0.0)
+    for j in range(qdims.shape[0]):
+        d = qdims[j]
+        p = _lower_bound(row_dims, lo0, hi0, d)
+        if p < hi0 and row_dims[p] == d:
+            s += qw[j] * row_vals[p]
+    return s
+
+
+@njit(cache=True, nogil=True)
+def _truncate_lists(
+    indptr: np.ndarray, rows: np.ndarray, vals: np.ndarray, keep: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """Approximate-mode posting lists: of each list, the ceil(keep * len) postings of largest
+    |value| (ties at the cut all kept), rows still ascending: (indptr, rows, vals)."""
+    dim = indptr.shape[0] - 1
+    cut = np.zeros(dim, np.float32)
+    out_ptr = np.zeros(dim + 1, np.int64)
+    for d in range(dim):
+        lo, hi = indptr[d], indptr[d + 1]
+        n = hi - lo
+        if n == 0:
+            continue
+        m = min(n, max(1, int(np.ceil(keep * n))))
+        a = np.sort(np.abs(vals[lo:hi]))
+        cut[d] = a[n - m]
+        c = 0
+        for p in range(lo, hi):
+            c += abs(vals[p]) >= cut[d]
+        out_ptr[d + 1] = out_ptr[d] + c
+    out_rows = np.empty(out_ptr[dim], rows.dtype)
+    out_vals = np.empty(out_ptr[dim], np.float32)
+    for d in range(dim):
+        q = out_ptr[d]
+        for p in range(indptr[d], indptr[d + 1]):
+            if abs(vals[p]) >= cut[d]:
+                out_rows[q] = rows[p]
+                out_vals[q] = vals[p]
+                q += 1
+    return out_ptr, out_rows, out_vals
+
+
+@njit(cache=True, nogil=True)
+def _rescore_rows(
+    row_indptr: np.ndarray,
+    row_dims: np.ndarray,
+    row_vals: np.ndarray,
+    local: np.ndarray,
+    qdims: np.ndarray,
+    qw: np.ndarray,
+    edims: np.ndarray,
+    ethr: float,
+) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """Exact scores (f32, as the exact search computes them) of segment rows ``local`` and
+    whether each survives the filter-excluded dims (value > ethr on any drops it)."""
+    n = local.shape[0]
+    scores = np.empty(n, np.float32)
+    keep = np.ones(n, np.bool_)
+    for i in range(n):
+        r = local[i]
+        scores[i] = _row_score(row_indptr, row_dims, row_vals, r, qdims, qw)
+        for p in range(row_indptr[r], row_indptr[r + 1]):
+            d = row_dims[p]
+            for j in range(edims.shape[0]):
+                if d == edims[j] and row_vals[p] > ethr:
+                    keep[i] = False
+    return scores, keep
+
+
+@njit(cache=True, nogil=True)
+def _dim_bounds(
+    indptr: np.ndarray, vals: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """(dmax, dmin) (dim,) f32: largest and smallest posting value of each dim (0 if empty)."""
+    dim = indptr.shape[0] - 1
+    dmax = np.zeros(dim, np.float32)
+    dmin = np.zeros(dim, np.float32)
+    for d in range(dim):
+        lo, hi = indptr[d], indptr[d + 1]
+        if hi > lo:
+            a = vals[lo]
+            b = vals[lo]
+            for p in range(lo + 1, hi):
+                v = vals[p]
+                a = max(a, v)
+                b = min(b, v)
+            dmax[d] = a
+            dmin[d] = b
+    return dmax, dmin
+
+
+@njit(cache=True, nogil=True)
 def _score_segment(
     indptr: np.ndarray,
     rows: np.ndarray,
@@ -303,6 +427,12 @@ def _score_segment(
     size: int,
     slot: np.ndarray,
     dense: np.ndarray,
+    prune: bool,
+    dmax: np.ndarray,
+    dmin: np.ndarray,
+    row_indptr: np.ndarray,
+    row_dims: np.ndarray,
+    row_vals: np.ndarray,
 ) -> int:  # pragma: no cover - numba
     """Score one segment's rows into the running top-k heap (hs, hr, size); return size.
 
@@ -315,6 +445,15 @@ def _score_segment(
     Rows are visited in ascending order block by block, so in a dense block scan a row can
     only enter a full heap with a strictly higher score than the root (ties keep lower rows).
     Unsigned loop/index variables spare numba's negative-index wraparound checks.
+
+    ``prune`` (max-score pruning, exact): dmax/dmin (dim,) are the segment's largest and
+    smallest posting value per dim, so list j adds at most ub_j = max(0, w_j * dmax or
+    w_j * dmin) to any row. Before a dense block scan with a full heap (root score t), the
+    lists with the smallest bounds whose bounds sum (plus a rounding slack) stays below t
+    are skipped: a row can then only beat the root if its score from the other lists is
+    >= t - that sum - slack, and each such candidate is rescored exactly from the row store
+    (row_*), adding w_j * x_rj in query order as the accumulator would, so scores and
+    ranking are bit-identical to the plain scan.
     """
     blk = acc.shape[0]
     k = hs.shape[0]
@@ -336,16 +475,50 @@ def _score_segment(
     sparse = postings * SPARSE_RATIO < count
     neg_inf = np.float32(-np.inf)
     chunk = uint64(256)
+    # max-score bounds: lists sorted by bound ascending, prefix sums of the bounds (float64)
+    order = np.arange(nq)
+    prefix = np.zeros(nq + 1, np.float64)
+    slack = 0.0
+    if prune:
+        ub = np.empty(nq, np.float64)
+        mag = 0.0
+        for j in range(nq):
+            d = qdims[j]
+            w = np.float64(qw[j])
+            hi = w * np.float64(dmax[d]) if w > 0 else w * np.float64(dmin[d])
+            ub[j] = max(hi, 0.0)
+            mag += abs(w) * max(abs(np.float64(dmax[d])), abs(np.float64(dmin[d])))
+        order = np.argsort(ub)
+        for i in range(nq):
+            prefix[i + 1] = prefix[i] + ub[order[i]]
+        # float32 sums of <= nq products err by < (nq + 1) * 2^-24 * mag each (the partial
+        # sum in the accumulator and the exact score): 8x margin over both.
+        slack = (nq + 2) * mag * 2.0**-21 + 1e-30
+    skip = np.zeros(nq, np.bool_)
     for b0 in range(0, count, blk):
         b1 = min(b0 + blk, count)
         nb = uint64(b1 - b0)
         base = offset + b0
         # Once k hits >= 0 are held, untouched rows (score 0, higher row) cannot enter.
         track = sparse and size == k and hs[0] >= 0
+        # lists skipped in this block (max-score): their bounds sum to bound_ne < root - slack
+        n_ne = 0
+        bound_ne = 0.0
+        if prune and not track and size == k:
+            tcut = np.float64(hs[0]) - slack
+            cap = PRUNE_SHARE * np.float64(hs[0])
+            while n_ne < nq and prefix[n_ne + 1] < tcut and prefix[n_ne + 1] <= cap:
+                n_ne += 1
+            bound_ne = prefix[n_ne]
+        for i in range(nq):
+            skip[order[i]] = i < n_ne
         nt = 0
         for j in range(nq):
             w = qw[j]
             p0 = cur_q[j]
+            if skip[j]:
+                cur_q[j] = _lower_bound(rows, p0, end_q[j], b1)
+                continue
             sd = slot[qdims[j]]
             if sd >= 0 and not track:
                 # a long list: add its dense value row (contiguous, vectorised)
@@ -392,6 +565,13 @@ def _score_segment(
                     flags[uint64(rows[p] - b0)] = 0
         else:
             thr = hs[0] if size == k else neg_inf
+            # rows enter the per-row check when acc > pre: the root's score, or with skipped
+            # lists (n_ne > 0) the candidate cut root - bound_ne - slack (kept a little low
+            # in f32), candidates then being rescored exactly from the row store
+            pre = thr
+            if n_ne > 0:
+                c64 = np.float64(hs[0]) - slack - bound_ne
+                pre = np.nextafter(np.float32(c64 - abs(c64) * 1e-6), neg_inf)
             # One pass over the block: each 256-row chunk is checked and then reset while it
             # is still in L1 (a separate memset pass would stream the block through L2 again).
             for c0 in range(uint64(0), nb, chunk):
@@ -400,7 +580,7 @@ def _score_segment(
                     # vectorised pre-check: most chunks hold nothing above the k-th score
                     above = 0
                     for r in range(c0, c1):
-                        above += acc[r] > thr
+                        above += acc[r] > pre
                     if above == 0:
                         for r in range(c0, c1):
                             acc[r] = 0.0
@@ -408,13 +588,21 @@ def _score_segment(
                 for r in range(c0, c1):
                     s = acc[r]
                     acc[r] = 0.0
-                    if s > thr or size < k:
+                    if s > pre or size < k:
                         g = base + np.int64(r)
                         if (flags[r] & 2) != 0 or (use_mask and not mask[g]):
                             continue
+                        if n_ne > 0:
+                            s = _row_score(
+                                row_indptr, row_dims, row_vals, b0 + np.int64(r), qdims, qw
+                            )
+                            if not s > thr:
+                                continue
                         size = _heap_push(hs, hr, size, s, g)
                         if size == k:
                             thr = hs[0]
+                            if n_ne == 0:
+                                pre = thr
             if ne > 0:
                 for r in range(nb):  # only ban bits are set here; a memset beats re-walking
                     flags[r] = 0
@@ -541,6 +729,12 @@ class _Segment:
     _dense: tuple[np.ndarray, np.ndarray] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+    _bounds: tuple[np.ndarray, np.ndarray] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    _approx: dict[float, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def nbytes(self) -> int:
@@ -555,6 +749,22 @@ class _Segment:
                 self.post_indptr, self.post_rows, self.post_vals, self.count, min_len
             )
         return self._dense
+
+    def dim_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """(dmax, dmin) (dim,) f32: each dim's largest / smallest posting value (max-score
+        pruning bounds), computed on first use (O(nnz), 8 bytes per dim in memory)."""
+        if self._bounds is None:
+            self._bounds = _dim_bounds(self.post_indptr, self.post_vals)
+        return self._bounds
+
+    def approx_lists(self, keep: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Truncated posting lists for approximate search (``_truncate_lists``), built on
+        first use and held in memory (8 bytes per kept posting)."""
+        got = self._approx.get(keep)
+        if got is None:
+            got = _truncate_lists(self.post_indptr, self.post_rows, self.post_vals, keep)
+            self._approx[keep] = got
+        return got
 
 
 def _write_segment(
@@ -880,6 +1090,9 @@ class InvertedIndex:
             raise SparsemmError(f"block_rows must be a positive integer, got {block_rows!r}")
         self._root = root
         self._block = block_rows
+        # Max-score pruning in dense block scans (exact; see _score_segment). False runs the
+        # plain scan: same results, kept for benchmarks and tests that compare the two.
+        self.pruning = True
         self._local = threading.local()
         self._set_state(manifest, segments)
 
@@ -998,9 +1211,10 @@ class InvertedIndex:
         manifest, segments = _read_index(root)
         return cls(root, manifest, segments, block_rows=block_rows)
 
-    def warm(self) -> None:
+    def warm(self, approx: float | None = None) -> None:
         """Fault every page of the mapped arrays in now (one read per 4 KiB page) and build
-        the in-memory dense rows of the long posting lists.
+        the in-memory dense rows of the long posting lists (and, with ``approx``, the
+        truncated lists of approximate search with that share).
 
         Otherwise a fresh process pays page faults on the first queries that touch each
         posting list; a long-running service or a latency benchmark calls this after open.
@@ -1012,6 +1226,10 @@ class InvertedIndex:
                     step = max(1, 4096 // arr.itemsize)
                     np.add.reduce(arr[::step], dtype=np.float64)
             s.dense_lists()
+            s.dim_bounds()
+            a = _check_approx(approx)
+            if a is not None:
+                s.approx_lists(a)
 
     def reload(self) -> None:
         """Re-read the folder to see commits made by other writers since opening."""
@@ -1257,11 +1475,19 @@ class InvertedIndex:
         return mask
 
     def _search_one(
-        self, dims: np.ndarray, w: np.ndarray, k: int, plan: _Plan, mask: np.ndarray | None
+        self,
+        dims: np.ndarray,
+        w: np.ndarray,
+        k: int,
+        plan: _Plan,
+        mask: np.ndarray | None,
+        approx: float | None = None,
     ) -> SearchResult:
         if plan.extra_dims.size:
             dims = np.concatenate([dims, plan.extra_dims])
             w = np.concatenate([w, plan.extra_w])
+        if approx is not None:
+            return self._search_approx(dims, w, k, plan, mask, approx)
         k = min(k, self._count)
         hs = np.empty(k, np.float32)
         hr = np.empty(k, np.int64)
@@ -1272,6 +1498,7 @@ class InvertedIndex:
             m = mask if mask is not None else _NO_MASK
             for s in self._segments:
                 slot, dense = s.dense_lists()
+                dmax, dmin = s.dim_bounds()
                 size = _score_segment(
                     s.post_indptr,
                     s.post_rows,
@@ -1292,11 +1519,92 @@ class InvertedIndex:
                     size,
                     slot,
                     dense,
+                    self.pruning and k <= PRUNE_MAX_K,
+                    dmax,
+                    dmin,
+                    s.row_indptr,
+                    s.row_dims,
+                    s.row_vals,
                 )
         _heap_sort(hs, hr, size)
         rows, scores = hr[:size], hs[:size]
         all_ids = self._all_ids
         return SearchResult(rows=rows, ids=[all_ids[r] for r in rows.tolist()], scores=scores)
+
+    def _search_approx(
+        self,
+        dims: np.ndarray,
+        w: np.ndarray,
+        k: int,
+        plan: _Plan,
+        mask: np.ndarray | None,
+        keep: float,
+    ) -> SearchResult:
+        """Approximate top-k: candidates from truncated posting lists (each list's ``keep``
+        share of largest |values|, in the spirit of Seismic's static pruning), then every
+        candidate rescored exactly from the row store and filtered; hits carry exact scores
+        and follow the ranking rule among the candidates, but a true hit may be missed."""
+        pool = min(self._count, max(APPROX_POOL_MIN, APPROX_POOL_FACTOR * k))
+        hs = np.empty(pool, np.float32)
+        hr = np.empty(pool, np.int64)
+        size = 0
+        acc, flags, touched = self._workspace()
+        m = mask if mask is not None else _NO_MASK
+        for s in self._segments:
+            t_ptr, t_rows, t_vals = s.approx_lists(keep)
+            no_slot = np.full(self._dim, -1, np.int32)
+            size = _score_segment(
+                t_ptr,
+                t_rows,
+                t_vals,
+                s.start,
+                s.count,
+                dims,
+                w,
+                _EMPTY_I64,
+                0.0,
+                m,
+                mask is not None,
+                acc,
+                flags,
+                touched,
+                hs,
+                hr,
+                size,
+                no_slot,
+                _NO_DENSE,
+                False,
+                _EMPTY_F32,
+                _EMPTY_F32,
+                s.row_indptr,
+                s.row_dims,
+                s.row_vals,
+            )
+        cand = hr[:size]
+        scores = np.empty(size, np.float32)
+        ok = np.ones(size, np.bool_)
+        starts = np.array([s.start for s in self._segments], np.int64)
+        which = np.searchsorted(starts, cand, side="right") - 1
+        for i, s in enumerate(self._segments):
+            sel = np.flatnonzero(which == i)
+            if sel.size:
+                sc, kp = _rescore_rows(
+                    s.row_indptr,
+                    s.row_dims,
+                    s.row_vals,
+                    cand[sel] - s.start,
+                    dims,
+                    w,
+                    plan.ban_dims,
+                    plan.threshold,
+                )
+                scores[sel] = sc
+                ok[sel] = kp
+        cand, scores = cand[ok], scores[ok]
+        order = np.lexsort((cand, -scores))[:k]
+        rows, top = cand[order], scores[order]
+        all_ids = self._all_ids
+        return SearchResult(rows=rows, ids=[all_ids[r] for r in rows.tolist()], scores=top)
 
     def search(
         self,
@@ -1304,6 +1612,7 @@ class InvertedIndex:
         k: int = 10,
         exclude: Exclusion | None = None,
         allowed: np.ndarray | Sequence[int] | None = None,
+        approx: float | None = None,
     ) -> SearchResult:
         """Exact top-``k`` items by inner product with ``query`` (ranking rule: module doc).
 
@@ -1311,11 +1620,18 @@ class InvertedIndex:
         ``exclude``: dims to filter out or penalise. ``allowed``: a (n,) boolean mask or an
         array of rows to restrict the search to (e.g. one split). Returns at most ``k`` hits
         (fewer only when fewer items are allowed and not excluded).
+        ``approx`` (opt-in, not exact): a share in (0, 1]; candidates come from each
+        posting list's ``approx`` share of largest values and are rescored exactly, so
+        scores are exact but a true hit can be missed (recall measured in
+        ``benchmarks/index_latency.py --approx``); the first such search builds the
+        truncated lists in memory (``warm(approx=...)`` does it ahead).
         """
         k = _check_k(k)
         dims, w = _as_query(query, self._dim)
         plan = _plan_exclusion(exclude, self._dim)
-        return self._search_one(dims, w, k, plan, self._allowed_mask(allowed))
+        return self._search_one(
+            dims, w, k, plan, self._allowed_mask(allowed), _check_approx(approx)
+        )
 
     def search_batch(
         self,
@@ -1362,6 +1678,17 @@ class InvertedIndex:
 
 
 _NO_MASK = np.zeros(1, np.bool_)
+_NO_DENSE = np.zeros((0, 1), np.float32)
+
+
+def _check_approx(approx: Any) -> float | None:
+    if approx is None:
+        return None
+    if isinstance(approx, bool) or not isinstance(approx, (int, float, np.floating)):
+        raise SparsemmError(f"approx must be a number in (0, 1] or None, got {approx!r}")
+    if not 0.0 < float(approx) <= 1.0:
+        raise SparsemmError(f"approx must lie in (0, 1], got {approx!r}")
+    return float(approx)
 
 
 def _check_k(k: Any) -> int:
