@@ -44,6 +44,7 @@ def test_api_against_its_openapi_schema(app: FastAPI) -> None:
         ("GET", "/api/health"),
         ("GET", "/api/search"),
         ("POST", "/api/search"),
+        ("POST", "/api/search/image"),
         ("GET", "/api/items/{item_id}/explain"),
         ("GET", "/api/dims/{dim}"),
     }

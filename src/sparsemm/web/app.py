@@ -821,13 +821,13 @@ class SearchService:
         """A text query, or "more like" ``req.like`` (an item id) or ``image`` (a decoded
         upload) with the query's exclusions (:meth:`Searcher.search_like`)."""
         like: Any = image if image is not None else req.like
-        if like is not None:
-            query = like_exclusions(req.q, req.include, req.exclude)
-        else:
-            query = build_query(req.q, req.include, req.exclude)
         with self.pinned():
             if like is not None and image is None:
                 self.row(str(req.like))  # 404 for an unknown item
+            if like is not None:
+                query = like_exclusions(req.q, req.include, req.exclude)
+            else:
+                query = build_query(req.q, req.include, req.exclude)
             return self._search(req, query, prefix, like, image)
 
     def _search(
