@@ -6,8 +6,8 @@ chance::
 
     gain(t, j) = share of j's top-k items mentioning t - base_rate * p(t),   p(t) = df_t / n
 
-(ties broken by t's activation-weighted mutual-information term with j). Item i mentions t
-when a caption contains t's singular content tokens as a phrase, or i carries t as a label
+(ties: t's activation-weighted mutual-information term with j, then the shorter term).
+Item i mentions t when a caption contains t's singular content tokens as a phrase, or i carries t as a label
 (:class:`sparsemm.text.CaptionIndex`, the phrase itself, never its head noun alone). The terms
 are the model's detector vocabulary when it has one (caption words, frequent two-word names
 such as "ankle boot" or "hot dog", and the labels), else the same vocabulary built from the
@@ -111,6 +111,7 @@ def top_share_names(
     df = np.asarray(m.sum(axis=0)).ravel()
     template = template_terms(index, terms, max_share)
     ok = (df >= min_df) & ~np.array([t in template for t in terms])
+    n_words = np.array([len(t.split()) for t in terms])
     csc = sp.csc_matrix(abs(sp.csr_matrix(codes)))
     out: list[list[str]] = []
     for j in range(d):
@@ -126,7 +127,7 @@ def top_share_names(
         with np.errstate(divide="ignore", invalid="ignore"):
             mi = p_tj * np.log(np.maximum(p_tj / np.maximum(df / n, 1e-12), 1e-12))
         gain = np.where(ok & (mi > 0), share - base_rate * df / n, 0.0)
-        best = np.lexsort((-mi, -gain))[:top]
+        best = np.lexsort((n_words, -mi, -gain))[:top]  # ties: the shorter name
         out.append([terms[b] for b in best if gain[b] > 0.0])
     return out
 
