@@ -7,8 +7,9 @@ chance::
     gain(t, j) = share of j's top-k items mentioning t - base_rate * p(t),   p(t) = df_t / n
 
 (ties: t's activation-weighted mutual-information term with j, then the shorter term).
-Item i mentions t when a caption contains t's singular content tokens as a phrase, or i carries t as a label
-(:class:`sparsemm.text.CaptionIndex`, the phrase itself, never its head noun alone). The terms
+Item i mentions t when a caption contains t's singular content tokens as a phrase, or i
+carries t as a label (:class:`sparsemm.text.CaptionIndex`, the phrase itself, never its head
+noun alone). The terms
 are the model's detector vocabulary when it has one (caption words, frequent two-word names
 such as "ankle boot" or "hot dog", and the labels), else the same vocabulary built from the
 collection; singular and plural forms are one term. ``base_rate`` 0 rewards frequent terms
