@@ -86,6 +86,7 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     labels = sorted({lab for it in s.collection.items for lab in it.get("labels") or []})
     codes = s.codes
+    text = s.text_context  # encoders and detectors, before any synthetic swap
     if args.scale:
         t0 = time.perf_counter()
         src = rng.integers(0, codes.shape[0], args.scale)
@@ -100,7 +101,6 @@ def main() -> None:
         print(f"synthetic {args.scale} items built and indexed in {time.perf_counter() - t0:.0f} s")
     index = s.index
     index.warm()
-    text = s.text_context
     full = ExclusionContext(
         items_codes=codes,
         text_encoder=text.text_encoder,
