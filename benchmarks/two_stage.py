@@ -95,7 +95,7 @@ def main() -> None:
         codes = normalize_rows(x)
         tmp = Path(tempfile.mkdtemp(prefix="two-stage-"))
         index = InvertedIndex.build(tmp / "index", codes, [str(i) for i in range(args.scale)])
-        s.index = s._local_index = index
+        s.index = s.store = index
         s.collection = _Resampled(s.collection, src)  # type: ignore[assignment]
         s._codes = None
         print(f"synthetic {args.scale} items built and indexed in {time.perf_counter() - t0:.0f} s")
