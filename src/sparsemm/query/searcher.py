@@ -548,7 +548,7 @@ class Searcher:
         served = self.served(strategy, **params)
         if served:
             base = self.text_context
-            self.check_terms(q, get_strategy(strategy, base, **params).kind)
+            self.check_terms(q, "sparse")  # served() means hybrid on codes
             res = served_rank(self.store, base, q, strategy, k=k, offset=offset, **params)
             self.last_served = res
             rows, scores = res.rows, res.scores

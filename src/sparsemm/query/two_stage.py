@@ -117,15 +117,16 @@ def proxy_vectors(strat: Hybrid, query: Query) -> tuple[np.ndarray, np.ndarray |
             va = va - p["gamma"] * _unit(ctx.term_code(b))
     if not (p["delta"] and detected):
         return va, None, 0.0
+    # Only a model's detectors are linear in the code (see :func:`bounded`): a context
+    # without them and without a reference set has no detected terms.
+    model = strat.model_detectors
+    assert model is not None
     vp = va.copy()
     bias = 0.0
-    model = strat.model_detectors
     for t in detected:
-        vp = vp + p["delta"] * strat.detector_weights(t)
-        if model is not None:
-            bias += p["delta"] * model.column(t)[1]
-        else:  # a reference-free context has no detected terms; kept for completeness
-            raise SparsemmError(f"{t!r} has no model detector to bound")
+        w_t, b_t, _ = model.column(t)
+        vp = vp + p["delta"] * np.asarray(w_t, dtype=np.float64)
+        bias += p["delta"] * b_t
     return va, vp, float(bias)
 
 
