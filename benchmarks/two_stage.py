@@ -147,8 +147,7 @@ def main() -> None:
         )
         et, rec = [], []
         for t, want in zip(qs, truth, strict=True):
-            text._emb.clear()  # never-seen text: encoding is part of the time
-            text._code.clear()
+            s.clear_text_caches()  # never-seen text: encoding is part of the time
             t0 = time.perf_counter()
             hits = s.search(t, k=10)
             et.append((time.perf_counter() - t0) * 1000)

@@ -88,6 +88,22 @@ def test_demo_collages_end_to_end(
         hits = s.search("bag but not sneaker", k=5, strategy=strategy)
         assert hits and all(h.id for h in hits)
 
+    # The aligned dense space and the SR query coder share one backbone cache: each of a
+    # query's texts reaches MiniLM once (it was encoded twice per query before).
+    s.clear_text_caches()
+    enc, calls = s.encoder, []
+    orig = enc.encode_text
+
+    def counting(texts, *a, **kw):  # type: ignore[no-untyped-def]
+        calls.extend(texts)
+        return orig(texts, *a, **kw)
+
+    monkeypatch.setattr(enc, "encode_text", counting)
+    first = [h.id for h in s.search("sneaker but not bag", k=5)]
+    assert calls and len(calls) == len(set(calls))
+    s.clear_text_caches()
+    assert [h.id for h in s.search("sneaker but not bag", k=5)] == first
+
     # A second run reuses every cached stage.
     assert main([*args, "-o", str(out), "--no-progress", "--no-bench"]) == 0
     again = json.loads((out / "summary.json").read_text())

@@ -14,6 +14,7 @@ import numpy as np
 
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.retrieval import normalize_rows
+from sparsemm.lru import LRUCache
 
 ImageInput = Any  # PIL.Image.Image | str | Path
 
@@ -49,6 +50,43 @@ def register_encoder(name: str) -> Callable[[Callable[..., Encoder]], Callable[.
         return factory
 
     return deco
+
+
+class CachedTextEncoder:
+    """``base`` with a bounded cache of its text embeddings, for one encoder that several
+    readers share: the searcher's aligned dense space and the SR query coder both embed a
+    query's texts with the same backbone, which then runs once per text rather than twice.
+    Everything but ``encode_text`` is ``base``'s own. Only default calls (unit rows) are
+    cached; ``normalize=False`` goes to ``base`` every time."""
+
+    def __init__(self, base: Any, size: int = 4096) -> None:
+        self.base = base
+        self.cache = LRUCache(size)  # text -> (dim,) float32 unit embedding
+
+    def __getattr__(self, name: str) -> Any:  # name, dim, encode_image, ...
+        return getattr(self.base, name)
+
+    def encode_text(
+        self,
+        texts: Sequence[str],
+        batch_size: int = 64,
+        normalize: bool = True,
+        progress: bool = False,
+    ) -> np.ndarray:
+        texts = list(texts)
+        if not normalize:
+            return self.base.encode_text(texts, batch_size, normalize=False, progress=progress)
+        found = {t: self.cache.get(t) for t in dict.fromkeys(texts)}
+        missing = [t for t, e in found.items() if e is None]
+        if missing:
+            emb = np.asarray(
+                self.base.encode_text(missing, batch_size, progress=progress), dtype=np.float32
+            )
+            for t, e in zip(missing, emb, strict=True):
+                self.cache[t] = found[t] = e
+        if not texts:
+            return np.zeros((0, int(self.base.dim)), dtype=np.float32)
+        return np.stack([found[t] for t in texts])
 
 
 def available_encoders() -> list[str]:

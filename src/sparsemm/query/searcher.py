@@ -26,7 +26,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.data.collection import Collection, open_collection
-from sparsemm.encoders.base import get_encoder
+from sparsemm.encoders.base import CachedTextEncoder, get_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.retrieval import normalize_rows
 from sparsemm.index import Exclusion, InvertedIndex
@@ -367,6 +367,7 @@ class Searcher:
         self._captionless: bool | None = None
         self._image_encoder: Any = image_encoder  # query images (search_like)
         self._rows: dict[str, int] | None = None
+        self._raw_text: CachedTextEncoder | None = None  # shared by aligned space and coder
 
     @property
     def codes(self) -> sp.csr_matrix:
@@ -441,9 +442,22 @@ class Searcher:
         coder = self.model.query_coder()
         if self.aligner is not None:
             # Dense strategies score in the aligned space; SR reads the raw text backbone.
-            text_encoder = AlignedTextEncoder(self.encoder, self.aligner)
-            coder = self.model.query_coder(text_encoder=self.encoder)
+            # Both embed the same texts with it: one cache, so each text is encoded once.
+            if self._raw_text is None:
+                self._raw_text = CachedTextEncoder(self.encoder)
+            text_encoder = AlignedTextEncoder(self._raw_text, self.aligner)
+            coder = self.model.query_coder(text_encoder=self._raw_text)
         return text_encoder, coder
+
+    def clear_text_caches(self) -> None:
+        """Forget every cached query-text embedding and code (the next query is encoded
+        from scratch: what ``benchmarks/two_stage.py`` times as a never-seen query)."""
+        for ctx in (self._ctx, self._text_ctx):
+            if ctx is not None:
+                ctx._emb.clear()
+                ctx._code.clear()
+        if self._raw_text is not None:
+            self._raw_text.cache.clear()
 
     @property
     def text_context(self) -> ExclusionContext:

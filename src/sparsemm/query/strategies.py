@@ -56,9 +56,7 @@ from __future__ import annotations
 import itertools
 import logging
 import re
-import threading
 from abc import ABC, abstractmethod
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -68,6 +66,7 @@ import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.retrieval import normalize_rows
+from sparsemm.lru import LRUCache
 from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.text import CaptionIndex, caption_mentions, term_tokens
 from sparsemm.train.detectors import fit_detectors
@@ -179,55 +178,6 @@ def _normalize_csr(x: sp.csr_matrix) -> sp.csr_matrix:
     out = normalize_rows(x)
     out.sort_indices()
     return out
-
-
-class LRUCache(OrderedDict[Any, Any]):
-    """A dict that keeps only its ``maxsize`` most recently used entries (a read or a write
-    is a use); the oldest is dropped when a new key would exceed the limit.
-
-    Thread-safe: every access holds the cache's own lock (a read reorders the entries, so
-    even reads mutate), which lets the web server run searches on several threads at once
-    over one strategy context without serialising whole searches.
-    """
-
-    def __init__(self, maxsize: int) -> None:
-        super().__init__()
-        if maxsize < 1:
-            raise SparsemmError(f"cache size must be at least 1, got {maxsize}")
-        self.maxsize = maxsize
-        self._lock = threading.RLock()
-
-    def __getitem__(self, key: Any) -> Any:
-        with self._lock:
-            value = super().__getitem__(key)
-            self.move_to_end(key)
-            return value
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        with self._lock:
-            super().__setitem__(key, value)
-            self.move_to_end(key)
-            while len(self) > self.maxsize:
-                self.popitem(last=False)
-
-    def __contains__(self, key: object) -> bool:
-        with self._lock:
-            return super().__contains__(key)
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        with self._lock:
-            return self[key] if super().__contains__(key) else default
-
-    def setdefault(self, key: Any, default: Any = None) -> Any:
-        with self._lock:
-            if super().__contains__(key):
-                return self[key]
-            self[key] = default
-            return default
-
-    def clear(self) -> None:
-        with self._lock:
-            super().clear()
 
 
 _MISSING = object()  # a cache-miss marker that no cached value can equal
