@@ -203,23 +203,41 @@ def served_rank(
     margin = _MARGIN * (1.0 + norms)
     n = max(candidates, want)
     rounds = 0
+    cand = np.zeros(0, np.int64)  # rows rescored so far (every round's lists), ascending
+    scores = np.zeros(0)
     while True:
         rounds += 1
-        pool: list[np.ndarray] = []
+        # The lists are searched one at a time: when the first (A) already certifies the
+        # result, the second index search is skipped (on the collages A alone certifies 88
+        # of 90 label pairs at 100k items: the detector logits make P's bound loose).
         bound = np.inf
         for dims, w, residual, const in lists:
             rows, nth = _nth(source, dims, w, n)
-            pool.append(rows)
             bound = min(bound, nth + residual + const)
-        cand = np.unique(np.concatenate(pool))
-        scores = _rescore(source, ctx, query, strategy, cand, params)
-        top = top_rows(scores, want)  # finite scores only
-        kth = float(scores[top[-1]]) if len(top) == want else -np.inf
-        certified = bool(bound == -np.inf or kth > bound + margin)
+            new = np.setdiff1d(rows, cand)  # sorted, unique
+            if len(new):
+                cand, scores = _merge(
+                    cand, scores, new, _rescore(source, ctx, query, strategy, new, params)
+                )
+            top = top_rows(scores, want)  # finite scores only
+            kth = float(scores[top[-1]]) if len(top) == want else -np.inf
+            certified = bool(bound == -np.inf or kth > bound + margin)
+            if certified:
+                break
         if certified or n >= max_candidates or n >= len(source):
             top = top[offset:]
             return ServedResult(cand[top], scores[top], len(cand), certified, rounds, "two-stage")
         n = min(n * 4, max_candidates)
+
+
+def _merge(
+    rows: np.ndarray, scores: np.ndarray, new: np.ndarray, new_scores: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Two disjoint (ascending rows, scores) sets as one, rows ascending (ties in
+    :func:`top_rows` go to the lower row, as over every item)."""
+    r = np.concatenate([rows, new])
+    order = np.argsort(r, kind="stable")
+    return r[order], np.concatenate([scores, new_scores])[order]
 
 
 def scan_rank(
