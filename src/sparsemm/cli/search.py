@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -151,9 +152,21 @@ def forwardable(args: argparse.Namespace) -> bool:
     )
 
 
+def unknown_note(words: list[str]) -> str:
+    """The one-line note for words the searcher has never seen (Searcher.unknown_words)."""
+    listed = ", ".join(repr(w) for w in words)
+    return (
+        f"note: {listed} {'is' if len(words) == 1 else 'are'} in no vocabulary of this "
+        "collection (its captions, its model's concepts, the text encoder's words); "
+        "searched by subword pieces, so check the spelling"
+    )
+
+
 def print_answer(answer: dict) -> None:
     """Print a server's /api/search answer in the text format of a local search."""
     query, hits = answer["query"], answer["hits"]
+    if answer.get("unknown_words"):
+        print(unknown_note(list(answer["unknown_words"])), file=sys.stderr)
     excl = f"  but not: {', '.join(query['exclude'])}" if query["exclude"] else ""
     print(f"query: {', '.join(query['include']) or '(anything)'}{excl}   [{answer['strategy']}]")
     for h in hits:
@@ -206,15 +219,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         searcher = Searcher(args.collection)
         hits = _search(searcher, query, args)
+    unknown = searcher.unknown_words(query)
     if args.json:
         out = {
             "query": {"include": list(query.include), "exclude": list(query.exclude),
                       "text": query.text},
             "strategy": args.strategy,
+            "unknown_words": unknown,
             "hits": [{**h.to_dict(), "image": image_path(searcher, h.row)} for h in hits],
         }  # fmt: skip
         print(json.dumps(out, indent=1))
         return 0
+    if unknown:  # on stderr, so piped paths stay clean
+        print(unknown_note(unknown), file=sys.stderr)
     if args.paths:
         for h in hits:
             print(image_path(searcher, h.row) or h.id)
@@ -228,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
 def run_like(args: argparse.Namespace) -> int:
     """``--like IMAGE_OR_ID ["but not X"]``: Searcher.search_like with the query's exclusions."""
     from sparsemm.errors import SparsemmError
-    from sparsemm.query.parse import parse_query
+    from sparsemm.query.parse import Query, parse_query
     from sparsemm.query.searcher import Searcher
 
     if args.collection is None:
@@ -252,15 +269,19 @@ def run_like(args: argparse.Namespace) -> int:
     hits = searcher.search_like(
         args.like, exclude=tuple(exclude), k=args.k, strategy=args.strategy, offset=args.offset
     )
+    unknown = searcher.unknown_words(Query(exclude=tuple(exclude)))
     if args.json:
         out = {
             "like": args.like,
             "query": {"include": [], "exclude": list(exclude)},
             "strategy": args.strategy,
+            "unknown_words": unknown,
             "hits": [{**h.to_dict(), "image": image_path(searcher, h.row)} for h in hits],
         }
         print(json.dumps(out, indent=1))
         return 0
+    if unknown:
+        print(unknown_note(unknown), file=sys.stderr)
     if args.paths:
         for h in hits:
             print(image_path(searcher, h.row) or h.id)

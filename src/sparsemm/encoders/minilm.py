@@ -8,6 +8,7 @@ protocol an image is represented by the mean of its captions' embeddings (see DE
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -102,6 +103,7 @@ class MiniLMEncoder:
         self.model_id = "all-MiniLM-L6-v2" if model is None else str(model)
         self._lite: BertLite | None = None
         self._st: Any = None
+        self._words: frozenset[str] | None = None  # word_vocabulary(), read on first use
         # The packaged model embeds a few texts (a search query) with the plain-torch
         # forward pass of bert_lite, so a search does not import sentence-transformers;
         # it is loaded for the first larger batch. Other models load it now.
@@ -111,6 +113,25 @@ class MiniLMEncoder:
         else:
             self.dim = int(self._embedding_dim() or DEFAULT_DIM)
         logger.debug("text encoder %s (dim %d)", self.model_id, self.dim)
+
+    def word_vocabulary(self) -> frozenset[str] | None:
+        """The lower-case whole words of the model's WordPiece vocabulary (no ``##``
+        continuations), read from its local ``tokenizer.json`` without loading the model;
+        None for a hub model or a tokenizer of another kind. A word outside it is split
+        into pieces, which is how the searcher tells a word it has never seen."""
+        if self._words is None:
+            words: frozenset[str] = frozenset()
+            path = Path(self._source).expanduser() / "tokenizer.json"
+            if self._is_local and path.is_file():
+                try:
+                    model = json.loads(path.read_text(encoding="utf-8")).get("model", {})
+                except (OSError, ValueError):
+                    model = {}
+                vocab = model.get("vocab") if model.get("type") == "WordPiece" else None
+                if isinstance(vocab, dict):
+                    words = frozenset(w.lower() for w in vocab if not w.startswith("##"))
+            self._words = words
+        return self._words or None
 
     @property
     def model_(self) -> Any:

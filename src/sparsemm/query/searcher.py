@@ -47,6 +47,7 @@ from sparsemm.query.strategies import (
     get_strategy,
 )
 from sparsemm.query.two_stage import ServedResult, served_rank, sub_context
+from sparsemm.text import singular
 from sparsemm.words.bias import tokenize
 
 log = logging.getLogger(__name__)
@@ -368,6 +369,7 @@ class Searcher:
         self._image_encoder: Any = image_encoder  # query images (search_like)
         self._rows: dict[str, int] | None = None
         self._raw_text: CachedTextEncoder | None = None  # shared by aligned space and coder
+        self._seen_words: frozenset[str] | None = None  # caption and label words (unknown_words)
 
     @property
     def codes(self) -> sp.csr_matrix:
@@ -497,6 +499,38 @@ class Searcher:
         data = self.labels_data[dim] if dim < len(self.labels_data) else []
         spine = self.labels_spine[dim] if dim < len(self.labels_spine) else []
         return data or spine
+
+    def unknown_words(self, query: Query | str) -> list[str]:
+        """Words of ``query``'s terms that this searcher has never seen, in query order: in
+        none of the model's detector vocabulary, the words of the collection's captions and
+        labels, or the text encoder's whole-word vocabulary (when it has one: MiniLM's
+        WordPiece words). Such a word ("xqzvbl", a typo) is still encoded, as subword
+        pieces, and searched or excluded by what the pieces mean; the CLI, the web API and
+        the page name it so the result is not trusted in silence. Stop words are never
+        reported; a query with no vocabulary to check against reports nothing."""
+        q = parse_query(query) if isinstance(query, str) else query
+        words = [w for t in (*q.include, *q.exclude) for w in tokenize(t)]
+        missing = [w for w in dict.fromkeys(words) if not self._knows(w, cheap=True)]
+        return [w for w in missing if not self._knows(w, cheap=False)]
+
+    def _knows(self, word: str, cheap: bool) -> bool:
+        forms = {word, singular(word)}
+        if cheap:
+            detectors = self.model.detectors
+            if detectors is not None and any(f in detectors for f in forms):
+                return True
+            vocab = getattr(self.encoder, "word_vocabulary", None)
+            words = vocab() if callable(vocab) else None
+            return bool(words and forms & words)
+        if self._seen_words is None:  # captions and labels, read once on the first miss
+            seen: set[str] = set()
+            for it in self.collection.items:
+                for text in [*(it.get("captions") or []), *(it.get("labels") or [])]:
+                    toks = tokenize(str(text))
+                    seen.update(toks)
+                    seen.update(singular(t) for t in toks)
+            self._seen_words = frozenset(seen)
+        return bool(forms & self._seen_words)
 
     # -- search ----------------------------------------------------------------------------
     def check_terms(self, query: Query, strategy: str) -> None:

@@ -252,6 +252,8 @@ class SearchOut(BaseModel):
     next_offset: int | None  # offset of the next page; None when this page was the last
     total: int  # items in the collection (every one is ranked)
     like: str | None = None  # "more like this" target ("item ID" / "image NAME"), or None
+    # query words in no vocabulary of the collection (Searcher.unknown_words), in query order
+    unknown_words: list[str] = []
     hits: list[HitOut]
 
 
@@ -859,6 +861,7 @@ class SearchService:
             next_offset=req.offset + req.k if full else None,
             total=len(self.collection.items),
             like=label,
+            unknown_words=self.searcher.unknown_words(query),
             hits=[self._hit(h, prefix, query.exclude) for h in hits],
         )
 

@@ -311,6 +311,12 @@
         ? `Showing ${n} of ${of} for ${describe(data.query)}` +
           (flagged ? ` · ${flagged} marked ✗ carry a term you left out (by their labels)` : "")
         : `No results for ${describe(data.query)}.`;
+      const unknown = data.unknown_words || [];
+      if (unknown.length) {
+        statusLine.textContent +=
+          ` · not a word this collection knows: ${unknown.join(", ")} (searched by its ` +
+          "pieces; check the spelling)";
+      }
       moreButton.hidden = data.next_offset === null;
       results.dataset.query = data.like
         ? `like ${data.like}${data.query.text ? ` ${data.query.text}` : ""}`
