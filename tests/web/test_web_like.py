@@ -132,6 +132,16 @@ def test_cli_like(web_collection: Path, capsys: pytest.CaptureFixture[str]) -> N
     out = json.loads(capsys.readouterr().out)
     assert out["like"] == "db1" and out["query"]["exclude"] == ["ball"]
     assert out["hits"] and all("ball" not in h["labels"] for h in out["hits"])
+    # --like anywhere: after the collection, or after the query
+    for argv in (
+        ["search", str(web_collection), "--like", "db1", "but not ball", "--json"],
+        ["search", str(web_collection), "but not ball", "--like", "db1", "--json"],
+    ):
+        assert main([*argv, "--strategy", "filter", "-k", "5"]) == 0
+        assert json.loads(capsys.readouterr().out)["hits"] == out["hits"]
+    with pytest.raises(SystemExit):  # a third positional is still an error
+        main(["search", str(web_collection), "--like", "db1", "no ball", "extra"])
+    capsys.readouterr()
     assert main(["search", "--like", "nope", str(web_collection)]) != 0
     assert "no item 'nope'" in capsys.readouterr().err
     assert main(["search", "--like", "d1", str(web_collection), "cat"]) != 0

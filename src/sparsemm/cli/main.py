@@ -53,7 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # argparse fills optional positionals only from the first run of them, so
+    # `search COL --like ID "but not X"` would leave the query unrecognised: a verb with a
+    # `positionals` hook takes such leftovers, in order, into its empty positionals.
+    args, extra = parser.parse_known_args(argv)
+    fill = getattr(args, "positionals", None)
+    if extra and (fill is None or not fill(args, extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     # Long jobs report their stages at INFO; a search prints its answer only (-v: all).
     quiet = args.verb in QUIET_VERBS
     logging.basicConfig(

@@ -91,7 +91,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         "collection (by default a plain search is sent to it: no start-up cost)",
     )
     add_backend_args(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, positionals=fill_positionals)
+
+
+def fill_positionals(args: argparse.Namespace, extra: list[str]) -> bool:
+    """Put strings argparse left over (positionals after an option, as in
+    ``search COL --like ID "but not X"``) into the empty collection / query, in order;
+    False when something else is left (an unknown option, a third positional)."""
+    rest = list(extra)
+    if args.collection is None and rest and not rest[0].startswith("-"):
+        args.collection = Path(rest.pop(0))
+    if args.query is None and rest and not rest[0].startswith("-"):
+        args.query = rest.pop(0)
+    return not rest
 
 
 def list_strategies() -> str:
