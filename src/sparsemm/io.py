@@ -162,6 +162,66 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
+# Files whose checksum this process verified: (path, inode, size, mtime_ns, sha256), so a
+# reopen or a second reader does not hash them again (a changed file has a new key).
+VERIFIED: set[tuple[str, int, int, int, str]] = set()
+VERIFIED_LOCK = threading.Lock()
+_WARNED_UNCHECKED: set[str] = set()
+
+
+def file_key(path: str | Path, digest: str) -> tuple[str, int, int, int, str]:
+    """The :data:`VERIFIED` key of ``path``'s current version with checksum ``digest``."""
+    st = os.stat(path)
+    return (str(path), st.st_ino, st.st_size, st.st_mtime_ns, digest)
+
+
+def record_digests(folder: str | Path, names: list[str]) -> dict[str, str]:
+    """{name: SHA-256} of files just written in ``folder`` (for their manifest), marked as
+    verified in this process."""
+    out = {n: sha256_file(Path(folder) / n) for n in names}
+    with VERIFIED_LOCK:
+        VERIFIED.update(file_key(Path(folder) / n, d) for n, d in out.items())
+    return out
+
+
+def check_digests(folder: str | Path, digests: Any, names: list[str], remedy: str) -> None:
+    """Refuse, naming the file, any of ``names`` in ``folder`` whose SHA-256 differs from
+    ``digests`` (a manifest's ``sha256`` object); once per file version per process.
+    ``digests`` None (written before checksums) warns once and checks nothing."""
+    folder = Path(folder)
+    if digests is None:
+        if str(folder) not in _WARNED_UNCHECKED:
+            _WARNED_UNCHECKED.add(str(folder))
+            logger.warning(
+                "%s has no checksums (written by an older sparsemm); only its shapes and "
+                "values are checked. %s to add them",
+                folder,
+                remedy,
+            )
+        return
+    if not isinstance(digests, dict) or not all(isinstance(digests.get(n), str) for n in names):
+        raise SparsemmError(f"{folder}: the manifest's checksums are malformed; {remedy}")
+    for name in names:
+        key = file_key(folder / name, str(digests[name]))
+        with VERIFIED_LOCK:
+            if key in VERIFIED:
+                continue
+        if sha256_file(folder / name) != digests[name]:
+            raise SparsemmError(
+                f"{folder / name} does not match its checksum in the manifest (damaged or "
+                f"modified); {remedy}"
+            )
+        with VERIFIED_LOCK:
+            VERIFIED.add(key)
+
+
+def check_finite(values: np.ndarray, path: str | Path, remedy: str) -> None:
+    """Refuse NaN or inf in ``values`` (read from ``path``), naming the file."""
+    bad = int(np.size(values) - np.count_nonzero(np.isfinite(values)))
+    if bad:
+        raise SparsemmError(f"{path} holds {bad} NaN or inf values (damaged); {remedy}")
+
+
 def write_json(path: str | Path, obj: Any) -> None:
     with atomic_open(path, "w") as fh:
         json.dump(obj, fh, indent=2, sort_keys=False)

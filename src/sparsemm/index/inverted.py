@@ -96,7 +96,17 @@ import scipy.sparse as sp
 from numba import njit, uint64
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import fsync_dir, load_npy, read_json, save_npy, sha256_file, write_json
+from sparsemm.io import (
+    VERIFIED,
+    VERIFIED_LOCK,
+    file_key,
+    fsync_dir,
+    load_npy,
+    read_json,
+    save_npy,
+    sha256_file,
+    write_json,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -659,15 +669,7 @@ def _all_finite(vals: np.ndarray) -> bool:  # pragma: no cover - numba
 # --------------------------------------------------------------------------------------------
 
 _SEG_FILES = (*(f"{a}.npy" for a in _ARRAYS), "ids.json")
-# Segment files whose checksum this process verified: (path, inode, size, mtime_ns, sha256).
-_VERIFIED: set[tuple[str, int, int, int, str]] = set()
-_VERIFIED_LOCK = threading.Lock()
 _WARNED_UNCHECKED: set[str] = set()
-
-
-def _file_key(path: Path, digest: str) -> tuple[str, int, int, int, str]:
-    st = os.stat(path)
-    return (str(path), st.st_ino, st.st_size, st.st_mtime_ns, digest)
 
 
 def _verify_segment_files(root: Path, folder: Path, digests: Any) -> None:
@@ -692,9 +694,9 @@ def _verify_segment_files(root: Path, folder: Path, digests: Any) -> None:
     todo: list[tuple[str, tuple[str, int, int, int, str]]] = []
     for fname in _SEG_FILES:
         want = str(digests[fname])
-        key = _read_segment_file(folder / fname, functools.partial(_file_key, digest=want))
-        with _VERIFIED_LOCK:
-            if key not in _VERIFIED:
+        key = _read_segment_file(folder / fname, functools.partial(file_key, digest=want))
+        with VERIFIED_LOCK:
+            if key not in VERIFIED:
                 todo.append((fname, key))
     if not todo:
         return
@@ -707,8 +709,8 @@ def _verify_segment_files(root: Path, folder: Path, digests: Any) -> None:
                 f"index {root}: {folder.name}/{fname} does not match its checksum in "
                 f"{MANIFEST} (damaged or modified); rebuild the index with `sparsemm index`"
             )
-    with _VERIFIED_LOCK:
-        _VERIFIED.update(key for _, key in todo)
+    with VERIFIED_LOCK:
+        VERIFIED.update(key for _, key in todo)
 
 
 @dataclass
@@ -797,8 +799,8 @@ def _write_segment(
     write_json(folder / "ids.json", ids)
     fsync_dir(folder)
     digests = {fname: sha256_file(folder / fname) for fname in _SEG_FILES}
-    with _VERIFIED_LOCK:  # just written and hashed: opening it need not hash again
-        _VERIFIED.update(_file_key(folder / f, d) for f, d in digests.items())
+    with VERIFIED_LOCK:  # just written and hashed: opening it need not hash again
+        VERIFIED.update(file_key(folder / f, d) for f, d in digests.items())
     return digests
 
 

@@ -52,7 +52,16 @@ from sparsemm.index.inverted import (
     _Plan,
     _plan_exclusion,
 )
-from sparsemm.io import fsync_dir, load_npy, read_json, save_npy, write_json
+from sparsemm.io import (
+    check_digests,
+    check_finite,
+    fsync_dir,
+    load_npy,
+    read_json,
+    record_digests,
+    save_npy,
+    write_json,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -433,9 +442,14 @@ class _DenseStore:
         for c in manifest["chunks"]:
             if int(c["start"]) != at or at + int(c["count"]) > count:
                 break
+            remedy = "rebuild the index with `sparsemm index`"
+            # chunks written before checksums carry none: shapes and values checked only
+            digest = {str(c["name"]): c["sha256"]} if "sha256" in c else None
+            check_digests(root, digest, [str(c["name"])], remedy)
             mat = load_npy(root / str(c["name"]), mmap=True)
             if mat.shape != (int(c["count"]), self.dim) or mat.dtype != np.float32:
                 raise SparsemmError(f"{root}: dense chunk {c['name']} is corrupt; rebuild")
+            check_finite(mat, root / str(c["name"]), remedy)
             chunks.append(c)
             mats.append(np.asarray(mat))
             at += int(c["count"])
@@ -459,11 +473,13 @@ class _DenseStore:
 
     def append(self, start: int, mat: np.ndarray) -> None:
         name = f"chunk-{start:010d}-{secrets.token_hex(4)}.npy"
+        if not np.isfinite(mat).all():
+            raise SparsemmError("refusing to store NaN or inf dense vectors")
         save_npy(self.root / name, mat)
+        digest = record_digests(self.root, [name])[name]
         kept = [c for c in self.manifest["chunks"] if int(c["start"]) < start]
-        manifest = dict(
-            self.manifest, chunks=[*kept, {"name": name, "start": start, "count": len(mat)}]
-        )
+        chunk = {"name": name, "start": start, "count": len(mat), "sha256": digest}
+        manifest = dict(self.manifest, chunks=[*kept, chunk])
         write_json(self.root / "manifest.json", manifest)
         fsync_dir(self.root)
         self.manifest = manifest

@@ -32,7 +32,16 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import check_output_dir, load_csr, read_json, save_csr, write_json
+from sparsemm.io import (
+    check_digests,
+    check_finite,
+    check_output_dir,
+    load_csr,
+    read_json,
+    record_digests,
+    save_csr,
+    write_json,
+)
 from sparsemm.models.base import PretrainedMixin
 from sparsemm.train.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from sparsemm.train.loop import stop_if_diverged
@@ -285,6 +294,9 @@ def train_spine(
     return model
 
 
+_FILES = ("words.txt", "vectors.npz")  # checksummed in the manifest
+
+
 class SparseWordVectors:
     """Words with sparse codes: ``matrix`` is a float32 CSR ``(n_words, hidden)``.
 
@@ -325,6 +337,8 @@ class SparseWordVectors:
     def save(self, out_dir: str | Path) -> Path:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
+        if not np.isfinite(self.matrix.data).all():
+            raise SparsemmError(f"refusing to save NaN or inf sparse word vectors to {out}")
         write_words(out / "words.txt", self.words)
         save_csr(out / "vectors.npz", self.matrix)
         write_json(
@@ -335,6 +349,7 @@ class SparseWordVectors:
                 "n_words": len(self),
                 "dim": self.dim,
                 "nnz": int(self.matrix.nnz),
+                "sha256": record_digests(out, list(_FILES)),
             },
         )
         return out
@@ -353,7 +368,10 @@ class SparseWordVectors:
             )
         if int(manifest.get("version", 0)) > FORMAT_VERSION:
             raise SparsemmError(f"{d} was written by a newer sparsemm; upgrade sparsemm")
+        remedy = "re-create it with `sparsemm spine train`"
+        check_digests(d, manifest.get("sha256"), list(_FILES), remedy)
         matrix = load_csr(d / "vectors.npz")
+        check_finite(matrix.data, d / "vectors.npz", remedy)
         return cls(read_words(d / "words.txt", expected=matrix.shape[0]), matrix)
 
 

@@ -22,7 +22,16 @@ from pathlib import Path
 import numpy as np
 
 from sparsemm.errors import SparsemmError, require_extra
-from sparsemm.io import atomic_open, load_npy, read_json, save_npy, write_json
+from sparsemm.io import (
+    atomic_open,
+    check_digests,
+    check_finite,
+    load_npy,
+    read_json,
+    record_digests,
+    save_npy,
+    write_json,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -292,8 +301,11 @@ def save_word_vectors(word_vectors: WordVectors, out_dir: str | Path) -> Path:
     """Save as ``out_dir/{words.txt, vectors.npy, manifest.json}`` (pickle-free)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    vectors = np.asarray(word_vectors.vectors, dtype=np.float32)
+    if not np.isfinite(vectors).all():
+        raise SparsemmError(f"refusing to save NaN or inf word vectors to {out}")
     write_words(out / "words.txt", word_vectors.words)
-    save_npy(out / "vectors.npy", np.asarray(word_vectors.vectors, dtype=np.float32))
+    save_npy(out / "vectors.npy", vectors)
     write_json(
         out / "manifest.json",
         {
@@ -301,6 +313,7 @@ def save_word_vectors(word_vectors: WordVectors, out_dir: str | Path) -> Path:
             "version": FORMAT_VERSION,
             "n_words": len(word_vectors),
             "dim": word_vectors.dim,
+            "sha256": record_digests(out, ["words.txt", "vectors.npy"]),
         },
     )
     return out
@@ -316,6 +329,9 @@ def load_word_vectors(in_dir: str | Path, mmap: bool = False) -> WordVectors:
         )
     if int(manifest.get("version", 0)) > FORMAT_VERSION:
         raise SparsemmError(f"{d} was written by a newer sparsemm; upgrade sparsemm")
+    remedy = "re-create the folder"
+    check_digests(d, manifest.get("sha256"), ["words.txt", "vectors.npy"], remedy)
     vectors = load_npy(d / "vectors.npy", mmap=mmap)
+    check_finite(vectors, d / "vectors.npy", remedy)
     words = read_words(d / "words.txt", expected=vectors.shape[0])
     return WordVectors(words, vectors)

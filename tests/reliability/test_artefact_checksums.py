@@ -1,0 +1,99 @@
+"""SPINE word vectors, saved dense word vectors and the dense vectors stored beside an index
+carry SHA-256 checksums in their manifests, verified on open, and are checked for NaN/inf:
+a changed or damaged file is refused naming it; folders written before the checksums open
+with a warning."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from sparsemm.errors import SparsemmError
+from sparsemm.index.store import LocalStore
+from sparsemm.words.spine import SparseWordVectors
+from sparsemm.words.vectors import WordVectors, load_word_vectors, save_word_vectors
+
+
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _drop_checksums(manifest: Path) -> None:
+    m = json.loads(manifest.read_text())
+    m.pop("sha256")
+    manifest.write_text(json.dumps(m))
+
+
+def _sparse_vectors(tmp_path: Path) -> Path:
+    mat = sp.random(6, 8, density=0.4, format="csr", dtype=np.float32, random_state=0)
+    return SparseWordVectors(["dog", "cat", "car", "tree", "ball", "pizza"], mat).save(
+        tmp_path / "spine"
+    )
+
+
+def test_spine_vectors_are_checksummed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = _sparse_vectors(tmp_path)
+    assert set(json.loads((folder / "manifest.json").read_text())["sha256"]) == {
+        "words.txt",
+        "vectors.npz",
+    }
+    before = SparseWordVectors.load(folder)
+    _flip_last_byte(folder / "vectors.npz")
+    with pytest.raises(SparsemmError, match=r"vectors\.npz does not match its checksum"):
+        SparseWordVectors.load(folder)
+    (folder / "words.txt").write_text((folder / "words.txt").read_text().replace("dog", "dig"))
+    _drop_checksums(folder / "manifest.json")  # an older folder: loads, with a warning
+    _flip_last_byte(folder / "vectors.npz")  # back to the original bytes
+    with caplog.at_level(logging.WARNING):
+        old = SparseWordVectors.load(folder)
+    assert "has no checksums" in caplog.text
+    assert (old.matrix != before.matrix).nnz == 0
+
+
+def test_nan_sparse_vectors_are_neither_saved_nor_loaded(tmp_path: Path) -> None:
+    mat = sp.csr_matrix(np.array([[np.nan, 1.0], [0.0, 2.0]], dtype=np.float32))
+    with pytest.raises(SparsemmError, match="NaN or inf"):
+        SparseWordVectors(["a", "b"], mat).save(tmp_path / "bad")
+    folder = _sparse_vectors(tmp_path)
+    good = SparseWordVectors.load(folder)
+    good.matrix.data[0] = np.inf  # a damaged file with a matching (forged) checksum
+    sp.save_npz(folder / "vectors.npz", good.matrix, compressed=False)
+    _drop_checksums(folder / "manifest.json")
+    with pytest.raises(SparsemmError, match=r"vectors\.npz holds 1 NaN or inf"):
+        SparseWordVectors.load(folder)
+
+
+def test_dense_word_vectors_are_checksummed(tmp_path: Path) -> None:
+    wv = WordVectors(["dog", "cat"], np.eye(2, 4, dtype=np.float32))
+    folder = save_word_vectors(wv, tmp_path / "wv")
+    np.testing.assert_array_equal(load_word_vectors(folder).vectors, wv.vectors)
+    _flip_last_byte(folder / "vectors.npy")
+    with pytest.raises(SparsemmError, match=r"vectors\.npy does not match its checksum"):
+        load_word_vectors(folder, mmap=True)
+
+
+def test_dense_store_chunks_are_checksummed(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    codes = sp.random(30, 16, density=0.3, format="csr", dtype=np.float32, random_state=1)
+    dense = rng.standard_normal((30, 5)).astype(np.float32)
+    ids = [f"i{i}" for i in range(30)]
+    LocalStore.build(tmp_path / "ix", codes[:20], ids[:20], dense=dense[:20])
+    store = LocalStore.open(tmp_path / "ix")
+    store.add(codes[20:], ids[20:], dense[20:])
+    chunks = sorted((tmp_path / "ix").glob("dense-*/chunk-*.npy"))
+    assert len(chunks) == 2
+    manifest = json.loads((chunks[0].parent / "manifest.json").read_text())
+    assert all(len(c["sha256"]) == 64 for c in manifest["chunks"])
+    LocalStore.open(tmp_path / "ix")  # opens cleanly
+    _flip_last_byte(chunks[1])
+    with pytest.raises(SparsemmError, match=r"chunk-.*\.npy does not match its checksum"):
+        LocalStore.open(tmp_path / "ix")
+    with pytest.raises(SparsemmError, match="NaN or inf"):
+        store.add(codes[:1], ["x"], np.full((1, 5), np.nan, np.float32))
