@@ -699,9 +699,13 @@ class Searcher:
 
     def item_code(self, row: int) -> sp.csr_matrix:
         """(1, d) sorted CSR code of one item, read from the index."""
-        code = sp.csr_matrix(self._codes_of(np.array([row])))
-        code.sort_indices()
-        return code
+        return self.item_codes([row])
+
+    def item_codes(self, rows: Any) -> sp.csr_matrix:
+        """(len(rows), d) sorted CSR codes of items, read from the index in one call."""
+        codes = sp.csr_matrix(self._codes_of(np.asarray(rows, dtype=np.int64)))
+        codes.sort_indices()
+        return codes
 
     def explain(
         self, row: int, q: Query, n_dims: int = 5

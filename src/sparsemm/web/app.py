@@ -753,10 +753,12 @@ class SearchService:
     def _concepts(concepts: Sequence[Concept]) -> list[ConceptOut]:
         return [ConceptOut(dim=c.dim, weight=c.weight, words=list(c.words)) for c in concepts]
 
-    def _checks(self, checks: Sequence[ExcludedCheck], row: int) -> list[ExcludedOut]:
+    def _checks(self, checks: Sequence[ExcludedCheck], code: Any) -> list[ExcludedOut]:
+        """``code``: the item's (1, d) CSR code, or its row (read from the index)."""
         if not checks:
             return []
-        code = self.searcher.item_code(row)
+        if not sp.issparse(code):
+            code = self.searcher.item_code(int(code))
         values = dict(zip(code.indices.tolist(), code.data.tolist(), strict=True))
         return [
             ExcludedOut(
@@ -769,14 +771,14 @@ class SearchService:
             for e in checks
         ]
 
-    def _hit(self, hit: Hit, prefix: str, exclude: Sequence[str] = ()) -> HitOut:
+    def _hit(self, hit: Hit, prefix: str, exclude: Sequence[str] = (), code: Any = None) -> HitOut:
         fields = self._item_fields(hit.row, prefix)
         return HitOut(
             **fields,
             rank=hit.rank,
             score=hit.score,
             matched=self._concepts(hit.matched),
-            excluded=self._checks(hit.excluded, hit.row),
+            excluded=self._checks(hit.excluded, hit.row if code is None else code),
             evidence=[EvidenceOut(**asdict(e)) for e in hit.evidence],
             violations=violations(fields["labels"], exclude),
         )
@@ -851,6 +853,8 @@ class SearchService:
             finally:
                 self._bound_caches()
         hits = [h for h in hits if math.isfinite(h.score)]
+        # the hits' codes in one read (the excluded-term checks show each item's peak)
+        codes = self.searcher.item_codes([h.row for h in hits])
         log.debug("search %r like %s [%s] -> %d hits", query.text, label, strategy, len(hits))
         full = len(hits) == req.k and req.offset + req.k <= MAX_OFFSET
         return SearchOut(
@@ -862,7 +866,7 @@ class SearchService:
             total=len(self.collection.items),
             like=label,
             unknown_words=self.searcher.unknown_words(query),
-            hits=[self._hit(h, prefix, query.exclude) for h in hits],
+            hits=[self._hit(h, prefix, query.exclude, codes[i]) for i, h in enumerate(hits)],
         )
 
     def row(self, item_id: str) -> int:
