@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from sparsemm.eval.retrieval import normalize_rows
 from sparsemm.index import InvertedIndex
+from sparsemm.linalg import normalize_rows
 from sparsemm.query.parse import parse_query
 from sparsemm.query.rank import rank_query
 from sparsemm.query.searcher import Searcher

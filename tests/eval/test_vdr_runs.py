@@ -13,12 +13,12 @@ pytest.importorskip("transformers")
 
 from fakes import KeywordEncoder, keyword_vectors, tiny_bert  # noqa: E402
 from sparsemm.data.collection import Collection, write_collection  # noqa: E402
+from sparsemm.data.patches import proxy_patches  # noqa: E402
 from sparsemm.errors import SparsemmError  # noqa: E402
 from sparsemm.eval.vdr_runs import (  # noqa: E402
     VDRCodes,
     VDRRunConfig,
     laziness_stats,
-    proxy_patches,
     ridge_map,
     run_vdr_bench,
 )
@@ -114,7 +114,8 @@ class FakeSpatial:
 
 
 def test_collage_patches_cached_per_collection(tmp_path: Path) -> None:
-    from sparsemm.eval.vdr_runs import adapter_ridge_init, collage_patches
+    from sparsemm.data.patches import collage_patches
+    from sparsemm.eval.vdr_runs import adapter_ridge_init
 
     items = [
         {

@@ -12,8 +12,8 @@ from test_searcher import _collection, _identity_sr
 
 from fakes import term_word_encoder
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.retrieval import normalize_rows
 from sparsemm.index import InvertedIndex
+from sparsemm.linalg import normalize_rows
 from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.rank import build_strategy, rank_query

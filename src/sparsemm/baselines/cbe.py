@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.retrieval import normalize_rows
+from sparsemm.linalg import normalize_rows
 from sparsemm.query.strategies import (
     ExclusionContext,
     Strategy,

@@ -45,8 +45,8 @@ import scipy.sparse as sp
 from tqdm.auto import tqdm
 
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.retrieval import normalize_rows
 from sparsemm.io import atomic_open, load_npy, read_json, save_npy, write_json
+from sparsemm.linalg import normalize_rows
 
 logger = logging.getLogger(__name__)
 

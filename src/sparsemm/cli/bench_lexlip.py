@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
 
     from sparsemm.errors import SparsemmError
     from sparsemm.eval.lexlip_runs import QUICK, LexLIPRunConfig, run_lexlip_bench
-    from sparsemm.eval.sr_coco import torch_threads
+    from sparsemm.runtime import torch_threads
 
     if args.no_coco and args.no_collages:
         raise SparsemmError("nothing to run: --no-coco and --no-collages together")

@@ -120,7 +120,8 @@ def _pick(given: Path | None, default: Path, skip: bool, what: str) -> Path | No
 
 
 def _proxy_spec(col: Any, args: argparse.Namespace) -> dict[str, Any]:
-    from sparsemm.eval.vdr_runs import PROXY_EXAMPLES, proxy_patches
+    from sparsemm.data.patches import proxy_patches
+    from sparsemm.eval.vdr_runs import PROXY_EXAMPLES
 
     patches, mask = proxy_patches(col)
     spec: dict[str, Any] = {
@@ -144,7 +145,8 @@ def _proxy_spec(col: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _collage_spec(col: Any, args: argparse.Namespace) -> dict[str, Any]:
-    from sparsemm.eval.vdr_runs import COLLAGE_EXAMPLES, adapter_ridge_init, collage_patches
+    from sparsemm.data.patches import collage_patches
+    from sparsemm.eval.vdr_runs import COLLAGE_EXAMPLES, adapter_ridge_init
     from sparsemm.models.lit import AlignConfig, AlignedTextEncoder, LinearAligner
 
     raw = _text_encoder(
@@ -195,8 +197,8 @@ def _collage_spec(col: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from sparsemm.data.collection import open_collection
-    from sparsemm.eval.sr_coco import torch_threads
     from sparsemm.eval.vdr_runs import QUICK, VDRRunConfig, run_vdr_bench
+    from sparsemm.runtime import torch_threads
 
     cfg = VDRRunConfig(**QUICK) if args.quick else VDRRunConfig()
     changes: dict[str, Any] = {"seed": args.seed, "ablate_bow": not args.no_bow_ablation}

@@ -60,10 +60,10 @@ def run(args: argparse.Namespace) -> int:
 
     from sparsemm.data.collection import open_collection
     from sparsemm.errors import SparsemmError
-    from sparsemm.eval.sr_coco import torch_threads
     from sparsemm.index import export as ex
     from sparsemm.io import read_text_utf8
     from sparsemm.models.lexlip import LexLIPModel
+    from sparsemm.runtime import torch_threads
     from sparsemm.train.lexlip import item_patches
 
     # the query file first: a bad one fails before the model and features are loaded

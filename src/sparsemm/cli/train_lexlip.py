@@ -68,8 +68,8 @@ def register_model(models: argparse._SubParsersAction) -> None:
 def run_lexlip(args: argparse.Namespace) -> int:
     from sparsemm.data.collection import open_collection
     from sparsemm.errors import SparsemmError
-    from sparsemm.eval.sr_coco import torch_threads
     from sparsemm.models.lexlip import LexLIPConfig
+    from sparsemm.runtime import torch_threads
     from sparsemm.train.lexlip import (
         LexLIPTrainConfig,
         build_config,

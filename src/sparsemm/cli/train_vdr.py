@@ -66,12 +66,8 @@ def _cross_data(args: argparse.Namespace) -> tuple[Any, Any]:
     import numpy as np
 
     from sparsemm.data.collection import open_collection
-    from sparsemm.eval.vdr_runs import (
-        adapter_ridge_init,
-        collage_patches,
-        cross_modal_data,
-        proxy_patches,
-    )
+    from sparsemm.data.patches import collage_patches, proxy_patches
+    from sparsemm.eval.vdr_runs import adapter_ridge_init, cross_modal_data
 
     col = open_collection(args.source)
     kind = args.image_input
@@ -107,8 +103,8 @@ def _t2t_data(path: Path) -> Any:
 def run_vdr(args: argparse.Namespace) -> int:
     import torch
 
-    from sparsemm.eval.sr_coco import torch_threads
     from sparsemm.models.vdr import VDRModel, fast_bf16_available
+    from sparsemm.runtime import torch_threads
     from sparsemm.train.checkpoint import has_checkpoint
     from sparsemm.train.vdr import VDR_PRESETS, preset_train_config, train_vdr
 

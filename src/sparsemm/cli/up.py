@@ -130,8 +130,8 @@ def index_collection(col_dir: Path, model_dir: Path, report: Any) -> tuple[Any, 
     """Add the new items to the existing index when that is exact, else (re)build it.
     Returns (index, what was done)."""
     from sparsemm.data.collection import open_collection
-    from sparsemm.eval.retrieval import normalize_rows
     from sparsemm.index import InvertedIndex
+    from sparsemm.linalg import normalize_rows
     from sparsemm.query.code_models import load_code_model
     from sparsemm.query.searcher import INDEX_DIR, build_index
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.retrieval import normalize_rows
+from sparsemm.linalg import normalize_rows
 from sparsemm.lru import LRUCache
 
 ImageInput = Any  # PIL.Image.Image | str | Path

@@ -28,10 +28,11 @@ from sparsemm.data.fashion import build_collages
 from sparsemm.encoders.base import get_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.exclusion import git_commit
-from sparsemm.eval.sr_coco import ProxyRunConfig, prepare_spine, save_with_record, torch_threads
+from sparsemm.eval.sr_coco import ProxyRunConfig, prepare_spine, save_with_record
 from sparsemm.io import read_json, write_json
 from sparsemm.models.lit import AlignConfig, AlignedTextEncoder, LinearAligner
 from sparsemm.models.sr import SRConfig, SRModel
+from sparsemm.runtime import torch_threads
 from sparsemm.train.detectors import ensure_model_detectors
 from sparsemm.train.lit import train_aligner
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr

@@ -65,11 +65,12 @@ from sparsemm.eval.exclusion import (
     summarize,
 )
 from sparsemm.eval.metrics import evaluate_rankings
-from sparsemm.eval.retrieval import normalize_rows, recall_at_ks, target_ranks, top_k_rows
-from sparsemm.eval.sr_coco import torch_threads
+from sparsemm.eval.retrieval import recall_at_ks, target_ranks, top_k_rows
 from sparsemm.io import atomic_open, write_json
+from sparsemm.linalg import normalize_rows
 from sparsemm.models.lexlip import LexLIPConfig, LexLIPModel, expected_flops
 from sparsemm.query.strategies import TERM_TEMPLATE, get_spec
+from sparsemm.runtime import torch_threads
 from sparsemm.train.lexlip import (
     LexLIPTrainConfig,
     build_config,

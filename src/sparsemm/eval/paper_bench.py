@@ -46,9 +46,10 @@ from sparsemm.eval.exclusion import (
     read_per_query,
     write_report,
 )
-from sparsemm.eval.sr_coco import ProxyRunConfig, coco_json, prepare_spine, torch_threads
+from sparsemm.eval.sr_coco import ProxyRunConfig, coco_json, prepare_spine
 from sparsemm.io import atomic_open, read_json, write_json
 from sparsemm.query.strategies import QueryCoder, sr_query_coder
+from sparsemm.runtime import torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -211,11 +212,11 @@ def _sr(
 def _vdr_codes(
     out: Path, col: Collection, cfg: PaperBenchConfig, progress: bool
 ) -> tuple[sp.csr_matrix, QueryCoder, str, dict[str, Any]]:
+    from sparsemm.data.patches import proxy_patches
     from sparsemm.eval.vdr_runs import (
         VDRCodes,
         VDRRunConfig,
         cross_modal_data,
-        proxy_patches,
         train_or_load,
     )
 

@@ -94,7 +94,7 @@ def _torch_threads(n: int) -> Iterator[None]:
     if "torch" not in sys.modules:
         yield
         return
-    from sparsemm.train.loop import torch_threads
+    from sparsemm.runtime import torch_threads
 
     with torch_threads(n):
         yield

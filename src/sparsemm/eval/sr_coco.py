@@ -27,8 +27,8 @@ from sparsemm.eval.retrieval import recall_at_ks, target_ranks
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.base import PretrainedMixin, encoder_record
 from sparsemm.models.sr import SRConfig, SRModel
+from sparsemm.runtime import torch_threads
 from sparsemm.train.detectors import ensure_model_detectors
-from sparsemm.train.loop import torch_threads
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 from sparsemm.words.bias import sentence_bias
 from sparsemm.words.evaluate import top_words

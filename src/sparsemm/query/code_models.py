@@ -108,7 +108,7 @@ class VDRCodeModel:
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """The items' patch features: caption embeddings (caption-proxy) or EfficientNet
         spatial features (items with pixels)."""
-        from sparsemm.eval.vdr_runs import collage_patches, proxy_patches
+        from sparsemm.data.patches import collage_patches, proxy_patches
 
         if collection.manifest.get("image_kind") == "caption_view":
             return proxy_patches(collection)

@@ -28,10 +28,10 @@ import scipy.sparse as sp
 from sparsemm.data.collection import Collection, open_collection
 from sparsemm.encoders.base import CachedTextEncoder, get_encoder
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.retrieval import normalize_rows
 from sparsemm.index import Exclusion, InvertedIndex
 from sparsemm.index.store import Store
 from sparsemm.io import read_json
+from sparsemm.linalg import normalize_rows
 from sparsemm.models.base import check_encoders
 from sparsemm.models.lit import AlignedTextEncoder, LinearAligner
 from sparsemm.query.code_models import load_code_model

@@ -65,7 +65,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.retrieval import normalize_rows
+from sparsemm.linalg import normalize_rows
 from sparsemm.lru import LRUCache
 from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.text import CaptionIndex, caption_mentions, term_tokens

@@ -43,7 +43,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.retrieval import normalize_rows
+from sparsemm.linalg import normalize_rows
 from sparsemm.query.parse import Query
 from sparsemm.query.rank import build_strategy, score_query
 from sparsemm.query.strategies import ExclusionContext, Hybrid, Strategy, top_rows

@@ -20,7 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.retrieval import normalize_rows
+from sparsemm.linalg import normalize_rows
 from sparsemm.models.detectors import ConceptDetectors, DetectorConfig
 from sparsemm.text import CaptionIndex, term_tokens
 
@@ -44,7 +44,7 @@ def fit_detectors(
     """
     import torch
 
-    from sparsemm.train.loop import torch_threads
+    from sparsemm.runtime import torch_threads
 
     with torch_threads(1):
         return _fit_lbfgs(torch, features, targets, l2, max_iter)

@@ -16,9 +16,8 @@ the settings, and the last good checkpoint is left as it was (nothing is written
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,19 +72,6 @@ def stop_if_diverged(
         f"{desc} training diverged at {where}: the loss is {value} with {settings}; {kept} "
         "and no model was saved; lower the learning rate or fix that setting and run again"
     )
-
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run a block with ``n`` torch CPU threads. The SPINE/SR layers are small: one thread
-    avoids the synchronisation cost that makes two threads several times slower here, and
-    a reduction summed by one thread adds in the same order every run."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
