@@ -1,1 +1,8 @@
-"""cli."""
+"""The ``sparsemm`` command: one module per verb, each exposing ``register(subparsers)``.
+
+:mod:`sparsemm.cli.main` builds the parser; verb modules import the library inside their
+commands, so ``sparsemm --help`` stays fast. Everyday verbs: ``up`` (a folder of photos to a
+search page), ``encode``, ``train``, ``index``, ``search``, ``serve``; the main job is
+``demo``; ``bench``, ``spine``, ``collages`` and ``export`` reproduce and extend the papers.
+:mod:`sparsemm.cli.running` lets ``search`` forward to a running ``serve``.
+"""

@@ -1,1 +1,7 @@
-"""words."""
+"""Word vectors and the caption bias SR learns from.
+
+* :mod:`sparsemm.words.vectors` - dense word vectors: a table and file loaders.
+* :mod:`sparsemm.words.spine` - SPINE sparse interpretable word vectors.
+* :mod:`sparsemm.words.bias` - caption tokenisation and the SR sentence bias.
+* :mod:`sparsemm.words.evaluate` - word similarity, sparsity and word-intrusion checks.
+"""
