@@ -227,3 +227,52 @@ def test_a_model_for_other_encoders_is_refused_before_encoding(
     assert code == 2
     assert "other encoders" in _one_error_line(capsys.readouterr().err)
     assert not (photos / ".sparsemm" / "collection").exists()
+
+
+def test_image_queries_on_a_captionless_concept_collection(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A photo given as a query (Searcher, `search --like PATH`, the upload API) is coded as
+    the same photo is coded as an item, so it finds itself first; exclusions still apply."""
+    from fastapi.testclient import TestClient
+
+    from sparsemm.query.searcher import Searcher
+    from sparsemm.web.app import create_app
+
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    assert _up(photos, out, capsys)[0] == 0
+    searcher = Searcher(out / "collection")
+    index = InvertedIndex.open(out / "collection" / "index")
+    for row, name in enumerate(["p0.png", "p1.png", "p2.png"]):
+        code = searcher.image_code(photos / name)
+        stored = index.codes(np.array([row])).toarray()[0]  # the index keeps unit rows
+        np.testing.assert_allclose(code / np.linalg.norm(code), stored, rtol=1e-5, atol=1e-7)
+    # a class name is a word the searcher knows, even where no caption or encoder has it
+    assert searcher.unknown_words("zorbulator") == ["zorbulator"]
+    searcher._seen_words = None
+    searcher.model.model.names = ["zorbulator", *searcher.model.model.names[1:]]
+    assert searcher.unknown_words("zorbulator") == []
+    hits = searcher.search_like(str(photos / "p1.png"), k=3)
+    assert hits[0].score == pytest.approx(max(h.score for h in hits))
+    assert "p1.png" in [h.id for h in hits if h.score == pytest.approx(hits[0].score)]
+
+    argv = ["search", str(out / "collection"), "--like", str(photos / "p2.png"), "--json"]
+    assert main([*argv, "--no-server"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["hits"] and got["like"] == str(photos / "p2.png")
+
+    with TestClient(create_app(searcher=searcher), base_url="http://127.0.0.1") as client:
+        r = client.post("/api/search/image", content=(photos / "p0.png").read_bytes())
+        assert r.status_code == 200, r.text
+        assert r.json()["like"] == "uploaded image" and r.json()["hits"]
+        hit = r.json()["hits"][0]["id"]
+        r = client.get(f"/api/items/{hit}/explain")  # an uploaded image's hit: its concepts
+        assert r.status_code == 200, r.text
+        assert r.json()["query"]["include"] == [] and r.json()["concepts"]
+        r = client.get("/api/search", params={"like": "p1.png"})  # more like an item, no terms
+        assert r.status_code == 200, r.text
+        assert r.json()["hits"][0]["id"] == "p1.png" or r.json()["hits"][0]["score"] == (
+            pytest.approx(r.json()["hits"][1]["score"])
+        )

@@ -75,6 +75,9 @@ def test_api_like_item_and_violation_marks(client: TestClient) -> None:
         "t-shirts",
         "person",
     ]
+    # more like an item, nothing left out
+    r = client.get("/api/search", params={"like": "db1"})
+    assert r.status_code == 200 and r.json()["hits"][0]["id"] in {"db1", "db2"}
     # errors: unknown id, an include term with like
     r = client.get("/api/search", params={"like": "nope"})
     assert r.status_code == 404 and r.json() == {"error": "unknown item id"}
@@ -139,6 +142,10 @@ def test_cli_like(web_collection: Path, capsys: pytest.CaptureFixture[str]) -> N
     ):
         assert main([*argv, "--strategy", "filter", "-k", "5"]) == 0
         assert json.loads(capsys.readouterr().out)["hits"] == out["hits"]
+    # more like an item with nothing left out: no query text at all
+    assert main(["search", str(web_collection), "--like", "db1", "--json", "-k", "3"]) == 0
+    bare = json.loads(capsys.readouterr().out)
+    assert bare["query"]["exclude"] == [] and bare["hits"][0]["id"] in {"db1", "db2"}
     with pytest.raises(SystemExit):  # a third positional is still an error
         main(["search", str(web_collection), "--like", "db1", "no ball", "extra"])
     capsys.readouterr()

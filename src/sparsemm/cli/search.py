@@ -281,7 +281,7 @@ def run_like(args: argparse.Namespace) -> int:
     hits = searcher.search_like(
         args.like, exclude=tuple(exclude), k=args.k, strategy=args.strategy, offset=args.offset
     )
-    unknown = searcher.unknown_words(Query(exclude=tuple(exclude)))
+    unknown = searcher.unknown_words(Query(exclude=tuple(exclude)) if exclude else Query.empty())
     if args.json:
         out = {
             "like": args.like,

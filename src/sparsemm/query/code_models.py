@@ -18,6 +18,7 @@ in its ``config.json``:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,6 +43,11 @@ class CodeModel(Protocol):
 
     def encode_items(self, collection: Collection, progress: bool = False) -> sp.csr_matrix:
         """Codes (n_items, d) of every collection item."""
+        ...
+
+    def encode_query_images(self, images: Sequence[Any], image_encoder: Any) -> sp.csr_matrix:
+        """Codes (n, d) of query images (paths or PIL images) embedded with the collection's
+        own ``image_encoder``, coded as :meth:`encode_items` codes an item."""
         ...
 
     def query_coder(self, text_encoder: Any = None) -> QueryCoder:
@@ -79,6 +85,11 @@ class SRCodeModel:
         """Codes (n, d) of image embeddings (n, k): what :meth:`encode_items` does per item,
         for a query image embedded outside the collection."""
         return sp.csr_matrix(self.model.encode(emb, "image", top_k=self.top_k))
+
+    def encode_query_images(self, images: Sequence[Any], image_encoder: Any) -> sp.csr_matrix:
+        """Codes of query images, as :meth:`encode_items` codes an item: the collection's
+        image encoder's unit embedding, then the SR image side."""
+        return self.encode_embeddings(np.asarray(image_encoder.encode_image(images), np.float32))
 
     def query_coder(self, text_encoder: Any = None) -> QueryCoder:
         return sr_query_coder(self.model, top_k=self.top_k, text_encoder=text_encoder)
@@ -123,6 +134,18 @@ class VDRCodeModel:
         patches, mask = self.patches(collection, progress)
         return self.model.encode_image(patches, mask, top_k=self.top_k, progress=progress)
 
+    def encode_query_images(self, images: Sequence[Any], image_encoder: Any) -> sp.csr_matrix:
+        """Codes of query images from their EfficientNet spatial features, as the items of a
+        collection of images are coded (a caption-proxy collection's items are coded from
+        captions, which a query image does not have)."""
+        if not hasattr(image_encoder, "encode_spatial"):
+            raise SparsemmError(
+                "this VDR index codes items from caption views; a query image has no captions "
+                "(search like an item of the collection instead: its id)"
+            )
+        patches = image_encoder.encode_spatial(list(images)).astype(np.float16)
+        return self.model.encode_image(patches, None, top_k=self.top_k)
+
     def query_coder(self, text_encoder: Any = None) -> QueryCoder:
         def code(emb: np.ndarray, texts: Any) -> sp.csr_matrix:
             return self.model.encode_text(list(texts), top_k=self.text_top_k)
@@ -153,6 +176,12 @@ class ConceptCodeModel:
         from sparsemm.models.concepts import pooled_features
 
         return self.model.encode_pooled(pooled_features(collection, progress=progress), self.top_k)
+
+    def encode_query_images(self, images: Sequence[Any], image_encoder: Any) -> sp.csr_matrix:
+        """Codes of query images: the backbone's un-normalised pooled features through the
+        classifier head, as the collection's items are coded."""
+        raw = image_encoder.encode_image(list(images), normalize=False)
+        return self.model.encode_pooled(np.asarray(raw, dtype=np.float32), self.top_k)
 
     def query_coder(self, text_encoder: Any = None) -> QueryCoder:
         def code(emb: np.ndarray, texts: Any) -> sp.csr_matrix:

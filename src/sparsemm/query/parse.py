@@ -287,6 +287,16 @@ class Query:
                 f"{_is_are(both)} both included and excluded; remove it from one side"
             )
 
+    @classmethod
+    def empty(cls) -> Query:
+        """A query with no terms, which typed text never gives: the exclusions of a "more
+        like this" search that leaves nothing out, or an explanation of an item's own
+        concepts."""
+        q = object.__new__(cls)
+        object.__setattr__(q, "include", ())
+        object.__setattr__(q, "exclude", ())
+        return q
+
     @property
     def text(self) -> str:
         """The canonical text form, e.g. ``hot dog, cat -person -"dining table"``."""

@@ -502,12 +502,13 @@ class Searcher:
 
     def unknown_words(self, query: Query | str) -> list[str]:
         """Words of ``query``'s terms that this searcher has never seen, in query order: in
-        none of the model's detector vocabulary, the words of the collection's captions and
-        labels, or the text encoder's whole-word vocabulary (when it has one: MiniLM's
-        WordPiece words). Such a word ("xqzvbl", a typo) is still encoded, as subword
-        pieces, and searched or excluded by what the pieces mean; the CLI, the web API and
-        the page name it so the result is not trusted in silence. Stop words are never
-        reported; a query with no vocabulary to check against reports nothing."""
+        none of the model's detector vocabulary or dimension names, the words of the
+        collection's captions and labels, or the text encoder's whole-word vocabulary (when
+        it has one: MiniLM's WordPiece words). Such a word ("xqzvbl", a typo) is still
+        encoded, as subword pieces, and searched or excluded by what the pieces mean; the
+        CLI, the web API and the page name it so the result is not trusted in silence.
+        Stop words are never reported; a query with no vocabulary to check against reports
+        nothing."""
         q = parse_query(query) if isinstance(query, str) else query
         words = [w for t in (*q.include, *q.exclude) for w in tokenize(t)]
         missing = [w for w in dict.fromkeys(words) if not self._knows(w, cheap=True)]
@@ -522,9 +523,10 @@ class Searcher:
             vocab = getattr(self.encoder, "word_vocabulary", None)
             words = vocab() if callable(vocab) else None
             return bool(words and forms & words)
-        if self._seen_words is None:  # captions and labels, read once on the first miss
+        if self._seen_words is None:  # captions, labels and dimension names, read once
             seen: set[str] = set()
-            for it in self.collection.items:
+            names = self.model.dim_names() or []  # ImageNet classes, VDR tokens
+            for it in [*self.collection.items, {"labels": names}]:
                 for text in [*(it.get("captions") or []), *(it.get("labels") or [])]:
                     toks = tokenize(str(text))
                     seen.update(toks)
@@ -791,21 +793,14 @@ class Searcher:
     def image_code(self, image: Any) -> np.ndarray:
         """(d,) item code of a query image (a path or PIL image): embedded with the
         collection's image encoder, then coded as :meth:`CodeModel.encode_items` codes an
-        item. Only SR codes single embeddings; the other models read features an image
-        query does not have, so they take an item id instead."""
-        encode = getattr(self.model, "encode_embeddings", None)
-        if encode is None:
-            raise SparsemmError(
-                f"a {self.model.kind} index codes items from features a query image does not "
-                "have; search like an item of the collection instead (its id)"
-            )
+        item (SR: the image side; VDR: spatial features; ImageNet concepts: the classifier
+        head)."""
         try:
-            emb = self.image_encoder.encode_image([image])
+            code = self.model.encode_query_images([image], self.image_encoder)
         except SparsemmError:
             raise
         except Exception as exc:  # a corrupt or unreadable image file
             raise SparsemmError(f"could not read the query image: {exc}") from exc
-        code = encode(np.asarray(emb, dtype=np.float32))
         return np.asarray(sp.csr_matrix(code).toarray()[0], dtype=np.float32)
 
     def like_code(self, like: Any) -> tuple[str, np.ndarray]:

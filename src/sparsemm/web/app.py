@@ -352,7 +352,7 @@ def like_exclusions(q: str = "", include: Sequence[str] = (), exclude: Sequence[
     """The exclusions of a "more like this" query: ``q`` and the lists may only leave
     things out ("but not cat"); nothing at all is fine. SparsemmError for an include term."""
     if not q.strip() and not any(v.strip() for v in [*include, *exclude] if isinstance(v, str)):
-        return Query((), ())
+        return Query.empty()
     query = build_query(q, include, exclude)
     if query.include:
         raise SparsemmError(
@@ -1172,7 +1172,7 @@ def create_app(
         if like is not None:
             query = like_exclusions(q, include or [], exclude or [])
         elif not q.strip() and not any(v.strip() for v in [*(include or []), *(exclude or [])]):
-            query = Query((), ())  # an uploaded image's hit: the item's own concepts only
+            query = Query.empty()  # an uploaded image's hit: the item's own concepts only
         else:
             query = build_query(q, include or [], exclude or [])
         return service.explain(item_id, query, prefix(request), like=like)
