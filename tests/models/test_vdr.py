@@ -341,3 +341,26 @@ def test_load_published_refuses_cross_modal_and_missing(bert_dir: Path, tmp_path
     (tmp_path / "empty" / "config.json").write_text("{}")
     with pytest.raises(SparsemmError, match="encoder_q"):
         load_published_vdr(tmp_path / "empty")
+
+
+def test_query_images_are_coded_like_items_of_a_collection_of_images(
+    bert_dir: Path, tmp_path: Path
+) -> None:
+    """VDRCodeModel.encode_query_images: the image encoder's spatial features (float16, as
+    the collection's cached patches are stored) through the image side; an encoder with no
+    spatial features (a caption-proxy collection's) is refused in one line."""
+    from sparsemm.query.code_models import VDRCodeModel
+
+    _model(bert_dir).save_pretrained(tmp_path / "m")
+    coder = VDRCodeModel(tmp_path / "m")
+    feats = np.random.default_rng(2).normal(size=(2, 5, 8)).astype(np.float32)
+
+    class Spatial:
+        def encode_spatial(self, images: list[str]) -> np.ndarray:
+            return feats[: len(images)]
+
+    got = coder.encode_query_images(["a.png", "b.png"], Spatial())
+    want = coder.model.encode_image(feats.astype(np.float16), None, top_k=coder.top_k)
+    assert got.shape == want.shape and (got != want).nnz == 0
+    with pytest.raises(SparsemmError, match="caption views"):
+        coder.encode_query_images(["a.png"], object())
