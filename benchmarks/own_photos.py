@@ -77,12 +77,14 @@ def skimage_folder(out: Path) -> Path:
     return folder
 
 
-def up(folder: Path, out: Path, model_dir: Path | None = None) -> tuple[Path, float]:
-    """What ``sparsemm up FOLDER -o OUT --no-serve`` does, timed."""
+def up(
+    folder: Path, out: Path, model_dir: Path | None = None, extra: tuple[str, ...] = ()
+) -> tuple[Path, float]:
+    """What ``sparsemm up FOLDER -o OUT --no-serve [extra]`` does, timed."""
     from sparsemm.cli.main import main
 
     t0 = time.perf_counter()
-    args = ["up", str(folder), "-o", str(out), "--no-serve", "--no-progress"]
+    args = ["up", str(folder), "-o", str(out), "--no-serve", "--no-progress", *extra]
     if model_dir is not None:
         args += ["--model", str(model_dir)]
     if main(args) != 0:
@@ -179,16 +181,15 @@ def collage_folder(out: Path, n: int) -> tuple[Path, dict[str, list[str]]]:
     return folder, labels
 
 
-def run_collages(out: Path, n: int) -> dict[str, Any]:
-    from sparsemm.query.searcher import Searcher
-
-    folder, labels = collage_folder(out, n)
-    col, seconds = up(folder, out / "collage-up")
-    searcher = Searcher(col)
+def label_pair_metrics(
+    searcher: Any, labels: dict[str, list[str]], strategies: tuple[str, ...]
+) -> dict[str, Any]:
+    """Single-label P@10 and, per strategy, AP@10 / violation@10 / inclusion@10 over every
+    ordered label pair (A, B) with an item holding both and one holding A alone."""
     ids = searcher.collection.ids
     classes = sorted({lab for labs in labels.values() for lab in labs})
-    has = {c: {i for i in ids if c in labels[i]} for c in classes}
-    result: dict[str, Any] = {"seconds_up": seconds, "n_items": len(ids)}
+    has = {c: {i for i in ids if c in labels.get(i, ())} for c in classes}
+    result: dict[str, Any] = {"n_items": len(ids)}
 
     single = []
     unknown: set[str] = set()
@@ -205,7 +206,7 @@ def run_collages(out: Path, n: int) -> dict[str, Any]:
     pairs = [
         (a, b) for a, b in itertools.permutations(classes, 2) if has[a] & has[b] and has[a] - has[b]
     ]
-    for strategy in ("hybrid", "filter"):
+    for strategy in strategies:
         ap, vio, inc, failed = [], [], [], 0
         for a, b in pairs:
             try:
@@ -225,9 +226,18 @@ def run_collages(out: Path, n: int) -> dict[str, Any]:
             "inclusion@10": float(np.mean(inc)),
             "pairs_with_unknown_term": failed,
         }
-    # chance level: the share of relevant collages per pair
+    # chance level: the share of relevant items per pair
     result["chance_precision"] = float(np.mean([len(has[a] - has[b]) / len(ids) for a, b in pairs]))
     return result
+
+
+def run_collages(out: Path, n: int) -> dict[str, Any]:
+    from sparsemm.query.searcher import Searcher
+
+    folder, labels = collage_folder(out, n)
+    col, seconds = up(folder, out / "collage-up")
+    result = label_pair_metrics(Searcher(col), labels, ("hybrid", "filter"))
+    return {"seconds_up": seconds, **result}
 
 
 def main() -> None:

@@ -196,6 +196,10 @@ def test_up_serves_the_collection_with_sparsemm_serve(
     assert main(["up", str(photos), "-o", str(out), "--port", "8765", "--no-progress"]) == 0
     assert seen["collection"] == out / "collection"
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 8765)
+    # every setting `sparsemm serve` itself would pass (a hand-built one once missed some)
+    from sparsemm.cli.main import build_parser
+
+    assert set(vars(build_parser().parse_args(["serve", "x"]))) - {"verb", "verbose"} <= set(seen)
     assert "search page: http://127.0.0.1:8765/" in capsys.readouterr().out
 
 
@@ -276,3 +280,81 @@ def test_image_queries_on_a_captionless_concept_collection(
         assert r.json()["hits"][0]["id"] == "p1.png" or r.json()["hits"][0]["score"] == (
             pytest.approx(r.json()["hits"][1]["score"])
         )
+
+
+@pytest.fixture
+def tiny_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`up`'s SR and SPINE at test size (seconds, not a minute)."""
+    from sparsemm.cli import up
+
+    for name, value in {
+        "UP_LATENT_DIM": 32,
+        "UP_TOP_K": 4,
+        "UP_SPINE_WORDS": 300,
+        "UP_SPINE_EPOCHS": 2,
+        "UP_PAIR_VISITS": 40,
+    }.items():
+        monkeypatch.setattr(up, name, value)
+
+
+def test_up_trains_sr_on_captions_and_reuses_it(
+    tmp_path: Path, model_cache: Path, tiny_training: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sparsemm.query.searcher import Searcher
+
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    words = ["a cat on a sofa", "a dog in the park", "a cat and a dog", "a red car"]
+    for i in range(4):
+        _photo(photos / f"p{i}.png", i)
+    caps = tmp_path / "caps.jsonl"
+    caps.write_text(
+        "".join(json.dumps({"id": f"p{i}.png", "caption": w}) + "\n" for i, w in enumerate(words))
+    )
+    base = ["up", str(photos), "-o", str(out), "--no-serve", "--no-progress", "--captions"]
+
+    # fewer captioned photos than MIN_TRAIN_PHOTOS: the concept model, and it says why
+    assert main([*base, str(caps)]) == 0
+    text = capsys.readouterr().out
+    assert "model: ImageNet concepts (4 captioned photos" in text
+    assert InvertedIndex.open(out / "collection" / "index").meta["model_type"] == (
+        "imagenet_concepts"
+    )
+
+    assert main([*base, str(caps), "--train"]) == 0
+    text = capsys.readouterr().out
+    assert "training an SR model on 4 captioned photos (4 captions)" in text
+    assert "built the index (the model changed)" in text
+    index = InvertedIndex.open(out / "collection" / "index")
+    assert index.meta["model_type"] == "sr" and index.meta["spine"]
+    assert (out / "sr" / "config.json").is_file() and not (out / ".training").exists()
+    searcher = Searcher(out / "collection")
+    assert searcher.default_strategy == "hybrid"
+    hits = searcher.search("a cat but not a dog", k=4)
+    assert all(np.isfinite(h.score) for h in hits)
+    assert searcher.search_like("p2.png", k=1)[0].id == "p2.png"
+
+    # a re-run reuses the trained model; a new photo is indexed with it
+    _photo(photos / "p4.png", 4)
+    assert main([*base, str(caps)]) == 0
+    text = capsys.readouterr().out
+    assert "model: SR trained on the captions earlier" in text
+    assert "training" not in text.replace("trained on the captions earlier", "")
+    assert list(InvertedIndex.open(out / "collection" / "index").ids)[-1] == "p4.png"
+
+    # --no-train goes back to the concept model
+    assert main([*base, str(caps), "--no-train"]) == 0
+    assert "built the index (the model changed)" in capsys.readouterr().out
+    assert InvertedIndex.open(out / "collection" / "index").meta["model_type"] == (
+        "imagenet_concepts"
+    )
+
+
+def test_up_train_errors_are_one_line(
+    tmp_path: Path, model_cache: Path, tiny_training: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    photos = tmp_path / "photos"
+    _photo(photos / "a.png", 0)
+    code = main(["up", str(photos), "--no-serve", "--no-progress", "--train"])
+    assert code == 2 and "captions on at least 2 photos" in _one_error_line(capsys.readouterr().err)
+    code = main(["up", str(photos), "--no-serve", "--train", "--model", str(tmp_path)])
+    assert code == 2 and "does not go with --model" in _one_error_line(capsys.readouterr().err)

@@ -112,6 +112,10 @@ def test_encode_csv_split(run, tmp_path: Path) -> None:
     assert run("encode", str(path), "-o", str(out), "--encoder", "kwfake", "--split", "test") == 0
     col = open_collection(out)
     assert col.ids == ["b"] and [t["text"] for t in col.texts] == ["a dog"]
+    # "all" is every item, split field or not (photos from a folder have none)
+    assert col.split_mask("all").tolist() == [True]
+    assert run("encode", str(path), "-o", str(tmp_path / "all"), "--encoder", "kwfake") == 0
+    assert open_collection(tmp_path / "all").split_mask("all").tolist() == [True, True]
 
 
 def test_encode_errors(run, tmp_path: Path, jsonl: Path, capsys) -> None:

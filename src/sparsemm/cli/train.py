@@ -38,7 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     sr.add_argument("-o", "--out", type=Path, required=True, help="model output folder")
     sr.add_argument("--spine", type=Path, help="SPINE folder (sparsemm spine train)")
     sr.add_argument("--no-bias", action="store_true", help="ablation: top-k mask only")
-    sr.add_argument("--split", default="train", help="items used for training (default train)")
+    sr.add_argument(
+        "--split", default="train", help="items used for training (default train; 'all': every)"
+    )
     sr.add_argument("--latent-dim", type=int, default=1000)
     sr.add_argument("--top-k", type=int, default=64)
     sr.add_argument("--activation", choices=("relu", "none"), default="relu")
@@ -87,7 +89,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     al.add_argument("collection", type=Path, help="collection folder (sparsemm encode)")
     al.add_argument("-o", "--out", type=Path, required=True, help="model output folder")
-    al.add_argument("--split", default="train", help="items used for training (default train)")
+    al.add_argument(
+        "--split", default="train", help="items used for training (default train; 'all': every)"
+    )
     al.add_argument("--dim", type=int, default=512, help="shared space width")
     al.add_argument("--tau", type=float, default=0.05)
     al.add_argument("--epochs", type=int, default=20)
@@ -136,50 +140,29 @@ def run_detectors(args: argparse.Namespace) -> int:
 def run_sr(args: argparse.Namespace) -> int:
     from sparsemm.data.collection import open_collection
     from sparsemm.errors import SparsemmError
-    from sparsemm.models.base import encoder_record
-    from sparsemm.models.sr import SRConfig
-    from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
+    from sparsemm.train.sr import SRTrainConfig, train_sr_on_collection
     from sparsemm.words.spine import SparseWordVectors
 
     if args.spine is None and not args.no_bias:
         raise SparsemmError("pass --spine DIR (a trained SPINE) or --no-bias for the ablation")
     col = open_collection(args.collection)
     vectors = None if args.no_bias else SparseWordVectors.load(args.spine)
-    if vectors is not None and vectors.dim != args.latent_dim:
-        raise SparsemmError(
-            f"the SPINE vectors have {vectors.dim} dims but --latent-dim is {args.latent_dim}; "
-            "they must match (dimension j of SR is SPINE dimension j)"
-        )
-    mask = col.split_mask(args.split)
-    image, text, pair_item, bias = sr_pairs_from_collection(col, mask, vectors)
-    config = SRConfig(
-        text_dim=text.shape[1],
-        image_dim=image.shape[1],
-        latent_dim=args.latent_dim,
-        # Two backbones (different dims) always need one encoder/decoder per modality.
-        shared=not args.per_modality and image.shape[1] == text.shape[1],
-        top_k=args.top_k,
-        activation=args.activation,
-        tau=args.tau,
-        contrastive_weight=args.lam,
-    )
     tc = SRTrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
-    model, hist = train_sr(
-        image,
-        text,
-        pair_item,
-        bias,
-        config,
+    model, hist, n_items, n_captions = train_sr_on_collection(
+        col,
         args.out,
-        tc,
+        vectors,
+        split=args.split,
+        latent_dim=args.latent_dim,
+        top_k=args.top_k,
+        tau=args.tau,
+        train=tc,
         resume=args.resume,
         progress=not args.no_progress,
+        shared=not args.per_modality,
+        activation=args.activation,
+        contrastive_weight=args.lam,
     )
-    # Saved again with the record, as one atomic change of config.json + weights: a kill
-    # before this leaves the new model without a record (accepted everywhere), never a
-    # record of another training run.
-    model.training_info = encoder_record(col.manifest, args.collection)
-    model.save_pretrained(args.out)
     n_detectors = 0
     if not args.no_detectors:
         try:
@@ -188,7 +171,7 @@ def run_sr(args: argparse.Namespace) -> int:
             log.warning("no concept detectors saved: %s", exc)
     last = hist[-1] if hist else {}
     print(
-        f"trained SR on {len(image)} items / {len(text)} captions -> {args.out} "
+        f"trained SR on {n_items} items / {n_captions} captions -> {args.out} "
         f"(loss {last.get('loss', float('nan')):.4f}, nce {last.get('nce', float('nan')):.4f}; "
         f"{n_detectors} concept detectors)"
     )

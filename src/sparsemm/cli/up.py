@@ -2,9 +2,10 @@
 
 Steps (each reuses the project's own machinery): read the folder (and an optional captions
 file) -> embed new or changed images with EfficientNet-Lite0 (captions with MiniLM) into
-``OUT/collection`` -> the ImageNet concept model in ``OUT/model`` (built once, no training,
-no captions needed; or ``--model`` for a trained SR/VDR/concept model) -> index -> serve
-(``sparsemm serve``). A re-run embeds only new or changed photos and adds them to the
+``OUT/collection`` -> a model: the ImageNet concept model in ``OUT/model`` (built once, no
+training, no captions needed), or, with captions on at least :data:`MIN_TRAIN_PHOTOS`
+photos, SR trained on them in ``OUT/sr`` (SPINE in ``OUT/spine``), or ``--model`` -> index
+-> serve (``sparsemm serve``). A re-run embeds only new or changed photos and adds them to the
 index; photos gone from the folder are removed from the collection, and it says so.
 """
 
@@ -13,12 +14,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from sparsemm.cli.serve import DEFAULT_HOST, DEFAULT_MAX_CONNECTIONS, DEFAULT_PORT
+from sparsemm.cli.serve import DEFAULT_HOST, DEFAULT_PORT
 from sparsemm.errors import SparsemmError
 
 log = logging.getLogger(__name__)
@@ -26,6 +28,22 @@ log = logging.getLogger(__name__)
 OUT_NAME = ".sparsemm"  # default output: a hidden folder inside the photo folder
 COLLECTION = "collection"
 MODEL = "model"
+SR_MODEL = "sr"  # an SR model trained on the folder's captions
+SPINE = "spine"  # its SPINE word vectors
+TRAINING = ".training"  # where both are trained before they replace OUT/sr and OUT/spine
+# With captions on at least this many photos, `up` trains SR on them instead of using the
+# ImageNet concept model. benchmarks/up_captions.py (collages, 200 uncaptioned photos beside
+# the captioned ones): SR's AP@10 0.28 / 0.43 / 0.56 / 0.65 / 0.99 at 5 / 10 / 20 / 30 / 200
+# captioned photos against 0.23-0.29 for the concept model; below 20 the model knows only the
+# words of a handful of captions, where the concept model knows 1000 classes.
+MIN_TRAIN_PHOTOS = 20
+# SR and SPINE sizes for a folder: the demo's (sparsemm.eval.collage_run), with enough
+# epochs that a small folder still gets this many (image, caption) pair visits.
+UP_LATENT_DIM = 1000
+UP_TOP_K = 64
+UP_SPINE_WORDS = 5000
+UP_SPINE_EPOCHS = 100
+UP_PAIR_VISITS = 40_000
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "serve); re-runs add only new or changed photos",
         description="Embeds the photos under PHOTOS with the offline EfficientNet-Lite0 "
         "(captions, if given, with MiniLM), codes them over the 1000 named ImageNet classes "
-        "(no captions or training needed), indexes them and serves the search page. "
+        "(no captions or training needed) or, when at least "
+        f"{MIN_TRAIN_PHOTOS} photos have captions, with an SR model trained on them, "
+        "indexes them and serves the search page. "
         "Output goes to PHOTOS/.sparsemm unless -o says otherwise; a re-run embeds only new "
         "or changed photos and adds them to the index.",
     )
@@ -45,7 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=Path,
         default=None,
         help="optional JSONL/CSV with id (or image) and caption(s) per photo; shown on the "
-        "page and used by the hybrid scorer's word detectors",
+        f"page, and an SR model is trained on them when {MIN_TRAIN_PHOTOS} or more photos "
+        "have one",
     )
     p.add_argument(
         "-o", "--out", type=Path, default=None, help=f"output folder (default PHOTOS/{OUT_NAME})"
@@ -56,6 +77,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="index with this saved model instead of the ImageNet concept model (it must "
         "have been trained on EfficientNet + MiniLM embeddings)",
+    )
+    train = p.add_mutually_exclusive_group()
+    train.add_argument(
+        "--train",
+        action="store_true",
+        help=f"train an SR model on the captions even with fewer than {MIN_TRAIN_PHOTOS} "
+        "captioned photos (again, if one was trained before)",
+    )
+    train.add_argument(
+        "--no-train",
+        action="store_true",
+        help="never train: keep the ImageNet concept model whatever the captions",
     )
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
@@ -126,12 +159,87 @@ def ensure_model(out: Path, model: Path | None, progress: bool) -> Path:
     return target
 
 
-def index_collection(col_dir: Path, model_dir: Path, report: Any) -> tuple[Any, str]:
+def will_train(out: Path, n_captioned: int, force: bool) -> bool:
+    """Whether ``up`` serves an SR model trained on the captions: when forced, when one was
+    trained here before (it is reused), or with captions on at least
+    :data:`MIN_TRAIN_PHOTOS` photos."""
+    from sparsemm.models.base import CONFIG_FILE
+
+    return force or (out / SR_MODEL / CONFIG_FILE).is_file() or n_captioned >= MIN_TRAIN_PHOTOS
+
+
+def caption_model(out: Path, col: Any, force: bool, progress: bool) -> Path:
+    """``OUT/sr``: the SR model trained on the collection's captions before, else (or with
+    ``force``) one trained now, with its SPINE vectors in ``OUT/spine``. Training happens in
+    ``OUT/.training``, which replaces ``OUT/sr`` and ``OUT/spine`` only when done, so a
+    killed run leaves the previous model."""
+    from sparsemm.io import replace_dir
+    from sparsemm.models.base import CONFIG_FILE
+    from sparsemm.train.sr import SRTrainConfig, train_sr_on_collection
+    from sparsemm.words.spine import train_caption_spine
+
+    target = out / SR_MODEL
+    if (target / CONFIG_FILE).is_file() and not force:
+        _say(f"model: SR trained on the captions earlier ({target}; --train trains it again)")
+        return target
+    rows, owner = col.caption_rows(col.split_mask("all"))
+    n_photos = len(set(owner.tolist()))
+    if n_photos < 2:
+        raise SparsemmError(
+            f"training needs captions on at least 2 photos; {col.root} has {n_photos} "
+            "(give them with --captions FILE, or drop --train)"
+        )
+    captions = [str(col.texts[int(r)]["text"]) for r in rows]
+    _say(f"training an SR model on {n_photos} captioned photos ({len(captions)} captions)")
+    work = out / TRAINING
+    shutil.rmtree(work, ignore_errors=True)  # a killed run's leftovers (minutes to redo)
+    t0 = time.perf_counter()
+    vectors = train_caption_spine(
+        work / SPINE,
+        captions,
+        latent_dim=UP_LATENT_DIM,
+        top_words=UP_SPINE_WORDS,
+        epochs=UP_SPINE_EPOCHS,
+        progress=progress,
+    )
+    epochs = min(200, max(10, -(-UP_PAIR_VISITS // len(captions))))
+    model, _, _, _ = train_sr_on_collection(
+        col,
+        work / SR_MODEL,
+        vectors,
+        split="all",
+        latent_dim=UP_LATENT_DIM,
+        top_k=UP_TOP_K,
+        train=SRTrainConfig(epochs=epochs),
+        progress=progress,
+        shared=False,
+    )
+    from sparsemm.train.detectors import fit_model_detectors
+
+    try:
+        n_det = len(fit_model_detectors(model, work / SR_MODEL, col, "all", progress=progress))
+    except SparsemmError as exc:  # too few mentions of any word: code similarity only
+        log.warning("no concept detectors: %s", exc)
+        n_det = 0
+    replace_dir(work / SPINE, out / SPINE)
+    replace_dir(work / SR_MODEL, target)
+    shutil.rmtree(work, ignore_errors=True)
+    _say(
+        f"trained SR ({epochs} epochs, {n_det} word detectors) in "
+        f"{time.perf_counter() - t0:.1f} s -> {target}"
+    )
+    return target
+
+
+def index_collection(
+    col_dir: Path, model_dir: Path, report: Any, spine_dir: Path | None = None
+) -> tuple[Any, str]:
     """Add the new items to the existing index when that is exact, else (re)build it.
     Returns (index, what was done)."""
     from sparsemm.data.collection import open_collection
     from sparsemm.index import InvertedIndex
     from sparsemm.linalg import normalize_rows
+    from sparsemm.models.detectors import model_weights_sha256
     from sparsemm.query.code_models import load_code_model
     from sparsemm.query.searcher import INDEX_DIR, build_index
 
@@ -142,7 +250,10 @@ def index_collection(col_dir: Path, model_dir: Path, report: Any) -> tuple[Any, 
         index = InvertedIndex.open(root)
         meta = index.meta or {}
         ids, n_old = col.ids, len(index)
-        same_model = meta.get("model") == str(model_dir.resolve())
+        same_model = meta.get("model") == str(model_dir.resolve()) and meta.get("model_sha256") in (
+            None,
+            model_weights_sha256(model_dir),
+        )
         prefix = list(index.ids) == ids[:n_old]
         if same_model and prefix and n_old == len(ids):
             return index, "index up to date"
@@ -166,7 +277,7 @@ def index_collection(col_dir: Path, model_dir: Path, report: Any) -> tuple[Any, 
         reason = "photos changed or were removed"
     elif report is not None and not report.created:
         reason = "no index yet"
-    index = build_index(col_dir, model_dir)
+    index = build_index(col_dir, model_dir, spine_dir=spine_dir)
     return index, f"built the index ({reason})"
 
 
@@ -217,7 +328,12 @@ def run(args: argparse.Namespace) -> int:
     col_dir = out / COLLECTION
     _say(f"{len(items)} photos in {photos} -> {out}")
 
-    model_dir = ensure_model(out, args.model, progress)
+    if args.train and args.model is not None:
+        raise SparsemmError("--train trains a model on the captions; it does not go with --model")
+    n_captioned = sum(1 for it in items if it.get("captions"))
+    train = args.model is None and not args.no_train and will_train(out, n_captioned, args.train)
+    # the concept model is not needed (nor built, 1-2 min the first time) when SR is trained
+    model_dir = out / SR_MODEL if train else ensure_model(out, args.model, progress)
     encoder = get_encoder("efficientnet")
     report = sync_folder(
         items,
@@ -246,7 +362,16 @@ def run(args: argparse.Namespace) -> int:
             f"warning: skipped {len(report.skipped)} unreadable image(s), e.g. {first['id']}: "
             f"{first['error']} (listed in {col_dir}/skipped.jsonl)"
         )
-    index, what = index_collection(col_dir, model_dir, report)
+    spine_dir = None
+    if train:
+        model_dir = caption_model(out, report.collection, args.train, progress)
+        spine_dir = out / SPINE / "vectors"
+    elif n_captioned and args.model is None:
+        _say(
+            f"model: ImageNet concepts ({n_captioned} captioned photos; an SR model is trained "
+            f"on the captions from {MIN_TRAIN_PHOTOS}, or with --train)"
+        )
+    index, what = index_collection(col_dir, model_dir, report, spine_dir)
     _say(f"{what}: {len(index)} items, {index.nnz / max(len(index), 1):.1f} concepts each")
     _say(f"ready in {time.perf_counter() - t0:.1f} s")
     if args.no_serve:
@@ -277,14 +402,10 @@ def _serve(col_dir: Path, args: argparse.Namespace) -> int:
 
     check_port_free(args.host, args.port)
     shown = f"[{args.host}]" if ":" in args.host else args.host
-    ns = argparse.Namespace(
-        collection=col_dir,
-        host=args.host,
-        port=args.port,
-        allow_host=[],
-        max_connections=DEFAULT_MAX_CONNECTIONS,
-        cors_origin=[],
-    )
+    # `sparsemm serve COLLECTION --host H --port P` with serve's own defaults for the rest
+    parser = argparse.ArgumentParser(prog="sparsemm")
+    serve.register(parser.add_subparsers())
+    ns = parser.parse_args(["serve", str(col_dir), "--host", args.host, "--port", str(args.port)])
     _say(
         f"search page: http://{shown}:{args.port}/ (answers once the text encoder is loaded, "
         "about 10 s; Ctrl+C to stop)"

@@ -180,7 +180,10 @@ class Collection:
         return rows, pos[text_item[rows]]
 
     def split_mask(self, split: str) -> np.ndarray:
-        """(n_items,) bool: items whose ``split`` field equals ``split``."""
+        """(n_items,) bool: items whose ``split`` field equals ``split``; ``"all"``: every
+        item (a collection of photos needs no split field)."""
+        if split == "all":
+            return np.ones(len(self.items), dtype=bool)
         mask = np.asarray([it.get("split") == split for it in self.items], dtype=bool)
         if not mask.any():
             raise SparsemmError(f"collection {self.root} has no items in split {split!r}")

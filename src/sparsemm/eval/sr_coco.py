@@ -32,14 +32,8 @@ from sparsemm.train.detectors import ensure_model_detectors
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 from sparsemm.words.bias import sentence_bias
 from sparsemm.words.evaluate import top_words
-from sparsemm.words.spine import (
-    SparseWordVectors,
-    SpineConfig,
-    build_sparse_vectors,
-    train_spine,
-    training_vocabulary,
-)
-from sparsemm.words.vectors import WordVectors, load_packaged_glove, save_word_vectors
+from sparsemm.words.spine import SparseWordVectors, train_caption_spine
+from sparsemm.words.vectors import WordVectors
 
 log = logging.getLogger(__name__)
 
@@ -76,29 +70,18 @@ def prepare_spine(
     progress: bool,
     glove: WordVectors | None = None,
 ) -> SparseWordVectors:
-    """Train SPINE once (cached in ``out``) and return its sparse training-vocabulary vectors.
-
-    ``out`` is laid out like ``sparsemm spine train`` output (model, ``input_vectors/``,
-    ``vectors/``), so ``sparsemm spine inspect|eval`` work on it.
-    """
-    vec_dir, in_dir = out / "vectors", out / "input_vectors"
-    glove = glove if glove is not None else load_packaged_glove()
-    vocab = training_vocabulary(glove, train_captions, top_n=cfg.spine_top_words)
-    save_word_vectors(vocab, in_dir)
-    # resume=True: a finished run reloads its last checkpoint (train_spine refuses one made
-    # with other settings or words); an interrupted one continues.
-    spine = train_spine(
-        vocab,
-        SpineConfig(input_dim=vocab.dim, hidden_dim=cfg.latent_dim),
-        out_dir=out,
+    """Train SPINE once (cached in ``out``) on the GloVe words plus ``train_captions``'
+    words, with ``cfg``'s sizes (:func:`~sparsemm.words.spine.train_caption_spine`)."""
+    return train_caption_spine(
+        out,
+        train_captions,
+        latent_dim=cfg.latent_dim,
+        top_words=cfg.spine_top_words,
         epochs=cfg.spine_epochs,
         seed=cfg.seed,
-        resume=True,
         progress=progress,
+        glove=glove,
     )
-    vectors = build_sparse_vectors(spine, vocab)
-    vectors.save(vec_dir)
-    return vectors
 
 
 def save_with_record(model: PretrainedMixin, collection: Collection, model_dir: Path) -> None:

@@ -33,6 +33,7 @@ from sparsemm.index.store import Store
 from sparsemm.io import read_json
 from sparsemm.linalg import normalize_rows
 from sparsemm.models.base import check_encoders
+from sparsemm.models.detectors import model_weights_sha256
 from sparsemm.models.lit import AlignedTextEncoder, LinearAligner
 from sparsemm.query.code_models import load_code_model
 from sparsemm.query.parse import Query, parse_query
@@ -179,6 +180,8 @@ def build_index(
     data_labels = [[n] for n in names] if names is not None else name_dimensions(col, codes, model)
     meta = {
         "model": str(Path(model_dir).resolve()),
+        # which weights: a model retrained in the same folder is a different model
+        "model_sha256": model_weights_sha256(model_dir),
         "model_type": model.kind,
         "spine": str(Path(spine_dir).resolve()) if spine_dir is not None else None,
         "top_k": model.top_k,

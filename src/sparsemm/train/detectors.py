@@ -164,8 +164,7 @@ def fit_model_detectors(
     item) and save them in ``model_dir``, recording the model weights they belong to."""
     from sparsemm.models.detectors import model_weights_sha256
 
-    n = len(collection.items)
-    mask = np.ones(n, dtype=bool) if split == "all" else collection.split_mask(split)
+    mask = collection.split_mask(split)
     rows = np.flatnonzero(mask)
     if not len(rows):
         raise SparsemmError(f"no items on split {split!r} to fit the detectors on")

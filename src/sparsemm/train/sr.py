@@ -213,3 +213,55 @@ def sr_pairs_from_collection(
         pair_item,
         bias,
     )
+
+
+def train_sr_on_collection(
+    collection: Collection,
+    out_dir: str | Path,
+    vectors: SparseWordVectors | None,
+    split: str = "train",
+    latent_dim: int = 1000,
+    top_k: int = 64,
+    tau: float = 0.05,
+    train: SRTrainConfig | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    **config: object,
+) -> tuple[SRModel, list[dict[str, float]], int, int]:
+    """Train SR on the (image, caption) pairs of a collection ``split`` ("all": every
+    captioned item), with the SPINE caption bias of ``vectors`` (None: the no-bias
+    ablation), and save it in ``out_dir`` with the collection's encoders as its record, so
+    index and search refuse it on a collection from other encoders.
+
+    ``config`` holds further :class:`SRConfig` fields (``activation``,
+    ``contrastive_weight``, ``shared``). Returns (model, history, items, captions).
+    """
+    from sparsemm.models.base import encoder_record
+
+    if vectors is not None and vectors.dim != latent_dim:
+        raise SparsemmError(
+            f"the SPINE vectors have {vectors.dim} dims but the latent size is {latent_dim}; "
+            "they must match (dimension j of SR is SPINE dimension j)"
+        )
+    mask = collection.split_mask(split)
+    image, text, pair_item, bias = sr_pairs_from_collection(collection, mask, vectors)
+    shared = bool(config.pop("shared", True)) and image.shape[1] == text.shape[1]
+    sr_config = SRConfig(
+        text_dim=text.shape[1],
+        image_dim=image.shape[1],
+        latent_dim=latent_dim,
+        # two backbones (different dims) always need one encoder/decoder per modality
+        shared=shared,
+        top_k=top_k,
+        tau=tau,
+        **config,  # type: ignore[arg-type]
+    )
+    model, history = train_sr(
+        image, text, pair_item, bias, sr_config, out_dir, train, resume=resume, progress=progress
+    )
+    # Saved again with the record, as one atomic change of config.json + weights: a kill
+    # before this leaves the new model without a record (accepted everywhere), never a
+    # record of another training run.
+    model.training_info = encoder_record(collection.manifest, collection.root)
+    model.save_pretrained(out_dir)
+    return model, history, len(image), len(text)

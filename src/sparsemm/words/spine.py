@@ -418,3 +418,42 @@ def training_vocabulary(
         raise SparsemmError("the SPINE training vocabulary is empty; raise top_n or give captions")
     logger.info("SPINE vocabulary: %d frequent words + %d caption words", len(in_top), len(extra))
     return glove.subset(chosen)
+
+
+def train_caption_spine(
+    out: str | Path,
+    captions: Sequence[str],
+    latent_dim: int = 1000,
+    top_words: int = 5000,
+    epochs: int = 100,
+    seed: int = 0,
+    progress: bool = False,
+    glove: WordVectors | None = None,
+) -> SparseWordVectors:
+    """SPINE for a caption collection, trained once and cached in ``out``: the ``top_words``
+    most frequent GloVe words plus every caption word (:func:`training_vocabulary`), a
+    ``latent_dim``-unit SPINE over them, and their sparse vectors.
+
+    ``out`` is laid out like ``sparsemm spine train`` output (model, ``input_vectors/``,
+    ``vectors/``), so ``sparsemm spine inspect|eval`` work on it. A finished run with the
+    same words and settings is reloaded, an interrupted one continues, and one made with
+    other words or settings is refused by :func:`train_spine`.
+    """
+    from sparsemm.words.vectors import load_packaged_glove, save_word_vectors
+
+    out = Path(out)
+    glove = glove if glove is not None else load_packaged_glove()
+    vocab = training_vocabulary(glove, captions, top_n=top_words)
+    save_word_vectors(vocab, out / "input_vectors")
+    spine = train_spine(
+        vocab,
+        SpineConfig(input_dim=vocab.dim, hidden_dim=latent_dim),
+        out_dir=out,
+        epochs=epochs,
+        seed=seed,
+        resume=True,
+        progress=progress,
+    )
+    vectors = build_sparse_vectors(spine, vocab)
+    vectors.save(out / "vectors")
+    return vectors
