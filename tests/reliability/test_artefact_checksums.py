@@ -97,3 +97,36 @@ def test_dense_store_chunks_are_checksummed(tmp_path: Path) -> None:
         LocalStore.open(tmp_path / "ix")
     with pytest.raises(SparsemmError, match="NaN or inf"):
         store.add(codes[:1], ["x"], np.full((1, 5), np.nan, np.float32))
+
+
+@pytest.mark.parametrize("damaged", ["model.safetensors", "optim.safetensors"])
+def test_a_damaged_checkpoint_is_not_resumed_from(tmp_path: Path, damaged: str) -> None:
+    """Checkpoint weights carry their SHA-256 in state.json: a flipped byte in either file
+    is refused by name before training continues from it; a state.json that is not a
+    checkpoint state is refused too."""
+    torch = pytest.importorskip("torch")
+    from sparsemm.train.checkpoint import load_checkpoint, save_checkpoint
+
+    def model_and_opt() -> tuple:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+        return model, opt
+
+    model, opt = model_and_opt()
+    ck = save_checkpoint(tmp_path, model, opt, {"epoch": 2})
+    assert set(json.loads((ck / "state.json").read_text())["sha256"]) == {
+        "model.safetensors",
+        "optim.safetensors",
+    }
+    assert load_checkpoint(tmp_path, *model_and_opt()) == {"epoch": 2}
+    raw = bytearray((ck / damaged).read_bytes())
+    raw[-3] ^= 0xFF  # a value byte: the file still parses
+    (ck / damaged).write_bytes(bytes(raw))
+    with pytest.raises(SparsemmError, match=f"{damaged} does not match its checksum"):
+        load_checkpoint(tmp_path, *model_and_opt())
+    (ck / "state.json").write_text("[1, 2]")
+    with pytest.raises(SparsemmError, match="not a checkpoint state"):
+        load_checkpoint(tmp_path, *model_and_opt())

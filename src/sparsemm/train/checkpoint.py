@@ -1,7 +1,8 @@
 """Pickle-free training checkpoints: model + optimizer state as safetensors, the rest as JSON.
 
 A checkpoint is a folder ``ckpt/`` holding ``model.safetensors``, ``optim.safetensors`` and
-``state.json`` (epoch, optimizer hyper-parameters, anything the loop needs to continue). It is
+``state.json`` (epoch, optimizer hyper-parameters, anything the loop needs to continue, and
+the SHA-256 of both weight files, checked before a resume reads them). It is
 written under a temp name (``.checkpoint.<pid>.*``) and swapped in, so a crash mid-save keeps
 the previous checkpoint; the temp folders of killed writers are removed by the next save. A
 full disk or a read-only folder raises :class:`sparsemm.io.WriteError` naming the folder.
@@ -25,13 +26,23 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import find_dir, old_dir, read_json, replace_dir, write_error, write_json
+from sparsemm.io import (
+    check_digests,
+    find_dir,
+    old_dir,
+    read_json,
+    record_digests,
+    replace_dir,
+    write_error,
+    write_json,
+)
 from sparsemm.models.base import one_line, sweep_temp_dirs
 
 log = logging.getLogger(__name__)
 
 CKPT_DIR = "checkpoint"
 TMP_PREFIX = ".checkpoint."  # + "<pid>.": a checkpoint being written
+WEIGHT_FILES = ["model.safetensors", "optim.safetensors"]  # SHA-256 in state.json
 
 
 def _flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -87,7 +98,7 @@ def save_checkpoint(
         )
         tensors, meta = _flatten_optimizer(optimizer)
         save_file(tensors, str(tmp / "optim.safetensors"))
-        full = {"state": state, "optimizer": meta}
+        full = {"state": state, "optimizer": meta, "sha256": record_digests(tmp, WEIGHT_FILES)}
         if scheduler is not None:
             full["scheduler"] = scheduler.state_dict()
         write_json(tmp / "state.json", full)
@@ -120,6 +131,15 @@ def load_checkpoint(
     if not (ck / "state.json").is_file():
         raise SparsemmError(f"no checkpoint to resume from in {out_dir}; drop --resume")
     full = read_json(ck / "state.json")
+    if not isinstance(full, dict) or not isinstance(full.get("state"), dict):
+        raise SparsemmError(
+            f"{ck / 'state.json'} is not a checkpoint state (damaged); start over without "
+            f"--resume (or delete {ck})"
+        )
+    # a damaged weights file would resume training from garbage: refuse it by name
+    check_digests(
+        ck, full.get("sha256"), WEIGHT_FILES, f"start over without --resume (or delete {ck})"
+    )
     try:
         model.load_state_dict(load_file(str(ck / "model.safetensors")))
     except RuntimeError as exc:
