@@ -16,14 +16,14 @@ LIBRARY = ("encoders", "words", "data", "models", "train", "index", "query", "ba
 ABOVE = ("eval", "cli", "web", "viz")
 
 
-def _imports(path: Path) -> list[str]:
+def _imports(path: Path, package: str = "sparsemm") -> list[str]:
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             out += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.append(node.module)
-    return [m for m in out if m == "sparsemm" or m.startswith("sparsemm.")]
+    return [m for m in out if m == package or m.startswith(f"{package}.")]
 
 
 def test_bottom_modules_import_only_the_error_type() -> None:
@@ -46,3 +46,36 @@ def test_the_check_sees_function_level_imports(tmp_path: Path) -> None:
     f = tmp_path / "m.py"
     f.write_text("def g():\n    from sparsemm.eval.bench import x\n    import sparsemm.cli.main\n")
     assert _imports(f) == ["sparsemm.eval.bench", "sparsemm.cli.main"]
+
+
+def test_the_library_never_imports_the_experiments() -> None:
+    """sparsemm_experiments (the research run drivers) sits on top of the library: nothing
+    in sparsemm imports it, by an import statement or by name through importlib (its verbs
+    come in through entry points, sparsemm.cli.plugins)."""
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        by_name = [
+            node.args[0].value
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and node.args[0].value.startswith("sparsemm_experiments")
+        ]
+        if _imports(path, "sparsemm_experiments") or by_name:
+            bad.append(str(path.relative_to(SRC)))
+    assert not bad, "the library imports sparsemm_experiments:\n" + "\n".join(bad)
+
+
+def test_the_experiments_verbs_are_registered_through_entry_points() -> None:
+    from sparsemm.cli.main import build_parser
+    from sparsemm.cli.plugins import BENCH_GROUP, VERB_GROUP, registrars
+
+    assert registrars(VERB_GROUP) and len(registrars(BENCH_GROUP)) == 3
+    parser = build_parser()
+    assert parser.parse_args(["demo", "--quick"]).verb == "demo"
+    assert parser.parse_args(["bench", "paper", "--quick", "-o", "x"]).func.__module__ == (
+        "sparsemm_experiments.cli.bench_paper"
+    )

@@ -236,7 +236,7 @@ def _collection(path, n_train: int = 60, n_test: int = 40):
 
 
 def test_run_splice_bench_end_to_end(tmp_path) -> None:
-    from sparsemm.eval.splice_runs import run_splice_bench
+    from sparsemm_experiments.splice_runs import run_splice_bench
 
     col_dir = tmp_path / "collection"
     _collection(col_dir)
@@ -274,7 +274,7 @@ def test_run_splice_bench_end_to_end(tmp_path) -> None:
 
 
 def test_run_splice_bench_refuses_a_bad_selection_rule(tmp_path) -> None:
-    from sparsemm.eval.splice_runs import run_splice_bench
+    from sparsemm_experiments.splice_runs import run_splice_bench
 
     with pytest.raises(SparsemmError, match="select_by"):
         run_splice_bench(tmp_path / "c", tmp_path / "o", tmp_path / "v.txt", select_by="bm25")
@@ -288,7 +288,7 @@ def test_real_laion_vocabulary() -> None:
 
 
 def test_run_splice_bench_refuses_two_spaces(tmp_path) -> None:
-    from sparsemm.eval.splice_runs import run_splice_bench
+    from sparsemm_experiments.splice_runs import run_splice_bench
 
     items = [{"id": "0", "split": "train", "labels": ["dog"], "captions": ["a dog"]}]
     write_collection(

@@ -365,7 +365,7 @@ def test_why_panel_never_contradicts_the_labels(tmp_path: Path) -> None:
 
 
 def test_method_legend_names_every_strategy() -> None:
-    from sparsemm.eval.demo_report import method_legend
+    from sparsemm_experiments.demo_report import method_legend
 
     legend = method_legend(["slq", "hybrid", "avg_emb_0.5", "not-a-strategy", "slq"])
     assert list(legend) == ["slq", "hybrid", "avg_emb_0.5"]

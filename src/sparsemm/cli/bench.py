@@ -18,9 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sparsemm.cli.bench_lexlip import register_bench as register_lexlip
-from sparsemm.cli.bench_paper import register_bench as register_paper
-from sparsemm.cli.bench_vdr import register_bench as register_vdr
+from sparsemm.cli.plugins import BENCH_GROUP, registrars
 from sparsemm.errors import SparsemmError
 
 log = logging.getLogger(__name__)
@@ -113,9 +111,8 @@ def register(sub: Any) -> None:
     ex.add_argument("--no-progress", action="store_true")
     ex.set_defaults(func=run_exclusion)
     _register_negation(kinds)
-    register_paper(kinds)
-    register_vdr(kinds)
-    register_lexlip(kinds)
+    for register_bench in registrars(BENCH_GROUP):  # paper, vdr, lexlip (sparsemm_experiments)
+        register_bench(kinds)
 
 
 def _load_vectors(path: Path) -> Any:
@@ -195,8 +192,8 @@ def _collection_model(
     a model trained here uses the SPINE ``vectors`` for its bias when given."""
     from sparsemm.data.collection import open_collection
     from sparsemm.data.encode import encode_source
+    from sparsemm.data.paths import coco_json
     from sparsemm.encoders.base import get_encoder
-    from sparsemm.eval.sr_coco import coco_json
     from sparsemm.models.sr import SRModel
 
     out: Path = args.out

@@ -14,9 +14,11 @@ import sys
 from collections.abc import Sequence
 
 from sparsemm import __version__
+from sparsemm.cli.plugins import VERB_GROUP, registrars
 from sparsemm.errors import SparsemmError
 
-# Verb modules under sparsemm.cli, in the order of the pipeline.
+# Verb modules under sparsemm.cli, in the order of the pipeline; the verbs of other
+# packages (``demo``, from sparsemm_experiments) come after them (sparsemm.cli.plugins).
 VERBS = (
     "collages",
     "encode",
@@ -26,7 +28,6 @@ VERBS = (
     "search",
     "serve",
     "up",
-    "demo",
     "bench",
     "export",
 )
@@ -48,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     for verb in VERBS:
         module = importlib.import_module(f"sparsemm.cli.{verb}")
         module.register(sub)
+    for register in registrars(VERB_GROUP):
+        register(sub)
     return parser
 
 

@@ -67,7 +67,7 @@ def _cross_data(args: argparse.Namespace) -> tuple[Any, Any]:
 
     from sparsemm.data.collection import open_collection
     from sparsemm.data.patches import collage_patches, proxy_patches
-    from sparsemm.eval.vdr_runs import adapter_ridge_init, cross_modal_data
+    from sparsemm.train.vdr import adapter_ridge_init, cross_modal_data
 
     col = open_collection(args.source)
     kind = args.image_input

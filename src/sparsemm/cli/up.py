@@ -37,7 +37,7 @@ TRAINING = ".training"  # where both are trained before they replace OUT/sr and 
 # captioned photos against 0.23-0.29 for the concept model; below 20 the model knows only the
 # words of a handful of captions, where the concept model knows 1000 classes.
 MIN_TRAIN_PHOTOS = 20
-# SR and SPINE sizes for a folder: the demo's (sparsemm.eval.collage_run), with enough
+# SR and SPINE sizes for a folder: the demo's (sparsemm_experiments.collage_run), with enough
 # epochs that a small folder still gets this many (image, caption) pair visits.
 UP_LATENT_DIM = 1000
 UP_TOP_K = 64

@@ -92,8 +92,7 @@ def _text_encoder(name: str, model_id: Any) -> Any:
 
 def _quick_proxy(args: argparse.Namespace) -> Any:
     from sparsemm.data.encode import encode_source
-    from sparsemm.data.paths import default_data_dir
-    from sparsemm.eval.sr_coco import coco_json
+    from sparsemm.data.paths import coco_json, default_data_dir
 
     src = coco_json(args.data or default_data_dir())
     return encode_source(
@@ -121,7 +120,7 @@ def _pick(given: Path | None, default: Path, skip: bool, what: str) -> Path | No
 
 def _proxy_spec(col: Any, args: argparse.Namespace) -> dict[str, Any]:
     from sparsemm.data.patches import proxy_patches
-    from sparsemm.eval.vdr_runs import PROXY_EXAMPLES
+    from sparsemm_experiments.vdr_runs import PROXY_EXAMPLES
 
     patches, mask = proxy_patches(col)
     spec: dict[str, Any] = {
@@ -146,8 +145,9 @@ def _proxy_spec(col: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 def _collage_spec(col: Any, args: argparse.Namespace) -> dict[str, Any]:
     from sparsemm.data.patches import collage_patches
-    from sparsemm.eval.vdr_runs import COLLAGE_EXAMPLES, adapter_ridge_init
     from sparsemm.models.lit import AlignConfig, AlignedTextEncoder, LinearAligner
+    from sparsemm.train.vdr import adapter_ridge_init
+    from sparsemm_experiments.vdr_runs import COLLAGE_EXAMPLES
 
     raw = _text_encoder(
         col.text_encoder_name,
@@ -197,8 +197,8 @@ def _collage_spec(col: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from sparsemm.data.collection import open_collection
-    from sparsemm.eval.vdr_runs import QUICK, VDRRunConfig, run_vdr_bench
     from sparsemm.runtime import torch_threads
+    from sparsemm_experiments.vdr_runs import QUICK, VDRRunConfig, run_vdr_bench
 
     cfg = VDRRunConfig(**QUICK) if args.quick else VDRRunConfig()
     changes: dict[str, Any] = {"seed": args.seed, "ablate_bow": not args.no_bow_ablation}

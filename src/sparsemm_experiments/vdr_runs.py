@@ -62,7 +62,12 @@ from sparsemm.query.strategies import (
 )
 from sparsemm.runtime import torch_threads
 from sparsemm.train.checkpoint import has_checkpoint
-from sparsemm.train.vdr import CrossModalData, preset_train_config, train_vdr
+from sparsemm.train.vdr import (
+    CrossModalData,
+    cross_modal_data,
+    preset_train_config,
+    train_vdr,
+)
 
 log = logging.getLogger(__name__)
 
@@ -121,74 +126,6 @@ QUICK: dict[str, Any] = {
 
 
 # ------------------------------------------------------------------------ image inputs
-
-
-def ridge_map(x: np.ndarray, y: np.ndarray, l2: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """Least squares W (d_in, d_out), b (d_out,) minimising |x W + b - y|^2 + l2 |W|^2."""
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    mx, my = x.mean(axis=0), y.mean(axis=0)
-    xc, yc = x - mx, y - my
-    w = np.linalg.solve(xc.T @ xc + l2 * np.eye(x.shape[1]), xc.T @ yc)
-    return w.astype(np.float32), (my - mx @ w).astype(np.float32)
-
-
-def adapter_ridge_init(
-    collection: Collection, patches: np.ndarray, split: str = "train", l2: float = 1.0
-) -> tuple[np.ndarray, np.ndarray]:
-    """Start of the patch adapter for an image backbone: a ridge map (W (d_img, h), b (h,))
-    from an item's mean patch feature to its caption view (the L2-normalised mean of its
-    caption embeddings, the text model's sentence space), fitted on ``split`` items.
-
-    Applied per patch, the mean of the mapped patches is the predicted view, so the image
-    side starts in the space the vocabulary projection reads.
-    """
-    sel = np.flatnonzero(collection.split_mask(split))
-    te = collection.text_embeddings()
-    owner = collection.text_item_index()
-    views = np.zeros((len(collection.items), te.shape[1]), dtype=np.float64)
-    np.add.at(views, owner, te)
-    views /= np.maximum(np.linalg.norm(views, axis=1, keepdims=True), 1e-12)
-    x = np.stack([np.asarray(patches[i], dtype=np.float32).mean(axis=0) for i in sel])
-    return ridge_map(x, views[sel], l2)
-
-
-def cross_modal_data(
-    collection: Collection,
-    split: str,
-    patches: np.ndarray,
-    mask: np.ndarray | None,
-    max_pairs: int | None = None,
-    leave_one_out: bool = False,
-) -> CrossModalData:
-    """(caption, item patches) pairs of every caption of the ``split`` items.
-
-    ``leave_one_out`` (caption-proxy patches from :func:`proxy_patches`): while a pair
-    trains, its own caption's embedding is hidden from its item's patches.
-    """
-    sel = collection.split_mask(split)
-    rows, pair_item = collection.caption_rows(sel)
-    items = np.flatnonzero(sel)
-    hide = None
-    if leave_one_out:
-        # proxy_patches fills an item's slots in caption-row order
-        owner = collection.text_item_index()
-        slot = np.zeros(len(owner), dtype=np.int64)
-        seen = np.zeros(len(collection.items), dtype=np.int64)
-        for r, it in enumerate(owner):
-            slot[r] = seen[it]
-            seen[it] += 1
-        hide = slot[rows]
-    if max_pairs is not None:
-        rows, pair_item = rows[:max_pairs], pair_item[:max_pairs]
-        hide = None if hide is None else hide[:max_pairs]
-    return CrossModalData(
-        [str(collection.texts[r]["text"]) for r in rows],
-        pair_item,
-        patches[items],
-        None if mask is None else mask[items],
-        hide,
-    )
 
 
 # ------------------------------------------------------------------------------ models

@@ -20,8 +20,8 @@ import scipy.sparse as sp
 
 from sparsemm.data.collection import Collection
 from sparsemm.data.encode import encode_source
+from sparsemm.data.paths import coco_json
 from sparsemm.encoders.base import Encoder
-from sparsemm.errors import SparsemmError
 from sparsemm.eval.exclusion import git_commit
 from sparsemm.eval.retrieval import recall_at_ks, target_ranks
 from sparsemm.io import atomic_open, write_json
@@ -52,15 +52,6 @@ class ProxyRunConfig:
     limit: int | None = None  # quick runs: only the first N images of the COCO file
     seed: int = 0
     train_threads: int = 1  # torch threads for SPINE/SR training (see torch_threads)
-
-
-def coco_json(data_dir: str | Path) -> Path:
-    path = Path(data_dir) / "coco" / "val2017.json"
-    if not path.is_file():
-        raise SparsemmError(
-            f"{path} not found; pass --data pointing at the folder holding coco/val2017.json"
-        )
-    return path
 
 
 def prepare_spine(

@@ -79,9 +79,8 @@ def register_bench(benches: argparse._SubParsersAction) -> None:
 def _coco_collection(args: argparse.Namespace) -> Any:
     from sparsemm.data.collection import open_collection
     from sparsemm.data.encode import encode_source
-    from sparsemm.data.paths import default_data_dir
-    from sparsemm.eval.lexlip_runs import packaged_minilm
-    from sparsemm.eval.sr_coco import coco_json
+    from sparsemm.data.paths import coco_json, default_data_dir
+    from sparsemm_experiments.lexlip_runs import packaged_minilm
 
     if args.collection is not None:
         return open_collection(args.collection)
@@ -98,7 +97,7 @@ def _coco_collection(args: argparse.Namespace) -> Any:
 
 def _collage_collection(args: argparse.Namespace) -> Any:
     from sparsemm.data.collection import open_collection
-    from sparsemm.eval.lexlip_runs import build_collage_collection
+    from sparsemm_experiments.lexlip_runs import build_collage_collection
 
     if args.collages is not None:
         return open_collection(args.collages)
@@ -121,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
 
     from sparsemm.errors import SparsemmError
-    from sparsemm.eval.lexlip_runs import QUICK, LexLIPRunConfig, run_lexlip_bench
     from sparsemm.runtime import torch_threads
+    from sparsemm_experiments.lexlip_runs import QUICK, LexLIPRunConfig, run_lexlip_bench
 
     if args.no_coco and args.no_collages:
         raise SparsemmError("nothing to run: --no-coco and --no-collages together")

@@ -15,14 +15,14 @@ from fakes import KeywordEncoder, keyword_vectors, tiny_bert  # noqa: E402
 from sparsemm.data.collection import Collection, write_collection  # noqa: E402
 from sparsemm.data.patches import proxy_patches  # noqa: E402
 from sparsemm.errors import SparsemmError  # noqa: E402
-from sparsemm.eval.vdr_runs import (  # noqa: E402
+from sparsemm.models.vdr import VDRModel  # noqa: E402
+from sparsemm.train.vdr import adapter_ridge_init, cross_modal_data, ridge_map  # noqa: E402
+from sparsemm_experiments.vdr_runs import (  # noqa: E402
     VDRCodes,
     VDRRunConfig,
     laziness_stats,
-    ridge_map,
     run_vdr_bench,
 )
-from sparsemm.models.vdr import VDRModel  # noqa: E402
 
 WORDS = "a photo of cat dog car tree red blue on the with and".split()
 KEYWORDS = ("cat", "dog", "car", "tree", "red")
@@ -81,7 +81,6 @@ def test_proxy_patches_group_captions(tmp_path: Path) -> None:
 
 
 def test_leave_one_out_hides_the_pairs_own_caption(tmp_path: Path) -> None:
-    from sparsemm.eval.vdr_runs import cross_modal_data
 
     col = tiny_collection(tmp_path / "c", 8)
     patches, mask = proxy_patches(col)
@@ -115,7 +114,6 @@ class FakeSpatial:
 
 def test_collage_patches_cached_per_collection(tmp_path: Path) -> None:
     from sparsemm.data.patches import collage_patches
-    from sparsemm.eval.vdr_runs import adapter_ridge_init
 
     items = [
         {
@@ -221,7 +219,7 @@ def test_run_vdr_bench_end_to_end(bert_dir: Path, tmp_path: Path) -> None:
         json.dumps(res["k_ablation"]["6"]["means"])
     )
     # a second run reuses the trained model (its final checkpoint) instead of training again
-    from sparsemm.eval.vdr_runs import cross_modal_data, train_or_load
+    from sparsemm_experiments.vdr_runs import train_or_load
 
     data = cross_modal_data(col, "train", patches, mask)
     model, info = train_or_load(out / "proxy" / "vdr", data, cfg, bow=True)
@@ -232,8 +230,8 @@ def test_run_vdr_bench_end_to_end(bert_dir: Path, tmp_path: Path) -> None:
 
 
 def test_cli_registration_and_train(bert_dir: Path, tmp_path: Path) -> None:
-    from sparsemm.cli.bench_vdr import register_bench
     from sparsemm.cli.train_vdr import register_model
+    from sparsemm_experiments.cli.bench_vdr import register_bench
 
     parser = argparse.ArgumentParser()
     verbs = parser.add_subparsers(dest="verb")

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 from fakes import write_fake_coco
 from sparsemm.cli.main import main
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.paper_bench import (
+from sparsemm_experiments.paper_bench import (
     TABLE1_BASELINES,
     PaperBenchConfig,
     render_paper_report,

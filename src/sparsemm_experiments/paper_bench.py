@@ -37,6 +37,7 @@ import scipy.sparse as sp
 import sparsemm.baselines.cbe  # noqa: F401 - registers the "cbe" strategy
 from sparsemm.data.collection import Collection, open_collection, sha256_file
 from sparsemm.data.encode import encode_source
+from sparsemm.data.paths import coco_json
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.bench import METRICS, BenchConfig, retrieval_markdown, run_exclusion_bench
 from sparsemm.eval.exclusion import (
@@ -46,10 +47,10 @@ from sparsemm.eval.exclusion import (
     read_per_query,
     write_report,
 )
-from sparsemm.eval.sr_coco import ProxyRunConfig, coco_json, prepare_spine
 from sparsemm.io import atomic_open, read_json, write_json
 from sparsemm.query.strategies import QueryCoder, sr_query_coder
 from sparsemm.runtime import torch_threads
+from sparsemm_experiments.sr_coco import ProxyRunConfig, prepare_spine
 
 log = logging.getLogger(__name__)
 
@@ -213,12 +214,8 @@ def _vdr_codes(
     out: Path, col: Collection, cfg: PaperBenchConfig, progress: bool
 ) -> tuple[sp.csr_matrix, QueryCoder, str, dict[str, Any]]:
     from sparsemm.data.patches import proxy_patches
-    from sparsemm.eval.vdr_runs import (
-        VDRCodes,
-        VDRRunConfig,
-        cross_modal_data,
-        train_or_load,
-    )
+    from sparsemm.train.vdr import cross_modal_data
+    from sparsemm_experiments.vdr_runs import VDRCodes, VDRRunConfig, train_or_load
 
     vcfg = VDRRunConfig(
         steps=cfg.vdr_steps,
@@ -441,7 +438,7 @@ def run_paper_bench(
             f"has {col.dim}-d images and {col.text_dim}-d texts"
         )
     if isinstance(encoder, str):
-        from sparsemm.eval.splice_runs import collection_text_encoder
+        from sparsemm_experiments.splice_runs import collection_text_encoder
 
         text_encoder = collection_text_encoder(col)
     else:

@@ -11,9 +11,9 @@ import pytest
 from PIL import Image
 
 from fakes import KeywordEncoder, tiny_lexlip_config
-from sparsemm.cli import bench_lexlip
 from sparsemm.data.collection import write_collection
-from sparsemm.eval.lexlip_runs import BM25_NAME, QUICK, run_lexlip_bench
+from sparsemm_experiments.cli import bench_lexlip
+from sparsemm_experiments.lexlip_runs import BM25_NAME, QUICK, run_lexlip_bench
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_collages(args: argparse.Namespace) -> int:
-    from sparsemm.eval.collage_run import CollageRunConfig, run_collage_demo
+    from sparsemm_experiments.collage_run import CollageRunConfig, run_collage_demo
 
     base = CollageRunConfig()
     if args.quick:
@@ -118,7 +118,7 @@ def run_collages(args: argparse.Namespace) -> int:
 
 
 def run_coco(args: argparse.Namespace) -> int:
-    from sparsemm.eval.sr_coco import ProxyRunConfig, run_sr_coco
+    from sparsemm_experiments.sr_coco import ProxyRunConfig, run_sr_coco
 
     base = ProxyRunConfig()
     if args.quick:

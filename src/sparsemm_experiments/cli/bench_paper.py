@@ -62,7 +62,7 @@ def register_bench(benches: argparse._SubParsersAction) -> None:
 
 
 def run_paper(args: argparse.Namespace) -> int:
-    from sparsemm.eval.paper_bench import QUICK, PaperBenchConfig, run_paper_bench
+    from sparsemm_experiments.paper_bench import QUICK, PaperBenchConfig, run_paper_bench
 
     data = args.data or Path(os.environ.get("SPARSEMM_DATA", "../shared/data"))
     kwargs: dict[str, Any] = dict(QUICK) if args.quick else {}

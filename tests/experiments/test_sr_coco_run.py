@@ -10,10 +10,10 @@ import pytest
 
 from fakes import KeywordEncoder, write_fake_coco
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.sr_coco import ProxyRunConfig, render_report, run_sr_coco
 from sparsemm.models.base import check_encoders
 from sparsemm.models.sr import SRModel
 from sparsemm.words.vectors import WordVectors
+from sparsemm_experiments.sr_coco import ProxyRunConfig, render_report, run_sr_coco
 
 OBJECTS = ["dog", "cat", "pizza", "car", "tree", "ball", "bench", "kite"]
 

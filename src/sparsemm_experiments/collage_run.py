@@ -28,7 +28,6 @@ from sparsemm.data.fashion import build_collages
 from sparsemm.encoders.base import get_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.exclusion import git_commit
-from sparsemm.eval.sr_coco import ProxyRunConfig, prepare_spine, save_with_record
 from sparsemm.io import read_json, write_json
 from sparsemm.models.lit import AlignConfig, AlignedTextEncoder, LinearAligner
 from sparsemm.models.sr import SRConfig, SRModel
@@ -36,6 +35,7 @@ from sparsemm.runtime import torch_threads
 from sparsemm.train.detectors import ensure_model_detectors
 from sparsemm.train.lit import train_aligner
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
+from sparsemm_experiments.sr_coco import ProxyRunConfig, prepare_spine, save_with_record
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class CollageRunConfig:
     max_grid: int | None = None  # quick runs: fewer tuning grid points per strategy
     n_results: int = 10  # results per column in the report
     seed: int = 0
-    train_threads: int = 1  # torch threads for training (see sparsemm.eval.sr_coco)
+    train_threads: int = 1  # torch threads for training (see sparsemm_experiments.sr_coco)
 
 
 def _stage(timings: dict[str, float], name: str, t0: float) -> None:
@@ -104,7 +104,7 @@ def train_models(
 ) -> tuple[SRModel, LinearAligner, Any, dict[str, float]]:
     """SPINE, SR and the aligner on the train split (each cached / resumable). SR and the
     aligner are saved with the collection's encoders as their ``training`` record
-    (:func:`~sparsemm.eval.sr_coco.save_with_record`)."""
+    (:func:`~sparsemm_experiments.sr_coco.save_with_record`)."""
     timings: dict[str, float] = {}
     train_mask = col.split_mask("train")
     if not train_mask.any():
@@ -216,8 +216,8 @@ def run_collage_demo(
 ) -> dict[str, Any]:
     """Run every stage into ``out_dir`` (see the module docstring); return the summary that
     is also written to ``out_dir/summary.json``."""
-    from sparsemm.eval.demo_report import write_demo_report
     from sparsemm.query.searcher import build_index
+    from sparsemm_experiments.demo_report import write_demo_report
 
     cfg = cfg or CollageRunConfig()
     out = Path(out_dir)

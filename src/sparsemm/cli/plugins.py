@@ -1,0 +1,36 @@
+"""Verbs that live in other packages, found through entry points, so that the library never
+imports them.
+
+A package adds a verb to ``sparsemm`` with an entry point in the ``sparsemm.verbs`` group
+(``name = "module:register"``, called with the verb subparsers) or a benchmark to
+``sparsemm bench`` in the ``sparsemm.bench`` group (called with the bench subparsers). The
+wheel's own ``sparsemm_experiments`` registers ``demo`` and ``bench paper|vdr|lexlip``
+this way (see pyproject.toml). Loading one imports only its small CLI module; the work is
+imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+VERB_GROUP = "sparsemm.verbs"
+BENCH_GROUP = "sparsemm.bench"
+
+
+def registrars(group: str) -> list[Callable[[Any], None]]:
+    """The ``register(subparsers)`` functions of ``group``'s entry points, by name (one per
+    name, should two installs list it); one that cannot be imported is skipped."""
+    found: dict[str, Callable[[Any], None]] = {}
+    for ep in sorted(entry_points(group=group), key=lambda e: e.name):
+        if ep.name in found:
+            continue
+        try:
+            found[ep.name] = ep.load()
+        except ImportError as exc:  # a plugin whose dependencies are not installed
+            log.debug("skipping the %s entry point %r: %s", group, ep.name, exc)
+    return list(found.values())
