@@ -66,7 +66,7 @@ from sparsemm.eval.exclusion import (
 )
 from sparsemm.eval.metrics import evaluate_rankings
 from sparsemm.eval.retrieval import recall_at_ks, target_ranks, top_k_rows
-from sparsemm.io import atomic_open, write_json
+from sparsemm.io import atomic_open, jsonable, write_json
 from sparsemm.linalg import normalize_rows
 from sparsemm.models.lexlip import LexLIPConfig, LexLIPModel, expected_flops
 from sparsemm.query.strategies import TERM_TEMPLATE, get_spec
@@ -870,27 +870,12 @@ def run_lexlip_bench(
         **dict(run_info or {}),
     }
     metrics["git_commit"] = config["git_commit"]
-    write_json(out / "config.json", _jsonable(config))
-    metrics = _jsonable(metrics)
+    write_json(out / "config.json", jsonable(config))
+    metrics = jsonable(metrics)
     write_json(out / "metrics.json", metrics)
     with atomic_open(out / "report.md", "w") as fh:
         fh.write(render_report(metrics, config))
     return metrics
-
-
-def _jsonable(obj: Any) -> Any:
-    """JSON types only (numpy scalars/arrays, tuples; NaN/inf -> None)."""
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        return _jsonable(obj.item())
-    if isinstance(obj, float):
-        return obj if np.isfinite(obj) else None
-    return obj
 
 
 # ------------------------------------------------------------------------------ report

@@ -8,7 +8,8 @@ import scipy.sparse as sp
 import torch
 
 from sparsemm.errors import SparsemmError
-from sparsemm.models.sr import SRConfig, SRModel, topk_mask
+from sparsemm.models.base import topk_mask
+from sparsemm.models.sr import SRConfig, SRModel
 
 
 def _model(**kw: object) -> SRModel:

@@ -29,7 +29,7 @@ import numpy as np
 
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.metrics import higher_is_better, parse_metric_name
-from sparsemm.io import atomic_open, read_json, write_json
+from sparsemm.io import atomic_open, jsonable, read_json, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -423,23 +423,6 @@ def git_commit(cwd: str | Path | None = None) -> str:
     return commit if res.returncode == 0 and commit else "unknown"
 
 
-def _jsonable(obj: Any) -> Any:
-    """Plain JSON types: numpy scalars/arrays, paths, tuples, sets; NaN/inf -> None."""
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        return _jsonable(obj.item())
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if obj is None or isinstance(obj, (str, int, bool)):
-        return obj
-    return str(obj)
-
-
 def _file_stem(name: str) -> str:
     return re.sub(r"[^\w.-]+", "_", name).strip("._") or "subset"
 
@@ -478,7 +461,7 @@ def write_report(
 
     cfg = dict(config)
     cfg.setdefault("git_commit", git_commit())
-    write_json(out / "config.json", _jsonable(cfg))
+    write_json(out / "config.json", jsonable(cfg))
 
     arrays: dict[str, np.ndarray] = {}
     for method, values in per_query.items():
@@ -511,7 +494,7 @@ def write_report(
             "means": summarize(selected, mask),
             "p_values": significance(per_query, metrics, bases, mask) if bases else {},
         }
-    content = _jsonable(content)
+    content = jsonable(content)
     write_json(out / "metrics.json", content)
 
     for name, sub in content["subsets"].items():

@@ -63,6 +63,14 @@ TRAINING_KEY = "training"  # config.json entry: what the model was trained on
 DIGEST_KEY = "weights_sha256"  # config.json entry: SHA-256 of model.safetensors
 
 
+def topk_mask(x: torch.Tensor, k: int) -> torch.Tensor:
+    """(n, d) bool mask of each row's k largest entries (all of them when k >= d); SR's and
+    VDR's TopK."""
+    k = min(int(k), x.shape[1])
+    idx = x.topk(k, dim=1).indices
+    return torch.zeros_like(x, dtype=torch.bool).scatter_(1, idx, True)
+
+
 def one_line(exc: Exception, limit: int = 300) -> str:
     """The gist of a (multi-line) torch/safetensors error on one line: load_state_dict lists
     every mismatched tensor on its own line under an "Error(s) in loading ..." heading."""

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sparsemm.errors import SparsemmError
-from sparsemm.models.base import PretrainedMixin
+from sparsemm.models.base import PretrainedMixin, topk_mask
 
 MODALITIES = ("image", "text")
 
@@ -58,12 +58,6 @@ class SRConfig:
         for name in ("contrastive_weight", "recon_weight"):
             if not (0 <= getattr(self, name) < float("inf")):
                 raise SparsemmError(f"{name} must be a non-negative number")
-
-
-def topk_mask(latent: torch.Tensor, k: int) -> torch.Tensor:
-    """(n, d) bool mask of each row's k largest entries (by value)."""
-    idx = latent.topk(k, dim=1).indices
-    return torch.zeros_like(latent, dtype=torch.bool).scatter_(1, idx, True)
 
 
 class SRModel(PretrainedMixin, nn.Module):

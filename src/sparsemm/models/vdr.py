@@ -46,7 +46,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from sparsemm.errors import SparsemmError, require_extra
-from sparsemm.models.base import PretrainedMixin
+from sparsemm.models.base import PretrainedMixin, topk_mask
 
 logger = logging.getLogger(__name__)
 
@@ -137,13 +137,6 @@ def masked_max_pool(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     if mask is not None:
         x = x.masked_fill(~mask.bool()[:, :, None], float("-inf"))
     return x.max(dim=1).values
-
-
-def topk_mask(x: torch.Tensor, k: int) -> torch.Tensor:
-    """(n, V) bool mask of each row's k largest entries."""
-    k = min(int(k), x.shape[1])
-    idx = x.topk(k, dim=1).indices
-    return torch.zeros_like(x, dtype=torch.bool).scatter_(1, idx, True)
 
 
 def sparsify(full: torch.Tensor, k: int, bow: torch.Tensor | None = None) -> torch.Tensor:
