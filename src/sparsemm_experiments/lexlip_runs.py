@@ -66,6 +66,7 @@ from sparsemm.eval.exclusion import (
 )
 from sparsemm.eval.metrics import evaluate_rankings
 from sparsemm.eval.retrieval import recall_at_ks, target_ranks, top_k_rows
+from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, jsonable, write_json
 from sparsemm.linalg import normalize_rows
 from sparsemm.models.lexlip import LexLIPConfig, LexLIPModel, expected_flops
@@ -1005,22 +1006,28 @@ def render_report(m: Mapping[str, Any], config: Mapping[str, Any]) -> str:
             "",
             f"Latency per query ({ls['latency_queries']} caption queries, one thread, top-10):",
             "",
-            "| system | p50 ms | p99 ms |",
-            "|---|---:|---:|",
-        ]
-        for s, v in ls["latency"].items():
-            lines.append(f"| {s} | {_f(v['p50_ms'])} | {_f(v['p99_ms'])} |")
-        lines += [
+            *md_table(
+                ["system", "p50 ms", "p99 ms"],
+                [(s, _f(v["p50_ms"]), _f(v["p99_ms"])) for s, v in ls["latency"].items()],
+                "lrr",
+            ),
             "",
-            "| storage | bytes | bytes / item | nnz / item | nnz / query |",
-            "|---|---:|---:|---:|---:|",
+            *md_table(
+                ["storage", "bytes", "bytes / item", "nnz / item", "nnz / query"],
+                [
+                    (
+                        s,
+                        v["bytes"],
+                        _f(v["bytes_per_item"], 1),
+                        _f(v.get("nnz_per_item"), 1),
+                        _f(v.get("nnz_per_query"), 1),
+                    )
+                    for s, v in ls["sizes"].items()
+                ],
+                "lrrrr",
+            ),
+            "",
         ]
-        for s, v in ls["sizes"].items():
-            lines.append(
-                f"| {s} | {v['bytes']} | {_f(v['bytes_per_item'], 1)} | "
-                f"{_f(v.get('nnz_per_item'), 1)} | {_f(v.get('nnz_per_query'), 1)} |"
-            )
-        lines.append("")
     return "\n".join(lines) + "\n"
 
 

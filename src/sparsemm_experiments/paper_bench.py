@@ -47,6 +47,7 @@ from sparsemm.eval.exclusion import (
     read_per_query,
     write_report,
 )
+from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, read_json, write_json
 from sparsemm.query.strategies import QueryCoder, sr_query_coder
 from sparsemm.runtime import torch_threads
@@ -352,11 +353,11 @@ def _table3(runner: _Runner, sweep: Mapping[str, str]) -> dict[str, dict[str, fl
 
 def _table3_markdown(table: Mapping[str, Mapping[str, float | None]]) -> str:
     cols = list(next(iter(table.values())))
-    lines = ["| SR | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
-    for name, row in table.items():
-        cells = ["-" if row[c] is None else f"{row[c]:.3f}" for c in cols]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [
+        [name, *("-" if row[c] is None else f"{row[c]:.3f}" for c in cols)]
+        for name, row in table.items()
+    ]
+    return "\n".join(md_table(["SR", *cols], rows, "l" + "r" * len(cols))) + "\n"
 
 
 def _table3_plot(
@@ -624,9 +625,7 @@ def render_paper_report(m: Mapping[str, Any]) -> str:
         "",
         "## Time",
         "",
-        "| stage | seconds |",
-        "|---|---:|",
-        *[f"| {k} | {v} |" for k, v in m["seconds"].items()],
+        *md_table(["stage", "seconds"], m["seconds"].items(), "lr"),
         "",
     ]
     if m.get("reused_runs"):

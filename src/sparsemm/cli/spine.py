@@ -227,25 +227,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "results": results,
     }
     write_json(run / "eval.json", report)
+    from sparsemm.eval.tables import md_table
+
     r, s = results["raw"], results["spine"]
-    lines = [
-        f"| metric ({len(raw)} words) | raw GloVe | SPINE |",
-        "|---|---|---|",
-        f"| dimensions | {r['dim']} | {s['dim']} |",
-    ]
+    rows: list[tuple[str, str, str]] = [("dimensions", str(r["dim"]), str(s["dim"]))]
     if args.wordsim is not None:
-        lines.append(
-            f"| WordSim-353 Spearman (pairs) | {_fmt(r['wordsim_spearman'])} "
-            f"({r['wordsim_pairs']}) | {_fmt(s['wordsim_spearman'])} ({s['wordsim_pairs']}) |"
+        rows.append(
+            (
+                "WordSim-353 Spearman (pairs)",
+                f"{_fmt(r['wordsim_spearman'])} ({r['wordsim_pairs']})",
+                f"{_fmt(s['wordsim_spearman'])} ({s['wordsim_pairs']})",
+            )
         )
-    lines += [
-        f"| zero share | {_fmt(r['zero_share'])} | {_fmt(s['zero_share'])} |",
-        f"| mean active dims | {_fmt(r['mean_active_dims'], 1)} | "
-        f"{_fmt(s['mean_active_dims'], 1)} |",
-        f"| distance ratio (dims used / skipped) | {_fmt(r['dist_ratio'])} "
-        f"({r['n_dims_used']}/{r['n_dims_skipped']}) | {_fmt(s['dist_ratio'])} "
-        f"({s['n_dims_used']}/{s['n_dims_skipped']}) |",
+    rows += [
+        ("zero share", _fmt(r["zero_share"]), _fmt(s["zero_share"])),
+        ("mean active dims", _fmt(r["mean_active_dims"], 1), _fmt(s["mean_active_dims"], 1)),
+        (
+            "distance ratio (dims used / skipped)",
+            f"{_fmt(r['dist_ratio'])} ({r['n_dims_used']}/{r['n_dims_skipped']})",
+            f"{_fmt(s['dist_ratio'])} ({s['n_dims_used']}/{s['n_dims_skipped']})",
+        ),
     ]
-    print("\n".join(lines))
+    print("\n".join(md_table([f"metric ({len(raw)} words)", "raw GloVe", "SPINE"], rows)))
     logger.debug("eval report: %s", json.dumps(report))
     return 0

@@ -47,6 +47,7 @@ from sparsemm.eval.exclusion import (
 )
 from sparsemm.eval.metrics import evaluate_rankings
 from sparsemm.eval.retrieval import multi_target_ap
+from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query.parse import Query
@@ -353,10 +354,7 @@ def retrieval_markdown(
     per entry, named by ``labels`` (default: its key); ``bold_best`` bolds each column's
     best value (after rounding to 3 decimals). A missing value shows as "-"."""
     cols = [c for c in next(iter(table.values())) if c.startswith(("i2t", "t2i"))]
-    lines = [
-        "| representation | " + " | ".join(cols) + " | nnz image | nnz text |",
-        "|---|" + "---:|" * (len(cols) + 2),
-    ]
+    rows = []
     best: dict[str, float] = {}
     if bold_best:
         for c in cols:
@@ -374,28 +372,31 @@ def retrieval_markdown(
             if "nnz_image" in row
             else ["dense", "dense"]
         )
-        label = (labels or {}).get(name, name)
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {' | '.join(nnz)} |")
-    return "\n".join(lines) + "\n"
+        rows.append([(labels or {}).get(name, name), *cells, *nnz])
+    header = ["representation", *cols, "nnz image", "nnz text"]
+    return "\n".join(md_table(header, rows, "l" + "r" * (len(cols) + 2))) + "\n"
 
 
 def _tuning_markdown(
     chosen: Mapping[str, Mapping[str, Any]], results: Mapping[str, list[dict[str, Any]]]
 ) -> str:
-    lines = [
-        "| method | chosen parameters | grid points | tune AP@10 | tune AP@10 hard | "
-        "tune violation@10 |",
-        "|---|---|---:|---:|---:|---:|",
-    ]
+    table = []
     for name, rows in results.items():
         best = next(r for r in rows if r.get("chosen"))
         params = ", ".join(f"{k}={v}" for k, v in chosen[name].items()) or "(defaults)"
         hard = "–" if best["ap@10_hard"] is None else f"{best['ap@10_hard']:.3f}"
-        lines.append(
-            f"| {name} | {params} | {len(rows)} | {best['ap@10']:.3f} | {hard} | "
-            f"{best['violation@10']:.3f} |"
+        table.append(
+            [name, params, len(rows), f"{best['ap@10']:.3f}", hard, f"{best['violation@10']:.3f}"]
         )
-    return "\n".join(lines) + "\n"
+    header = [
+        "method",
+        "chosen parameters",
+        "grid points",
+        "tune AP@10",
+        "tune AP@10 hard",
+        "tune violation@10",
+    ]
+    return "\n".join(md_table(header, table, "llrrrr")) + "\n"
 
 
 def run_exclusion_bench(

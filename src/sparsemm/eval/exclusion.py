@@ -29,6 +29,7 @@ import numpy as np
 
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.metrics import higher_is_better, parse_metric_name
+from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, jsonable, read_json, write_json
 
 logger = logging.getLogger(__name__)
@@ -324,10 +325,7 @@ def markdown_table(
         if vals:
             best[metric] = max(vals) if higher_is_better(metric) else min(vals)
 
-    lines = [
-        "| method | " + " | ".join(metrics) + " |",
-        "|---|" + "---:|" * len(metrics),
-    ]
+    rows = []
     for method, row in summary.items():
         cells = []
         for metric in metrics:
@@ -341,7 +339,8 @@ def markdown_table(
                     if method != base and p is not None and p < alpha:
                         cell += marker
             cells.append(cell)
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        rows.append([method, *cells])
+    lines = md_table(["method", *metrics], rows, "l" + "r" * len(metrics))
 
     legend = []
     over = f" over {_count(n_queries)}" if n_queries is not None else ""

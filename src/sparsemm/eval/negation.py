@@ -42,6 +42,7 @@ from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.exclusion import build_exclusion_queries, query_matrices, write_report
 from sparsemm.eval.metrics import evaluate_rankings
+from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query.parse import Query, _strip_filler_words, parse_query
@@ -675,13 +676,14 @@ def run_negation_bench(
             )
     report = (out / "report.md").read_text()
     report += "\n## Parse exact match\n\n"
-    report += "| subset | exact match |\n|---|---:|\n" + "".join(
-        f"| {k} | {v:.3f} |\n" for k, v in content["parse"]["exact_match"].items()
-    )
-    report += "\n| family | group | queries | exact match |\n|---|---|---:|---:|\n"
-    for f, d in parse_by_family.items():
-        exact = "–" if d["exact"] is None else f"{d['exact']:.3f}"
-        report += f"| {f} | {d['group']} | {d['n']} | {exact} |\n"
+    exact_rows = [(k, f"{v:.3f}") for k, v in content["parse"]["exact_match"].items()]
+    report += "\n".join(md_table(["subset", "exact match"], exact_rows, "lr")) + "\n"
+    family_rows = [
+        (f, d["group"], d["n"], "–" if d["exact"] is None else f"{d['exact']:.3f}")
+        for f, d in parse_by_family.items()
+    ]
+    header = ["family", "group", "queries", "exact match"]
+    report += "\n" + "\n".join(md_table(header, family_rows, "llrr")) + "\n"
     if tuning:
         c = next(r for r in tuning["grid"] if r.get("chosen"))
         bars = tuning["bars"]
