@@ -918,12 +918,7 @@ def render_report(m: Mapping[str, Any], config: Mapping[str, Any]) -> str:
             f"{int(counts.get('captions', 0))} caption queries over "
             f"{int(counts.get('items', 0))} test items."
         )
-        lines += [
-            "",
-            "| representation | t2i R@1 | t2i R@5 | t2i R@10 | i2t R@1 | i2t R@5 | i2t R@10 | "
-            "nnz item | nnz query | FLOPs |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
+        rows = []
         for rep, row in ret.items():
             if rep.startswith("_"):
                 continue
@@ -934,7 +929,15 @@ def render_report(m: Mapping[str, Any], config: Mapping[str, Any]) -> str:
                 _f(row.get("nnz_query"), 1),
                 _f(row.get("flops"), 1),
             ]
-            lines.append(f"| {rep} | " + " | ".join(cells) + " |")
+            rows.append([rep, *cells])
+        header = [
+            "representation",
+            *(f"{d} R@{k}" for d in ("t2i", "i2t") for k in KS),
+            "nnz item",
+            "nnz query",
+            "FLOPs",
+        ]
+        lines += ["", *md_table(header, rows, "l" + "r" * (len(header) - 1))]
         lines += [
             "",
             "Leave-one-out rows: documents are single captions, the query caption is removed "
@@ -991,17 +994,18 @@ def render_report(m: Mapping[str, Any], config: Mapping[str, Any]) -> str:
             + ", ".join(f"{_f(v)} ({k})" for k, v in ls["index_agreement_top10"].items())
             + " of the queries.",
             "",
-            "| system | t2i R@1 | t2i R@5 | t2i R@10 | label AP@10 |",
-            "|---|---:|---:|---:|---:|",
         ]
         systems = list(dict.fromkeys([*ls["t2i"], *ls["label_ap@10"]]))
-        for s in systems:
-            t = ls["t2i"].get(s, {})
-            lines.append(
-                f"| {s} | "
-                + " | ".join(_f(t.get(f"R@{k}")) for k in KS)
-                + f" | {_f(ls['label_ap@10'].get(s))} |"
-            )
+        rows = [
+            [
+                s,
+                *(_f(ls["t2i"].get(s, {}).get(f"R@{k}")) for k in KS),
+                _f(ls["label_ap@10"].get(s)),
+            ]
+            for s in systems
+        ]
+        header = ["system", *(f"t2i R@{k}" for k in KS), "label AP@10"]
+        lines += md_table(header, rows, "l" + "r" * (len(header) - 1))
         lines += [
             "",
             f"Latency per query ({ls['latency_queries']} caption queries, one thread, top-10):",

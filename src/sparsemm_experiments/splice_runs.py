@@ -50,6 +50,7 @@ from sparsemm.data.collection import Collection, open_collection
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.bench import BenchConfig, evaluate_strategy, run_exclusion_bench
 from sparsemm.eval.exclusion import build_exclusion_queries, hard_mask, query_matrices
+from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, save_csr, write_json
 from sparsemm.query.strategies import (
     ExclusionContext,
@@ -292,19 +293,36 @@ def _splice_markdown(info: Mapping[str, Any], content: Mapping[str, Any]) -> str
         f"Sweep on the {info['tune_split']} split's tuning items (AP@10 / violation@10; "
         "`paper` and `code_arith` at their best grid point under the violation bar):",
         "",
-        "| l1 | non-zeros | cos (uncentred) | cos (centred) | CPU s / 1000 items | code_a | "
-        "paper | code_arith | chosen |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        *md_table(
+            [
+                "l1",
+                "non-zeros",
+                "cos (uncentred)",
+                "cos (centred)",
+                "CPU s / 1000 items",
+                "code_a",
+                "paper",
+                "code_arith",
+                "chosen",
+            ],
+            [
+                (
+                    r["l1"],
+                    f"{r['nnz']:.1f}",
+                    f"{r['cosine']:.3f}",
+                    f"{r['cosine_centered']:.3f}",
+                    f"{r['solve_cpu_seconds_per_1000']:.2f}",
+                    *(
+                        f"{r[f'{m}_ap@10']:.3f} / {r[f'{m}_violation@10']:.3f}"
+                        for m in ("code_a", "paper", "code_arith")
+                    ),
+                    "yes" if r["chosen"] else "",
+                )
+                for r in info["sweep"]
+            ],
+            "rrrrrrrrl",
+        ),
     ]
-    for r in info["sweep"]:
-        lines.append(
-            f"| {r['l1']} | {r['nnz']:.1f} | {r['cosine']:.3f} | {r['cosine_centered']:.3f} | "
-            f"{r['solve_cpu_seconds_per_1000']:.2f} | "
-            f"{r['code_a_ap@10']:.3f} / {r['code_a_violation@10']:.3f} | "
-            f"{r['paper_ap@10']:.3f} / {r['paper_violation@10']:.3f} | "
-            f"{r['code_arith_ap@10']:.3f} / {r['code_arith_violation@10']:.3f} | "
-            f"{'yes' if r['chosen'] else ''} |"
-        )
     lines += ["", "Example explanations (test items, top concepts by weight):", ""]
     for ex in info["examples"]:
         concepts = ", ".join(f"{c} ({w:.2f})" for c, w in ex["top_concepts"])

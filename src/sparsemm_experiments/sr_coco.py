@@ -24,6 +24,7 @@ from sparsemm.data.paths import coco_json
 from sparsemm.encoders.base import Encoder
 from sparsemm.eval.exclusion import git_commit
 from sparsemm.eval.retrieval import recall_at_ks, target_ranks
+from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.base import PretrainedMixin, encoder_record
 from sparsemm.models.sr import SRConfig, SRModel
@@ -278,26 +279,36 @@ def render_report(m: dict[str, Any]) -> str:
     chosen = m["chosen_inference_mask"]
     enc = m["encoder"]
     lines = [f"# SR on the COCO caption-proxy (chosen inference mask: {chosen})", ""]
-    head = "| method | R@1 | R@5 | R@10 | nnz image | nnz text | recon image | recon text |"
+    head = ["method", "R@1", "R@5", "R@10", "nnz image", "nnz text", "recon image", "recon text"]
     for split in ("validation", "test"):
         r = m[split]
         title = f"## {split}: {r['n_queries']} caption queries over {r['n_images']} image views"
-        lines += [title, "", head, "|---|---|---|---|---|---|---|---|"]
         d = r["dense"]
-        lines.append(
-            f"| dense {enc['name']} | {d['R@1']:.3f} | {d['R@5']:.3f} | {d['R@10']:.3f} "
-            f"| {enc['dim']} (dense) | {enc['dim']} (dense) | - | - |"
-        )
+        rows = [
+            [
+                f"dense {enc['name']}",
+                *(f"{d[f'R@{k}']:.3f}" for k in (1, 5, 10)),
+                f"{enc['dim']} (dense)",
+                f"{enc['dim']} (dense)",
+                "-",
+                "-",
+            ]
+        ]
         for name, v in r.items():
             if not isinstance(v, dict) or name == "dense":
                 continue
             mark = " (chosen)" if name == chosen else ""
-            lines.append(
-                f"| SR {name}{mark} | {v['R@1']:.3f} | {v['R@5']:.3f} | {v['R@10']:.3f} | "
-                f"{v['nnz_image']:.1f} | {v['nnz_text']:.1f} | {v['recon_image']:.3f} "
-                f"| {v['recon_text']:.3f} |"
+            rows.append(
+                [
+                    f"SR {name}{mark}",
+                    *(f"{v[f'R@{k}']:.3f}" for k in (1, 5, 10)),
+                    f"{v['nnz_image']:.1f}",
+                    f"{v['nnz_text']:.1f}",
+                    f"{v['recon_image']:.3f}",
+                    f"{v['recon_text']:.3f}",
+                ]
             )
-        lines.append("")
+        lines += [title, "", *md_table(head, rows), ""]
     lines += ["## Top concept dimensions of some test images", ""]
     for ex in m["examples"]:
         caption = ex["captions"][0] if ex["captions"] else ""

@@ -43,6 +43,7 @@ from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.eval.bench import BenchConfig, run_exclusion_bench
 from sparsemm.eval.exclusion import git_commit
+from sparsemm.eval.tables import md_table
 from sparsemm.index import InvertedIndex
 from sparsemm.io import (
     atomic_open,
@@ -779,27 +780,32 @@ def render_vdr_report(metrics: Mapping[str, Any]) -> str:
             f"### Exclusion queries 'A but not B' (test; {nq.get('all')} queries, "
             f"{nq.get('hard')} hard; all / hard)",
             "",
-            "| method | " + " | ".join(TABLE_METRICS) + " |",
-            "|---|" + "---|" * len(TABLE_METRICS),
+            *md_table(
+                ["method", *TABLE_METRICS],
+                [
+                    [label, *(_fmt_pair(means, m, met) for met in TABLE_METRICS)]
+                    for label, means, m in _exclusion_rows(res)
+                ],
+            ),
         ]
-        for label, means, m in _exclusion_rows(res):
-            cells = [_fmt_pair(means, m, met) for met in TABLE_METRICS]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines += ["", "### Image-text retrieval (test; AP@1 / AP@5 / AP@10)", ""]
-        lines += ["| representation | image-to-text | text-to-image | nnz image / text |"]
-        lines += ["|---|---|---|---|"]
-        lines.append(f"| dense | {_retr(res['main']['dense_retrieval'])} | dense |")
 
         def nnz(r: Mapping[str, Any] | None) -> str:
             return f"{r['nnz_image']:.0f} / {r['nnz_text']:.0f}" if r else "–"
 
+        def cells(label: str, r: Mapping[str, float] | None, size: str) -> list[str]:
+            return [label, *_retr(r).split(" | "), size]  # _retr: "i2t | t2i"
+
+        retrieval = [cells("dense", res["main"]["dense_retrieval"], "dense")]
         for label, key in (("VDR", "main"), ("SR", "sr"), ("VDR zero-shot", "zero_shot")):
             if key in res:
                 r = res[key]["sparse_retrieval"]
-                lines.append(f"| {label} | {_retr(r)} | {nnz(r)} |")
+                retrieval.append(cells(label, r, nnz(r)))
         if "vdr_nobow_bench" in res:
             r = res["vdr_nobow_bench"]["sparse_retrieval"]
-            lines.append(f"| VDR without BoW | {_retr(r)} | {nnz(r)} |")
+            retrieval.append(cells("VDR without BoW", r, nnz(r)))
+        header = ["representation", "image-to-text", "text-to-image", "nnz image / text"]
+        lines += md_table(header, retrieval)
         fixed = ", ".join(f"{k}={v}" for k, v in res.get("paper_fixed", {}).items())
         lines += [
             "",
@@ -809,33 +815,51 @@ def render_vdr_report(metrics: Mapping[str, Any]) -> str:
             f"({fixed}).",
             "",
         ]
-        lines += [
-            "| k | nnz image / text | t2i AP@1 | i2t AP@10 | code_a AP@10 (all / hard) | "
-            "paper AP@10 | paper violation@10 |",
-            "|---:|---|---|---|---|---|---|",
-        ]
+        k_rows = []
         for k, r in res["k_ablation"].items():
             sr_ = r["sparse_retrieval"] or {}
-            lines.append(
-                f"| {k} | {nnz(sr_)} | {sr_.get('t2i_AP@1', float('nan')):.3f} | "
-                f"{sr_.get('i2t_AP@10', float('nan')):.3f} | "
-                f"{_fmt_pair(r['means'], 'code_a', 'ap@10')} | "
-                f"{_fmt_pair(r['means'], FIXED_PAPER, 'ap@10')} | "
-                f"{_fmt_pair(r['means'], FIXED_PAPER, 'violation@10')} |"
+            k_rows.append(
+                [
+                    k,
+                    nnz(sr_),
+                    f"{sr_.get('t2i_AP@1', float('nan')):.3f}",
+                    f"{sr_.get('i2t_AP@10', float('nan')):.3f}",
+                    _fmt_pair(r["means"], "code_a", "ap@10"),
+                    _fmt_pair(r["means"], FIXED_PAPER, "ap@10"),
+                    _fmt_pair(r["means"], FIXED_PAPER, "violation@10"),
+                ]
             )
-        lines += ["", "### Non-parametric (bag-of-words) entry on vs off", ""]
-        lines += [
-            "| model | mean share of items activating a top-100 token | grounding (L1 mass "
-            "on the item's caption tokens) | distinct active tokens | top-20 tokens' caption "
-            "frequency | top tokens by mean value |",
-            "|---|---|---|---|---|---|",
+        header = [
+            "k",
+            "nnz image / text",
+            "t2i AP@1",
+            "i2t AP@10",
+            "code_a AP@10 (all / hard)",
+            "paper AP@10",
+            "paper violation@10",
         ]
-        for tag, st in res["laziness"].items():
-            lines.append(
-                f"| {tag} | {st['mean_items_active_top100']:.3f} | "
-                f"{st['grounding_mass_share']:.3f} | {st['distinct_active_tokens']} | "
-                f"{st['top20_caption_frequency']:.3f} | {', '.join(st['top_tokens'][:12])} |"
-            )
+        lines += md_table(header, k_rows, "rllllll")
+        lines += ["", "### Non-parametric (bag-of-words) entry on vs off", ""]
+        header = [
+            "model",
+            "mean share of items activating a top-100 token",
+            "grounding (L1 mass on the item's caption tokens)",
+            "distinct active tokens",
+            "top-20 tokens' caption frequency",
+            "top tokens by mean value",
+        ]
+        lazy_rows = [
+            [
+                tag,
+                f"{st['mean_items_active_top100']:.3f}",
+                f"{st['grounding_mass_share']:.3f}",
+                st["distinct_active_tokens"],
+                f"{st['top20_caption_frequency']:.3f}",
+                ", ".join(st["top_tokens"][:12]),
+            ]
+            for tag, st in res["laziness"].items()
+        ]
+        lines += md_table(header, lazy_rows)
         lines.append("")
         for tag, st in res["laziness"].items():
             lines.append(f"![{tag} cloud]({name}/{st['plots']['cloud']})")
