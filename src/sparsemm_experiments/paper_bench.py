@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-import sparsemm.baselines.cbe  # noqa: F401 - registers the "cbe" strategy
 from sparsemm.data.collection import Collection, open_collection, sha256_file
 from sparsemm.data.encode import encode_source
 from sparsemm.data.paths import coco_json

@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-import sparsemm.baselines.cbe  # noqa: F401 - registers the "cbe" strategy
 from sparsemm.baselines.splice import (
     SpliceDecomposer,
     embed_concepts,

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from fakes import term_word_encoder
-from sparsemm.baselines.cbe import ContentBasedExclusion, top_mean
 from sparsemm.errors import SparsemmError
 from sparsemm.query.strategies import (
     STRATEGIES,
@@ -14,6 +13,7 @@ from sparsemm.query.strategies import (
     ReferenceSet,
     get_strategy,
 )
+from sparsemm.query.strategies.cbe import ContentBasedExclusion, top_mean
 
 WORDS = ["dog", "cat", "car", "tree"]
 

@@ -3,12 +3,11 @@
 * :mod:`sparsemm.baselines.splice` - SpLiCE (Bhalla et al., NeurIPS 2024): non-negative
   sparse decomposition of dense embeddings over a concept vocabulary
   (:class:`SpliceDecomposer`, the batched solver :func:`nonneg_lasso`).
-* :mod:`sparsemm.baselines.cbe` - content-based exclusion (Yoshikawa & Tajima, ICMR 2024),
-  the dense exclusion strategy ``"cbe"``; importing the module registers it.
 * :mod:`sparsemm.baselines.bm25` - BM25 over item captions.
 
-The dense single-line query and embedding-arithmetic baselines are exclusion strategies in
-:mod:`sparsemm.query.strategies` (``slq``, ``avg_emb``, ``avg_emb_0.5``).
+The dense single-line query, embedding-arithmetic and content-based exclusion (CBE,
+Yoshikawa & Tajima, ICMR 2024) baselines are exclusion strategies in
+:mod:`sparsemm.query.strategies` (``slq``, ``avg_emb``, ``avg_emb_0.5``, ``cbe``).
 """
 
 from __future__ import annotations

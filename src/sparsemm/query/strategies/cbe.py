@@ -32,12 +32,9 @@ import numpy as np
 
 from sparsemm.errors import SparsemmError
 from sparsemm.linalg import normalize_rows
-from sparsemm.query.strategies import (
-    ExclusionContext,
-    Strategy,
-    register_strategy,
-    top_rows,
-)
+from sparsemm.query.strategies.base import Strategy, top_rows
+from sparsemm.query.strategies.context import ExclusionContext
+from sparsemm.query.strategies.registry import register_strategy
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,93 @@
+"""Strategies by name: :func:`register_strategy` (beside each class), :func:`get_strategy`."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sparsemm.errors import SparsemmError
+from sparsemm.query.strategies.base import Strategy
+from sparsemm.query.strategies.context import ExclusionContext
+
+logger = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------ registry
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """A registered strategy: class, default parameters, tuning grid, one-line description."""
+
+    name: str
+    cls: type[Strategy]
+    defaults: Mapping[str, Any]
+    grid: Mapping[str, Sequence[Any]]
+    description: str
+
+    @property
+    def kind(self) -> str:
+        return self.cls.kind_of(self.defaults)
+
+    def build(self, ctx: ExclusionContext, **overrides: Any) -> Strategy:
+        return self.cls(ctx, **{**self.defaults, **overrides})
+
+    def grid_points(self) -> list[dict[str, Any]]:
+        """Every parameter combination of the tuning grid (one empty dict when no grid)."""
+        keys = list(self.grid)
+        return [
+            dict(zip(keys, vals, strict=True)) for vals in itertools.product(*self.grid.values())
+        ]
+
+
+STRATEGIES: dict[str, StrategySpec] = {}
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+def register_strategy(
+    name: str,
+    cls: type[Strategy],
+    description: str,
+    grid: Mapping[str, Sequence[Any]] | None = None,
+    **defaults: Any,
+) -> StrategySpec:
+    """Register ``cls`` under ``name`` with default parameters and a tuning grid."""
+    if not _NAME_RE.match(name) or "|" in name:
+        raise SparsemmError(f"bad strategy name {name!r}: use letters, digits and _ . + -")
+    for key in (*defaults, *(grid or {})):
+        if key not in cls.params:
+            raise SparsemmError(f"{cls.__name__} has no parameter {key!r}")
+    spec = StrategySpec(name, cls, dict(defaults), dict(grid or {}), description)
+    STRATEGIES[name] = spec
+    return spec
+
+
+def available_strategies() -> list[str]:
+    return list(STRATEGIES)
+
+
+def get_spec(name: str) -> StrategySpec:
+    if name not in STRATEGIES:
+        raise SparsemmError(
+            f"unknown exclusion strategy {name!r}; available: {', '.join(STRATEGIES)}"
+        )
+    return STRATEGIES[name]
+
+
+def get_strategy(name: str, ctx: ExclusionContext, **params: Any) -> Strategy:
+    """Build the registered strategy ``name`` on ``ctx`` (``params`` override defaults)."""
+    return get_spec(name).build(ctx, **params)
+
+
+def reorder_strategies(names: Sequence[str]) -> None:
+    """List ``names`` first, in this order, then any other strategy in registration order:
+    the order of ``--list-strategies``, the page's menu and a benchmark of every strategy."""
+    first = [n for n in names if n in STRATEGIES]
+    rest = [n for n in STRATEGIES if n not in set(first)]
+    ordered = {n: STRATEGIES[n] for n in [*first, *rest]}
+    STRATEGIES.clear()
+    STRATEGIES.update(ordered)
