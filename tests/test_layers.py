@@ -79,3 +79,58 @@ def test_the_experiments_verbs_are_registered_through_entry_points() -> None:
     assert parser.parse_args(["bench", "paper", "--quick", "-o", "x"]).func.__module__ == (
         "sparsemm_experiments.cli.bench_paper"
     )
+
+
+def _runtime_imports(path: Path, modules: set[str]) -> set[str]:
+    """sparsemm modules ``path`` imports when it runs (any depth; ``if TYPE_CHECKING:``
+    blocks left out), each resolved to a module of ``modules``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            typing_only |= {id(n) for child in node.body for n in ast.walk(child)}
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return {m for m in out if m in modules}
+
+
+def test_no_import_circles() -> None:
+    """No two sparsemm modules import each other, directly or through others, even inside a
+    function (a package importing its own submodules to re-export them is not a circle)."""
+    files = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        files[name] = path
+    graph = {
+        name: {
+            dep
+            for dep in _runtime_imports(path, set(files))
+            if dep != name and not name.startswith(f"{dep}.") and not dep.startswith(f"{name}.")
+        }
+        for name, path in files.items()
+    }
+    # depth-first search for a back edge
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append(" -> ".join([*trail[trail.index(dep) :], dep]))
+            elif dep not in state:
+                visit(dep, [*trail, dep])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import circles:\n" + "\n".join(cycles)

@@ -12,7 +12,7 @@ from index_testlib import random_codes, reference_search
 
 from sparsemm.errors import SparsemmError
 from sparsemm.index import Exclusion, InvertedIndex, LocalStore, SearchResult, fuse_rrf, open_store
-from sparsemm.index.store import _sparse_rescore, dense_scores, sparse_query_terms
+from sparsemm.index.scoring import dense_scores, sparse_query_terms, sparse_rescore
 
 DIM, DD = 30, 8
 
@@ -117,7 +117,7 @@ def test_rescore_kernel_matches_the_index_bit_for_bit(tmp_path: Path) -> None:
         terms = sparse_query_terms(q, ex, DIM)
         sub = codes[hit.rows]
         sub.sort_indices()
-        got = _sparse_rescore(
+        got = sparse_rescore(
             terms.terms_dims, terms.terms_w, sub.indptr.astype(np.int64), sub.indices, sub.data
         )
         np.testing.assert_array_equal(got, hit.scores)  # float32, same summation order

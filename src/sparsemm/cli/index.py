@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-# sparsemm.index.store.BACKENDS, written out so that building the parser does not import
+# sparsemm.index.backends.BACKENDS, written out so that building the parser does not import
 # the index (numba, scipy); tests/cli/test_cli_cold_start.py checks that they agree.
 BACKENDS = ("local", "qdrant")
 

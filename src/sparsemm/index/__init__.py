@@ -7,8 +7,9 @@ Qdrant collection, imported lazily because it needs the ``qdrant`` extra).
 
 from __future__ import annotations
 
+from sparsemm.index.backends import BACKENDS, open_store
 from sparsemm.index.inverted import Exclusion, InvertedIndex, SearchResult
-from sparsemm.index.store import BACKENDS, LocalStore, Store, fuse_rrf, open_store
+from sparsemm.index.store import LocalStore, Store, fuse_rrf
 
 __all__ = [
     "BACKENDS",

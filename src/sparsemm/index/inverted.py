@@ -950,7 +950,7 @@ def _check_codes(codes: Any, dim: int) -> sp.csr_matrix:
     return csr
 
 
-def _check_items(codes: Any, ids: Sequence[str], dim: int) -> tuple[sp.csr_matrix, list[str]]:
+def check_items(codes: Any, ids: Sequence[str], dim: int) -> tuple[sp.csr_matrix, list[str]]:
     """Validate items to add: (canonical float32 CSR (n, dim), n unique non-empty ids)."""
     if isinstance(ids, str):
         raise SparsemmError("ids must be a list of strings, not one string")
@@ -995,7 +995,7 @@ def _check_weights(weights: Any, n: int, what: str) -> np.ndarray:
     return arr
 
 
-def _as_query(query: QueryLike, dim: int) -> tuple[np.ndarray, np.ndarray]:
+def as_query(query: QueryLike, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """Normalise a query to (dims (m,) int64 ascending unique, weights (m,) float32)."""
     if sp.issparse(query):
         if query.shape != (1, dim):
@@ -1039,7 +1039,7 @@ _EMPTY_I64 = np.zeros(0, np.int64)
 _EMPTY_F32 = np.zeros(0, np.float32)
 
 
-class _Plan(NamedTuple):
+class Plan(NamedTuple):
     """Resolved exclusion for the kernel: extra (dims, weights) and filtered dims."""
 
     extra_dims: np.ndarray = _EMPTY_I64
@@ -1048,17 +1048,17 @@ class _Plan(NamedTuple):
     threshold: float = 0.0
 
 
-_NO_PLAN = _Plan()
+_NO_PLAN = Plan()
 
 
-def _plan_exclusion(exclude: Exclusion | None, dim: int) -> _Plan:
+def plan_exclusion(exclude: Exclusion | None, dim: int) -> Plan:
     if exclude is None:
         return _NO_PLAN
     if not isinstance(exclude, Exclusion):
         raise SparsemmError(f"exclude must be an Exclusion, got {type(exclude).__name__}")
     if exclude.mode == "filter":
         dims = _check_dims(exclude.dims, dim, "exclusion", unique=True)
-        return _Plan(ban_dims=dims, threshold=float(exclude.threshold))
+        return Plan(ban_dims=dims, threshold=float(exclude.threshold))
     dims = _check_dims(exclude.dims, dim, "exclusion")
     w = (
         np.ones(len(dims))
@@ -1066,7 +1066,7 @@ def _plan_exclusion(exclude: Exclusion | None, dim: int) -> _Plan:
         else _check_weights(exclude.weights, len(dims), "exclusion")
     )
     # penalty * sum_j w_j x_ij is a scatter-add with negative weights
-    return _Plan(extra_dims=dims, extra_w=(-float(exclude.penalty) * w).astype(np.float32))
+    return Plan(extra_dims=dims, extra_w=(-float(exclude.penalty) * w).astype(np.float32))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1136,7 +1136,7 @@ class InvertedIndex:
                 raise SparsemmError("codes: expected a 2-D (n, dim) matrix")
             dim = int(shape[1])
         _check_dim(dim)
-        csr, id_list = _check_items(codes, ids, dim)  # before touching the folder
+        csr, id_list = check_items(codes, ids, dim)  # before touching the folder
         return cls._write_new(Path(path), dim, overwrite, meta, (csr, id_list))
 
     @classmethod
@@ -1349,7 +1349,7 @@ class InvertedIndex:
         or when another writer holds the lock. Atomic: on any failure the committed index is
         unchanged.
         """
-        csr, id_list = _check_items(codes, ids, self._dim)
+        csr, id_list = check_items(codes, ids, self._dim)
         self._add_checked(csr, id_list)
 
     def _add_checked(self, csr: sp.csr_matrix, id_list: list[str]) -> None:
@@ -1481,7 +1481,7 @@ class InvertedIndex:
         dims: np.ndarray,
         w: np.ndarray,
         k: int,
-        plan: _Plan,
+        plan: Plan,
         mask: np.ndarray | None,
         approx: float | None = None,
     ) -> SearchResult:
@@ -1538,7 +1538,7 @@ class InvertedIndex:
         dims: np.ndarray,
         w: np.ndarray,
         k: int,
-        plan: _Plan,
+        plan: Plan,
         mask: np.ndarray | None,
         keep: float,
     ) -> SearchResult:
@@ -1628,9 +1628,9 @@ class InvertedIndex:
         ``benchmarks/index_latency.py --approx``); the first such search builds the
         truncated lists in memory (``warm(approx=...)`` does it ahead).
         """
-        k = _check_k(k)
-        dims, w = _as_query(query, self._dim)
-        plan = _plan_exclusion(exclude, self._dim)
+        k = check_k(k)
+        dims, w = as_query(query, self._dim)
+        plan = plan_exclusion(exclude, self._dim)
         return self._search_one(
             dims, w, k, plan, self._allowed_mask(allowed), _check_approx(approx)
         )
@@ -1646,7 +1646,7 @@ class InvertedIndex:
 
         ``exclude`` is one Exclusion for all queries or a list with one (or None) per query.
         """
-        k = _check_k(k)
+        k = check_k(k)
         if sp.issparse(queries):
             qs = sp.csr_matrix(queries, dtype=np.float32)
         else:
@@ -1663,12 +1663,12 @@ class InvertedIndex:
         qs.eliminate_zeros()
         nq = qs.shape[0]
         if exclude is None or isinstance(exclude, Exclusion):
-            plans = [_plan_exclusion(exclude, self._dim)] * nq
+            plans = [plan_exclusion(exclude, self._dim)] * nq
         else:
             ex_list = list(exclude)
             if len(ex_list) != nq:
                 raise SparsemmError(f"exclude: {len(ex_list)} exclusions for {nq} queries")
-            plans = [_plan_exclusion(e, self._dim) for e in ex_list]
+            plans = [plan_exclusion(e, self._dim) for e in ex_list]
         mask = self._allowed_mask(allowed)
         out = []
         for i in range(nq):
@@ -1693,7 +1693,7 @@ def _check_approx(approx: Any) -> float | None:
     return float(approx)
 
 
-def _check_k(k: Any) -> int:
+def check_k(k: Any) -> int:
     if type(k) is int and k >= 1:
         return k
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:

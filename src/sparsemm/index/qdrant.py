@@ -18,7 +18,7 @@ Needs ``qdrant-client`` (``pip install 'sparsemm[qdrant]'``). How the store maps
 
 Exactness: Qdrant sums scores in its own order and precision, so near-ties may round
 differently from the local index. A search therefore fetches every candidate whose Qdrant
-score is within a provable bound of the k-th (``_QueryTerms.error_bound``: the float32
+score is within a provable bound of the k-th (``QueryTerms.error_bound``: the float32
 rounding of an m-term dot product, bounded with the query's weights and the largest stored
 item norm; Cauchy-Schwarz for dense vectors),
 rescores those exactly with the local kernel's arithmetic, and breaks ties by row: results
@@ -43,20 +43,20 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
-from sparsemm.index.inverted import Exclusion, QueryLike, SearchResult, _check_items, _check_k
-from sparsemm.index.store import (
-    _U32,
-    Store,
-    _check_dense,
-    _check_dense_query,
-    _dense_plan,
-    _Plan,
-    _ranked,
-    _sparse_rescore,
+from sparsemm.index.inverted import Exclusion, QueryLike, SearchResult, check_items, check_k
+from sparsemm.index.scoring import (
+    U32,
+    Plan,
+    check_dense,
+    check_dense_query,
+    dense_plan,
     dense_scores,
     iter_batches,
+    ranked,
     sparse_query_terms,
+    sparse_rescore,
 )
+from sparsemm.index.store import Store
 
 logger = logging.getLogger(__name__)
 
@@ -343,7 +343,7 @@ class QdrantStore(Store):
         from tqdm.auto import tqdm
 
         models = _qdrant().models
-        csr, id_list = _check_items(codes, ids, self.dim)
+        csr, id_list = check_items(codes, ids, self.dim)
         n = len(id_list)
         if (dense is None) != (self.dense_dim is None):
             raise SparsemmError(
@@ -351,7 +351,7 @@ class QdrantStore(Store):
                 if dense is None
                 else "this store holds no dense vectors; create it with dense_dim"
             )
-        arr = None if dense is None else _check_dense(dense, n, self.dense_dim)
+        arr = None if dense is None else check_dense(dense, n, self.dense_dim)
         self.reload()
         bar = tqdm(total=n, disable=not progress, unit="item", desc=f"qdrant {self.name}")
         try:
@@ -449,7 +449,7 @@ class QdrantStore(Store):
         out.sort_indices()
         return out
 
-    def _filter(self, plan: _Plan) -> Any:
+    def _filter(self, plan: Plan) -> Any:
         if not plan.ban_dims.size:
             return None
         models = _qdrant().models
@@ -521,13 +521,13 @@ class QdrantStore(Store):
         if positive:
             keep = scores > 0
             rows, scores = rows[keep], scores[keep]
-        return _ranked(rows, scores, k, {int(p.id): str(p.payload[ID_FIELD]) for p in pts})
+        return ranked(rows, scores, k, {int(p.id): str(p.payload[ID_FIELD]) for p in pts})
 
     def search(
         self, query: QueryLike, k: int = 10, exclude: Exclusion | None = None
     ) -> SearchResult:
         models = _qdrant().models
-        k = _check_k(k)
+        k = check_k(k)
         terms = sparse_query_terms(query, exclude, self.dim)
         flt = self._filter(terms.plan)
         if terms.dims.size == 0 or self._count == 0:  # nothing can score > 0
@@ -545,7 +545,7 @@ class QdrantStore(Store):
                 indptr[i + 1] = indptr[i] + len(sv.indices)
             idx = np.concatenate(idx_parts) if idx_parts else np.zeros(0, np.int64)
             vals = np.concatenate(val_parts) if val_parts else np.zeros(0, np.float32)
-            return _sparse_rescore(terms.terms_dims, terms.terms_w, indptr, idx, vals)
+            return sparse_rescore(terms.terms_dims, terms.terms_w, indptr, idx, vals)
 
         vector = models.SparseVector(indices=qdims, values=qvals)
         delta = terms.error_bound(float(self._meta["max_norm"]))
@@ -555,9 +555,9 @@ class QdrantStore(Store):
         self, vector: Any, k: int = 10, exclude: Exclusion | None = None
     ) -> SearchResult:
         models = _qdrant().models
-        k = _check_k(k)
-        q = _check_dense_query(vector, self.dense_dim)
-        flt = self._filter(_dense_plan(exclude, self.dim))
+        k = check_k(k)
+        q = check_dense_query(vector, self.dense_dim)
+        flt = self._filter(dense_plan(exclude, self.dim))
         if self._count == 0:
             return SearchResult(np.zeros(0, np.int64), [], np.zeros(0, np.float32))
         name = self.config.dense_name
@@ -567,6 +567,6 @@ class QdrantStore(Store):
             return dense_scores(mat, q)
 
         dn = float(np.linalg.norm(q.astype(np.float64)))
-        delta = 4.0 * (len(q) + 2) * _U32 * dn * float(self._meta["max_dense_norm"]) + 1e-30
+        delta = 4.0 * (len(q) + 2) * U32 * dn * float(self._meta["max_dense_norm"]) + 1e-30
         params = models.SearchParams(exact=self.config.exact_dense)
         return self._exact_top(q.tolist(), name, flt, k, delta, rescore, False, params)

@@ -22,7 +22,8 @@ score and rescores those exactly, so results are identical, scores to the last b
 Backends: :class:`LocalStore` (this module; the default) wraps an
 :class:`~sparsemm.index.InvertedIndex` folder plus an optional ``dense-<token>/`` subfolder;
 :class:`sparsemm.index.qdrant.QdrantStore` talks to a Qdrant server or cluster through
-``qdrant-client`` (extra ``qdrant``). :func:`open_store` picks one by name.
+``qdrant-client`` (extra ``qdrant``). :func:`sparsemm.index.backends.open_store` picks one
+by name; the exact scoring both share is in :mod:`sparsemm.index.scoring`.
 """
 
 from __future__ import annotations
@@ -31,13 +32,12 @@ import contextlib
 import logging
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
-from numba import njit
 
 from sparsemm.errors import SparsemmError
 from sparsemm.index.inverted import (
@@ -46,11 +46,15 @@ from sparsemm.index.inverted import (
     InvertedIndex,
     QueryLike,
     SearchResult,
-    _as_query,
     _check_codes,
-    _check_k,
-    _Plan,
-    _plan_exclusion,
+    check_k,
+)
+from sparsemm.index.scoring import (
+    check_dense,
+    check_dense_query,
+    dense_plan,
+    dense_scores,
+    ranked,
 )
 from sparsemm.io import (
     check_digests,
@@ -65,114 +69,9 @@ from sparsemm.io import (
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("local", "qdrant")
 DEFAULT_RRF_K = 60  # Cormack et al. (2009)
 DENSE_DIR = "dense"  # dense vectors live in <index>/dense-<token>/
 DENSE_FORMAT = "sparsemm.dense"
-_U32 = 2.0**-24  # unit roundoff of float32
-
-
-# --------------------------------------------------------------------------------------------
-# Exact scoring shared by the backends
-# --------------------------------------------------------------------------------------------
-
-
-@njit(cache=True, nogil=True)
-def _sparse_rescore(
-    qdims: np.ndarray, qw: np.ndarray, indptr: np.ndarray, idx: np.ndarray, vals: np.ndarray
-) -> np.ndarray:  # pragma: no cover - numba
-    """Scores (n,) f32 of CSR rows, accumulated exactly as the inverted index's kernel does:
-    float32, terms added in query order (query dims ascending, then penalty dims)."""
-    n = indptr.shape[0] - 1
-    out = np.zeros(n, np.float32)
-    for r in range(n):
-        lo = indptr[r]
-        hi = indptr[r + 1]
-        acc = np.float32(0.0)
-        for j in range(qdims.shape[0]):
-            d = qdims[j]
-            a, b = lo, hi
-            while a < b:  # rows' dims are ascending: binary search
-                m = (a + b) >> 1
-                if idx[m] < d:
-                    a = m + 1
-                else:
-                    b = m
-            if a < hi and idx[a] == d:
-                acc += qw[j] * vals[a]
-        out[r] = acc
-    return out
-
-
-@njit(cache=True, nogil=True)
-def _dense_kernel(mat: np.ndarray, q: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
-    n, d = mat.shape
-    out = np.empty(n, np.float32)
-    for r in range(n):
-        acc = 0.0
-        for j in range(d):
-            acc += np.float64(mat[r, j]) * np.float64(q[j])
-        out[r] = np.float32(acc)
-    return out
-
-
-def dense_scores(mat: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Inner products (n,) float32 of ``mat`` (n, d) f32 rows with ``q`` (d,) f32.
-
-    Each row is summed sequentially in float64 and rounded once, so a row's score does not
-    depend on which other rows are scored with it (BLAS would): the local brute force and
-    the rescoring of Qdrant's candidates give bit-identical scores.
-    """
-    m = np.ascontiguousarray(mat, dtype=np.float32)
-    return _dense_kernel(m, np.ascontiguousarray(q, dtype=np.float32))
-
-
-def sparse_query_terms(query: QueryLike, exclude: Exclusion | None, dim: int) -> _QueryTerms:
-    """Normalise a sparse query and exclusion exactly as :class:`InvertedIndex` does."""
-    dims, w = _as_query(query, dim)
-    plan = _plan_exclusion(exclude, dim)
-    terms_d, terms_w = dims, w
-    if plan.extra_dims.size:
-        terms_d = np.concatenate([dims, plan.extra_dims])
-        terms_w = np.concatenate([w, plan.extra_w])
-    return _QueryTerms(dims=dims, w=w, terms_dims=terms_d, terms_w=terms_w, plan=plan)
-
-
-class _QueryTerms:
-    """A checked sparse query: its own (dims, w), all scored terms and the exclusion plan."""
-
-    __slots__ = ("dims", "plan", "terms_dims", "terms_w", "w")
-
-    def __init__(
-        self,
-        dims: np.ndarray,
-        w: np.ndarray,
-        terms_dims: np.ndarray,
-        terms_w: np.ndarray,
-        plan: _Plan,
-    ) -> None:
-        self.dims, self.w = dims, w
-        self.terms_dims, self.terms_w = terms_dims, terms_w
-        self.plan = plan
-
-    def merged(self) -> tuple[list[int], list[float]]:
-        """One weight per dim (query + penalty terms summed): the vector sent to an engine."""
-        uniq, inv = np.unique(self.terms_dims, return_inverse=True)
-        w = np.bincount(inv, weights=self.terms_w.astype(np.float64), minlength=len(uniq))
-        keep = w != 0
-        return uniq[keep].tolist(), w[keep].tolist()
-
-    def error_bound(self, max_norm: float) -> float:
-        """Bound on |engine score - exact float32 score| for any item of norm <= max_norm.
-
-        Both are float sums of at most m products (weights rounded to float32 or not), each
-        within gamma_m * sum_t |w_t x_t| of the real value, and sum_t |w_t x_t| <=
-        ||w||_1 * max_d |x_d| <= ||w||_1 * ||x||_2 (a dim may appear in several terms);
-        doubled for margin.
-        """
-        m = len(self.terms_w) + 2
-        w1 = float(np.abs(self.terms_w.astype(np.float64)).sum())
-        return 4.0 * m * _U32 * w1 * max_norm + 1e-30
 
 
 def fuse_rrf(
@@ -201,26 +100,6 @@ def fuse_rrf(
     )
 
 
-def _top(rows: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k best (score desc, row asc) of parallel arrays."""
-    if len(rows) > k:
-        part = np.argpartition(-scores, k - 1)[:k]
-        kth = scores[part].min()
-        # every row tying with the k-th score competes on its row number
-        cand = np.flatnonzero(scores >= kth)
-        rows, scores = rows[cand], scores[cand]
-    order = np.lexsort((rows, -scores))[:k]
-    return rows[order], scores[order]
-
-
-def _ranked(
-    rows: np.ndarray, scores: np.ndarray, k: int, ids: Sequence[str] | Mapping[int, str]
-) -> SearchResult:
-    """The top k of parallel (rows, scores) (:func:`_top`), with ``ids[row]`` as ids."""
-    top_rows, top_scores = _top(rows, scores, k)
-    return SearchResult(rows=top_rows, ids=[ids[r] for r in top_rows.tolist()], scores=top_scores)
-
-
 def _positive(res: SearchResult) -> SearchResult:
     keep = res.scores > 0
     if keep.all():
@@ -230,42 +109,6 @@ def _positive(res: SearchResult) -> SearchResult:
         ids=[i for i, g in zip(res.ids, keep, strict=True) if g],
         scores=res.scores[keep],
     )
-
-
-def _check_dense(dense: Any, n: int, dense_dim: int | None, what: str = "dense") -> np.ndarray:
-    """Validate dense embeddings (n, dense_dim) -> float32 C-contiguous."""
-    arr = np.asarray(dense)
-    if arr.ndim != 2 or arr.shape[0] != n or not np.issubdtype(arr.dtype, np.number):
-        raise SparsemmError(f"{what}: expected a numeric ({n}, d) matrix, got shape {arr.shape}")
-    if dense_dim is not None and arr.shape[1] != dense_dim:
-        raise SparsemmError(f"{what}: the store holds {dense_dim}-d vectors, got {arr.shape[1]}")
-    out = np.ascontiguousarray(arr, dtype=np.float32)
-    if not np.isfinite(out).all():
-        raise SparsemmError(f"{what}: contains NaN or inf; re-encode those items")
-    return out
-
-
-def _check_dense_query(vector: Any, dense_dim: int | None) -> np.ndarray:
-    if dense_dim is None:
-        raise SparsemmError(
-            "this store holds no dense vectors; index the items with dense embeddings "
-            "to use dense or hybrid search"
-        )
-    q = np.asarray(vector, dtype=np.float64).ravel()
-    if q.shape != (dense_dim,):
-        raise SparsemmError(f"dense query: expected {dense_dim} values, got {q.size}")
-    if not np.isfinite(q).all():
-        raise SparsemmError("dense query contains NaN or inf")
-    return q.astype(np.float32)
-
-
-def _dense_plan(exclude: Exclusion | None, dim: int) -> _Plan:
-    plan = _plan_exclusion(exclude, dim)
-    if plan.extra_dims.size:
-        raise SparsemmError(
-            "a penalty exclusion changes sparse scores; dense search takes only filter exclusions"
-        )
-    return plan
 
 
 # --------------------------------------------------------------------------------------------
@@ -344,7 +187,7 @@ class Store(ABC):
         n, m = len(id_list), len(self)
         if csr.shape[0] != n:
             raise SparsemmError(f"{csr.shape[0]} codes for {n} ids; they must match")
-        arr = None if dense is None else _check_dense(dense, n, self.dense_dim)
+        arr = None if dense is None else check_dense(dense, n, self.dense_dim)
         if m > n or (
             m and not self._same_prefix(csr[:m], id_list[:m], None if arr is None else arr[:m])
         ):
@@ -382,8 +225,8 @@ class Store(ABC):
         ``exclude`` applies to both lists (a penalty only to the sparse one). Only items in
         the sparse list (sparse score > 0) are returned, then ranked by fused score.
         """
-        k = _check_k(k)
-        cand = max(100, 4 * k) if candidates is None else _check_k(candidates)
+        k = check_k(k)
+        cand = max(100, 4 * k) if candidates is None else check_k(candidates)
         sparse_res = self.search(query, cand, exclude)
         dense_ex = exclude if exclude is None or exclude.mode == "filter" else None
         dense_res = self.search_dense(vector, cand, dense_ex)
@@ -544,7 +387,7 @@ class LocalStore(Store):
         shape = getattr(codes, "shape", None)
         if shape is None or len(shape) != 2:
             raise SparsemmError("codes: expected a 2-D (n, dim) matrix")
-        arr = None if dense is None else _check_dense(dense, int(shape[0]), None)
+        arr = None if dense is None else check_dense(dense, int(shape[0]), None)
         return cls._new(
             Path(path),
             int(shape[1]),
@@ -677,7 +520,7 @@ class LocalStore(Store):
             return
         if dense is None:
             raise SparsemmError("this store holds dense vectors: pass dense=(n, d) embeddings")
-        arr = _check_dense(dense, n, self._dense.dim)
+        arr = check_dense(dense, n, self._dense.dim)
         start = len(self.index)
         self.index.reload()
         if len(self.index) != start:
@@ -714,45 +557,21 @@ class LocalStore(Store):
     def search_dense(
         self, vector: Any, k: int = 10, exclude: Exclusion | None = None
     ) -> SearchResult:
-        k = _check_k(k)
-        q = _check_dense_query(vector, self.dense_dim)
-        plan = _dense_plan(exclude, self.dim)
+        k = check_k(k)
+        q = check_dense_query(vector, self.dense_dim)
+        plan = dense_plan(exclude, self.dim)
         assert self._dense is not None
         scores = self._dense.scores(q)
         rows = np.arange(len(scores), dtype=np.int64)
         if plan.ban_dims.size:
             banned = self.index._rows_above(plan.ban_dims, plan.threshold)
             rows, scores = rows[~banned], scores[~banned]
-        return _ranked(rows, scores, k, self.index.ids)
+        return ranked(rows, scores, k, self.index.ids)
 
 
 # --------------------------------------------------------------------------------------------
 # Factory
 # --------------------------------------------------------------------------------------------
-
-
-def open_store(
-    backend: str = "local",
-    *,
-    path: str | Path | None = None,
-    url: str | None = None,
-    collection: str | None = None,
-    api_key: str | None = None,
-    **options: Any,
-) -> Store:
-    """Open an existing store: ``local`` at ``path``, or ``qdrant`` ``collection`` at ``url``."""
-    if backend == "local":
-        if path is None:
-            raise SparsemmError("the local backend needs the index folder (path)")
-        return LocalStore.open(path)
-    if backend == "qdrant":
-        from sparsemm.index.qdrant import QdrantStore, connect
-
-        if not collection:
-            raise SparsemmError("the qdrant backend needs a collection name")
-        client = connect(url, api_key=api_key, **options)
-        return QdrantStore.open(client, collection)
-    raise SparsemmError(f"unknown store backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
 def _remove_dense_dirs(root: Path, keep: str) -> None:
@@ -762,11 +581,3 @@ def _remove_dense_dirs(root: Path, keep: str) -> None:
     for p in root.glob(f"{DENSE_DIR}-*"):
         if p.is_dir() and p.name != keep:
             shutil.rmtree(p, ignore_errors=True)
-
-
-def iter_batches(n: int, batch_size: int) -> Iterator[tuple[int, int]]:
-    """[lo, hi) bounds of consecutive batches covering n items."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise SparsemmError(f"batch_size must be a positive integer, got {batch_size!r}")
-    for lo in range(0, n, batch_size):
-        yield lo, min(n, lo + batch_size)
