@@ -144,7 +144,7 @@ def test_query_caches_stay_bounded(
     for i in range(60):
         resp = client.get("/api/search", params={"q": f"dog {i} but not cat {i}"})
         assert resp.status_code == 200, resp.text
-        sizes.append(sum(web_app._nbytes(c) for c in (ctx._emb, ctx._code, ctx.cache)))
+        sizes.append(sum(web_app._nbytes(c) for c in ctx.query_caches()))
     assert max(sizes) < 20_000 + 6 * max(sizes[:4])  # budget + at most one check interval
     assert min(sizes[10:]) < sizes[3]  # it was cleared, more than once
     hits = client.get("/api/search", params={"q": "dog but not cat"}).json()["hits"]

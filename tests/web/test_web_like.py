@@ -46,7 +46,8 @@ def test_search_like_item_ranks_by_its_code_with_exclusions(searcher: Searcher) 
     # the served default scores the same pseudo term: the item itself on top
     assert searcher.search_like("db1", k=3)[0].id in {"db1", "db2"}
     # the code does not stay behind for typed queries
-    assert not any(t.startswith("a photo of a like") for t in searcher.text_context._code)
+    codes = searcher.text_context.query_caches()[1]
+    assert not any(t.startswith("a photo of a like") for t in codes)
 
 
 def test_search_like_errors(searcher: Searcher, tmp_path: Path) -> None:

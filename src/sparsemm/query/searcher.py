@@ -438,7 +438,7 @@ class Searcher:
                 detectors=self.model.detectors,
             )
             if self._text_ctx is not None:  # one set of text caches for both contexts
-                self._ctx._emb, self._ctx._code = self._text_ctx._emb, self._text_ctx._code
+                self._ctx.share_text_caches(self._text_ctx)
         return self._ctx
 
     def _coders(self) -> tuple[Any, Any]:
@@ -459,10 +459,20 @@ class Searcher:
         from scratch: what ``benchmarks/two_stage.py`` times as a never-seen query)."""
         for ctx in (self._ctx, self._text_ctx):
             if ctx is not None:
-                ctx._emb.clear()
-                ctx._code.clear()
+                ctx.clear_text_caches()
         if self._raw_text is not None:
             self._raw_text.cache.clear()
+
+    def query_caches(self) -> list[Any]:
+        """Every per-query cache this searcher holds (each an LRU bounded by entries):
+        what a long-running server may also clear when they hold too much memory."""
+        caches: list[Any] = []
+        for ctx in (self._ctx, self._text_ctx):
+            if ctx is not None:
+                caches += [c for c in ctx.query_caches() if all(c is not d for d in caches)]
+        if self._raw_text is not None:
+            caches.append(self._raw_text.cache)
+        return caches
 
     @property
     def text_context(self) -> ExclusionContext:
@@ -858,13 +868,13 @@ class Searcher:
         term = f"like: {label}"
         ctxs = [c for c in (self.text_context, self._ctx) if c is not None]
         for ctx in ctxs:
-            ctx._code[ctx.term_text(term)] = code
+            ctx.pin_query_code(term, code)
         try:
             yield term
         finally:  # the full context may have been built meanwhile: clear it too
             for late in (self.text_context, self._ctx, *ctxs):
                 if late is not None:
-                    late._code.pop(late.term_text(term), None)
+                    late.pin_query_code(term, None)
 
     def explain_like(
         self, row: int, like: Any, exclude: tuple[str, ...] = (), n_dims: int = 5

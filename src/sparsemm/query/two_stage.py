@@ -90,7 +90,7 @@ def sub_context(ctx: ExclusionContext, codes: sp.csr_matrix) -> ExclusionContext
         cache_size=ctx.cache_size,
         detectors=ctx.detectors,
     )
-    sub._emb, sub._code = ctx._emb, ctx._code
+    sub.share_text_caches(ctx)
     return sub
 
 

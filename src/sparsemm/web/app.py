@@ -826,9 +826,7 @@ class SearchService:
             self._requests += 1
             if self._requests % CACHE_CHECK_EVERY:
                 return
-        ctxs = [c for c in (self.searcher._ctx, self.searcher._text_ctx) if c is not None]
-        caches = [getattr(ctx, name, None) for ctx in ctxs for name in ("_emb", "_code", "cache")]
-        dicts = [c for c in caches if isinstance(c, dict)]
+        dicts = self.searcher.query_caches()
         size = sum(_nbytes(c) for c in dicts)
         if size > MAX_CACHE_BYTES:
             log.info("query caches hold %.0f MB; clearing them", size / 2**20)

@@ -194,6 +194,31 @@ class ExclusionContext:
         self._codes_abs: sp.csr_matrix | None = None
         self.cache: LRUCache = LRUCache(cache_size)  # strategy-owned (keyed by strategy+params)
 
+    # -- caches ----------------------------------------------------------------------------
+    def query_caches(self) -> list[LRUCache]:
+        """Every per-query cache (text embeddings, query codes, strategy-owned entries), each
+        bounded to ``cache_size`` entries; a server may also clear them by memory."""
+        return [self._emb, self._code, self.cache]
+
+    def share_text_caches(self, other: ExclusionContext) -> None:
+        """Use ``other``'s text-embedding and query-code caches (one encoding per text for
+        two contexts over the same encoders)."""
+        self._emb, self._code = other._emb, other._code
+
+    def clear_text_caches(self) -> None:
+        """Forget every cached text embedding and query code."""
+        self._emb.clear()
+        self._code.clear()
+
+    def pin_query_code(self, term: str, code: np.ndarray | None) -> None:
+        """Set (or, with None, remove) the query code of ``term``: a pseudo-term whose code
+        is given, not encoded (a "more like this" picture's code)."""
+        key = self.term_text(term)
+        if code is None:
+            self._code.pop(key, None)
+        else:
+            self._code[key] = code
+
     # -- items ---------------------------------------------------------------------------
     def require(self, *what: str) -> None:
         """Raise SparsemmError naming the first missing input among ``what``."""
