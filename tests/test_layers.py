@@ -134,3 +134,14 @@ def test_no_import_circles() -> None:
         if name not in state:
             visit(name, [name])
     assert not cycles, "import circles:\n" + "\n".join(cycles)
+
+
+def test_quick_presets_are_data_files() -> None:
+    """The --quick presets of the experiments are JSON files of the package, read as the
+    run configs hold them (lists as tuples)."""
+    from sparsemm_experiments.presets import load_preset
+
+    for name in ("paper_quick", "vdr_quick", "lexlip_quick"):
+        preset = load_preset(name)
+        assert preset and not any(isinstance(v, list) for v in preset.values())
+    assert load_preset("vdr_quick")["ks"] == (32, 512)

@@ -81,6 +81,7 @@ from sparsemm.train.lexlip import (
     train_lexlip,
     trained_matches,
 )
+from sparsemm_experiments.presets import load_preset
 
 logger = logging.getLogger(__name__)
 
@@ -147,19 +148,7 @@ class LexLIPRunConfig:
         )
 
 
-QUICK = LexLIPRunConfig(
-    pretrain_steps=3,
-    contrastive_steps=3,
-    collage_pretrain_steps=3,
-    collage_contrastive_steps=3,
-    batch_size=8,
-    captions_per_item=1,
-    queue_size=16,
-    limit_items=40,
-    methods=("dense_a", "avg_emb_0.5", "code_a", "code_arith"),
-    max_grid=2,
-    latency_queries=30,
-)
+QUICK = LexLIPRunConfig(**load_preset("lexlip_quick"))  # presets/lexlip_quick.json
 
 
 # --------------------------------------------------------------------------- settings

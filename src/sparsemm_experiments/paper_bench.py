@@ -50,6 +50,7 @@ from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, read_json, write_json
 from sparsemm.query.strategies import QueryCoder, sr_query_coder
 from sparsemm.runtime import torch_threads
+from sparsemm_experiments.presets import load_preset
 from sparsemm_experiments.sr_coco import ProxyRunConfig, prepare_spine
 
 log = logging.getLogger(__name__)
@@ -101,20 +102,7 @@ class PaperBenchConfig:
             raise SparsemmError(f"top_k must be in [1, {min(self.dims)}], got {self.top_k}")
 
 
-QUICK: dict[str, Any] = {
-    "dims": (32, 48),
-    "main_dim": 48,
-    "spine_top_words": 300,
-    "spine_epochs": 3,
-    "sr_epochs": 2,
-    "top_k": 8,
-    "vdr_steps": 2,
-    "vdr_top_k": 64,
-    "splice_concepts": 300,
-    "limit": 160,
-    "limit_items": 60,
-    "max_grid": 1,
-}
+QUICK: dict[str, Any] = load_preset("paper_quick")  # presets/paper_quick.json
 
 
 def _fingerprint(obj: Any) -> str:

@@ -69,6 +69,7 @@ from sparsemm.train.vdr import (
     preset_train_config,
     train_vdr,
 )
+from sparsemm_experiments.presets import load_preset
 
 log = logging.getLogger(__name__)
 
@@ -113,17 +114,7 @@ class VDRRunConfig:
             raise SparsemmError("ks must be positive activation counts")
 
 
-QUICK: dict[str, Any] = {
-    "steps": 2,
-    "batch_size": 8,
-    "ks": (32, 512),
-    "max_train_pairs": 64,
-    "limit_items": 40,
-    "max_grid": 1,
-    "calibration_size": 32,
-    "methods": ("avg_emb_0.5", "code_a", "paper"),
-    "zero_shot": False,
-}
+QUICK: dict[str, Any] = load_preset("vdr_quick")  # presets/vdr_quick.json
 
 
 # ------------------------------------------------------------------------ image inputs
