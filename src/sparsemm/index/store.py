@@ -46,7 +46,7 @@ from sparsemm.index.inverted import (
     InvertedIndex,
     QueryLike,
     SearchResult,
-    _check_codes,
+    check_codes,
     check_k,
 )
 from sparsemm.index.scoring import (
@@ -182,7 +182,7 @@ class Store(ABC):
         If the store already holds m items they must be the first m given (an interrupted
         upload of the same data): only the rest is added. Other data raises SparsemmError.
         """
-        csr = _check_codes(codes, self.dim)
+        csr = check_codes(codes, self.dim)
         id_list = [str(i) for i in ids]
         n, m = len(id_list), len(self)
         if csr.shape[0] != n:

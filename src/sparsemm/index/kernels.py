@@ -1,0 +1,494 @@
+"""The inverted index's numba kernels: a bounded top-k heap, query cleaning, the per-segment
+scoring loop (scatter-add over posting lists, dense lists kept in memory, exact max-score
+pruning), exact rescoring of rows, and the layout and finiteness checks of segment arrays.
+
+Pure functions over arrays, compiled once and cached on disk (``cache=True``);
+:mod:`sparsemm.index.inverted` drives them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit, uint64
+
+# A segment is scored in "touched rows" mode when its postings for the query are fewer than
+# count / SPARSE_RATIO; otherwise every row of a block is scanned.
+SPARSE_RATIO = 4
+# Max-score pruning skips a block's lists of smallest bounds only while their bounds sum to at
+# most PRUNE_SHARE of the k-th score: the rows left as candidates (partial score >= k-th score
+# minus that sum) are rescored one by one from the row store, so a looser cut costs more
+# rescoring than the skipped postings save.
+PRUNE_SHARE = 0.1
+
+
+@njit(cache=True, nogil=True)
+def better(s1: float, r1: Any, s2: float, r2: Any) -> bool:  # pragma: no cover - numba
+    """(s1, r1) ranks before (s2, r2): higher score, then lower row."""
+    return s1 > s2 or (s1 == s2 and r1 < r2)
+
+
+@njit(cache=True, nogil=True)
+def heap_push(
+    hs: np.ndarray, hr: np.ndarray, size: int, s: float, r: Any
+) -> int:  # pragma: no cover - numba
+    """Offer (s, r) to a size-k heap whose root is the worst held hit; return the new size."""
+    k = hs.shape[0]
+    if size < k:
+        i = size
+        hs[i] = s
+        hr[i] = r
+        while i > 0:
+            p = (i - 1) >> 1
+            if better(hs[p], hr[p], hs[i], hr[i]):
+                hs[p], hs[i] = hs[i], hs[p]
+                hr[p], hr[i] = hr[i], hr[p]
+                i = p
+            else:
+                break
+        return size + 1
+    if not better(s, r, hs[0], hr[0]):
+        return size
+    hs[0] = s
+    hr[0] = r
+    sift_down(hs, hr, k)
+    return size
+
+
+@njit(cache=True, nogil=True)
+def sift_down(hs: np.ndarray, hr: np.ndarray, n: int) -> None:  # pragma: no cover - numba
+    """Restore the heap property of hs/hr[:n] after the root was replaced."""
+    i = 0
+    while True:
+        w = i
+        left = 2 * i + 1
+        right = left + 1
+        if left < n and better(hs[w], hr[w], hs[left], hr[left]):
+            w = left
+        if right < n and better(hs[w], hr[w], hs[right], hr[right]):
+            w = right
+        if w == i:
+            break
+        hs[w], hs[i] = hs[i], hs[w]
+        hr[w], hr[i] = hr[i], hr[w]
+        i = w
+
+
+@njit(cache=True, nogil=True)
+def heap_sort(hs: np.ndarray, hr: np.ndarray, size: int) -> None:  # pragma: no cover - numba
+    """Sort a heap of ``size`` hits in place, best first (the worst root goes to the end)."""
+    for end in range(size - 1, 0, -1):
+        hs[0], hs[end] = hs[end], hs[0]
+        hr[0], hr[end] = hr[end], hr[0]
+        sift_down(hs, hr, end)
+
+
+@njit(cache=True, nogil=True)
+def clean_query(dims: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Drop zero weights: (dims int64, weights float32, count of non-finite weights)."""
+    m = 0
+    bad = 0
+    for i in range(w.shape[0]):
+        x = np.float32(w[i])
+        if not np.isfinite(x):
+            bad += 1
+        elif x != 0:
+            m += 1
+    od = np.empty(m, np.int64)
+    ow = np.empty(m, np.float32)
+    j = 0
+    for i in range(w.shape[0]):
+        x = np.float32(w[i])
+        if np.isfinite(x) and x != 0 and j < m:
+            od[j] = dims[i]
+            ow[j] = x
+            j += 1
+    return od, ow, bad
+
+
+@njit(cache=True, nogil=True)
+def build_dense(
+    indptr: np.ndarray, rows: np.ndarray, vals: np.ndarray, count: int, min_len: int
+) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """slot (dim,) int32 (-1: none) and dense (n_dense, count) f32: the posting lists of
+    >= min_len postings as dense value rows (0 where a row is absent)."""
+    dim = indptr.shape[0] - 1
+    slot = np.full(dim, -1, np.int32)
+    nd = 0
+    for d in range(dim):
+        if indptr[d + 1] - indptr[d] >= min_len:
+            slot[d] = nd
+            nd += 1
+    dense = np.zeros((nd, count), np.float32)
+    for d in range(dim):
+        sd = slot[d]
+        if sd >= 0:
+            for p in range(indptr[d], indptr[d + 1]):
+                dense[sd, rows[p]] = vals[p]
+    return slot, dense
+
+
+@njit(cache=True, nogil=True)
+def lower_bound(rows: np.ndarray, lo: int, hi: int, x: int) -> int:  # pragma: no cover
+    """First p in [lo, hi) with rows[p] >= x (rows ascending on [lo, hi))."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if rows[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def row_score(
+    row_indptr: np.ndarray,
+    row_dims: np.ndarray,
+    row_vals: np.ndarray,
+    r: Any,
+    qdims: np.ndarray,
+    qw: np.ndarray,
+) -> Any:  # pragma: no cover - numba
+    """Score of segment row r from the row store: sum of qw[j] * x[r, qdims[j]] in query
+    order in float32, the same operations the block accumulator performs (absent dims add
+    +-0, which leaves a sum unchanged)."""
+    lo0 = row_indptr[r]
+    hi0 = row_indptr[r + 1]
+    s = np.float32(0.0)
+    for j in range(qdims.shape[0]):
+        d = qdims[j]
+        p = lower_bound(row_dims, lo0, hi0, d)
+        if p < hi0 and row_dims[p] == d:
+            s += qw[j] * row_vals[p]
+    return s
+
+
+@njit(cache=True, nogil=True)
+def truncate_lists(
+    indptr: np.ndarray, rows: np.ndarray, vals: np.ndarray, keep: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """Approximate-mode posting lists: of each list, the ceil(keep * len) postings of largest
+    |value| (ties at the cut all kept), rows still ascending: (indptr, rows, vals)."""
+    dim = indptr.shape[0] - 1
+    cut = np.zeros(dim, np.float32)
+    out_ptr = np.zeros(dim + 1, np.int64)
+    for d in range(dim):
+        lo, hi = indptr[d], indptr[d + 1]
+        n = hi - lo
+        if n == 0:
+            continue
+        m = min(n, max(1, int(np.ceil(keep * n))))
+        a = np.sort(np.abs(vals[lo:hi]))
+        cut[d] = a[n - m]
+        c = 0
+        for p in range(lo, hi):
+            c += abs(vals[p]) >= cut[d]
+        out_ptr[d + 1] = out_ptr[d] + c
+    out_rows = np.empty(out_ptr[dim], rows.dtype)
+    out_vals = np.empty(out_ptr[dim], np.float32)
+    for d in range(dim):
+        q = out_ptr[d]
+        for p in range(indptr[d], indptr[d + 1]):
+            if abs(vals[p]) >= cut[d]:
+                out_rows[q] = rows[p]
+                out_vals[q] = vals[p]
+                q += 1
+    return out_ptr, out_rows, out_vals
+
+
+@njit(cache=True, nogil=True)
+def rescore_rows(
+    row_indptr: np.ndarray,
+    row_dims: np.ndarray,
+    row_vals: np.ndarray,
+    local: np.ndarray,
+    qdims: np.ndarray,
+    qw: np.ndarray,
+    edims: np.ndarray,
+    ethr: float,
+) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """Exact scores (f32, as the exact search computes them) of segment rows ``local`` and
+    whether each survives the filter-excluded dims (value > ethr on any drops it)."""
+    n = local.shape[0]
+    scores = np.empty(n, np.float32)
+    keep = np.ones(n, np.bool_)
+    for i in range(n):
+        r = local[i]
+        scores[i] = row_score(row_indptr, row_dims, row_vals, r, qdims, qw)
+        for p in range(row_indptr[r], row_indptr[r + 1]):
+            d = row_dims[p]
+            for j in range(edims.shape[0]):
+                if d == edims[j] and row_vals[p] > ethr:
+                    keep[i] = False
+    return scores, keep
+
+
+@njit(cache=True, nogil=True)
+def dim_bounds(
+    indptr: np.ndarray, vals: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """(dmax, dmin) (dim,) f32: largest and smallest posting value of each dim (0 if empty)."""
+    dim = indptr.shape[0] - 1
+    dmax = np.zeros(dim, np.float32)
+    dmin = np.zeros(dim, np.float32)
+    for d in range(dim):
+        lo, hi = indptr[d], indptr[d + 1]
+        if hi > lo:
+            a = vals[lo]
+            b = vals[lo]
+            for p in range(lo + 1, hi):
+                v = vals[p]
+                a = max(a, v)
+                b = min(b, v)
+            dmax[d] = a
+            dmin[d] = b
+    return dmax, dmin
+
+
+@njit(cache=True, nogil=True)
+def score_segment(
+    indptr: np.ndarray,
+    rows: np.ndarray,
+    vals: np.ndarray,
+    offset: int,
+    count: int,
+    qdims: np.ndarray,
+    qw: np.ndarray,
+    edims: np.ndarray,
+    ethr: float,
+    mask: np.ndarray,
+    use_mask: bool,
+    acc: np.ndarray,
+    flags: np.ndarray,
+    touched: np.ndarray,
+    hs: np.ndarray,
+    hr: np.ndarray,
+    size: int,
+    slot: np.ndarray,
+    dense: np.ndarray,
+    prune: bool,
+    dmax: np.ndarray,
+    dmin: np.ndarray,
+    row_indptr: np.ndarray,
+    row_dims: np.ndarray,
+    row_vals: np.ndarray,
+) -> int:  # pragma: no cover - numba
+    """Score one segment's rows into the running top-k heap (hs, hr, size); return size.
+
+    indptr (dim+1,), rows/vals (nnz,): the segment's posting lists; slot (dim,) / dense: its
+    long lists as dense value rows (``build_dense``), added in place of their postings (a
+    row absent from the list adds w * 0 = 0, so scores are the same).
+    qdims/qw: query dims and weights (penalty terms folded in as negative weights). edims:
+    filter-excluded dims.
+    acc (B,) f32 and flags (B,) u8 (bit 1 touched, bit 2 banned) are zero on entry and exit.
+    Rows are visited in ascending order block by block, so in a dense block scan a row can
+    only enter a full heap with a strictly higher score than the root (ties keep lower rows).
+    Unsigned loop/index variables spare numba's negative-index wraparound checks.
+
+    ``prune`` (max-score pruning, exact): dmax/dmin (dim,) are the segment's largest and
+    smallest posting value per dim, so list j adds at most ub_j = max(0, w_j * dmax or
+    w_j * dmin) to any row. Before a dense block scan with a full heap (root score t), the
+    lists with the smallest bounds whose bounds sum (plus a rounding slack) stays below t
+    are skipped: a row can then only beat the root if its score from the other lists is
+    >= t - that sum - slack, and each such candidate is rescored exactly from the row store
+    (row_*), adding w_j * x_rj in query order as the accumulator would, so scores and
+    ranking are bit-identical to the plain scan.
+    """
+    blk = acc.shape[0]
+    k = hs.shape[0]
+    nq = qdims.shape[0]
+    ne = edims.shape[0]
+    cur_q = np.empty(nq, np.int64)
+    end_q = np.empty(nq, np.int64)
+    postings = 0
+    for j in range(nq):
+        cur_q[j] = indptr[qdims[j]]
+        end_q[j] = indptr[qdims[j] + 1]
+        postings += end_q[j] - cur_q[j]
+    cur_e = np.empty(ne, np.int64)
+    end_e = np.empty(ne, np.int64)
+    blk_e = np.empty(ne, np.int64)
+    for j in range(ne):
+        cur_e[j] = indptr[edims[j]]
+        end_e[j] = indptr[edims[j] + 1]
+    sparse = postings * SPARSE_RATIO < count
+    neg_inf = np.float32(-np.inf)
+    chunk = uint64(256)
+    # max-score bounds: lists sorted by bound ascending, prefix sums of the bounds (float64)
+    order = np.arange(nq)
+    prefix = np.zeros(nq + 1, np.float64)
+    slack = 0.0
+    if prune:
+        ub = np.empty(nq, np.float64)
+        mag = 0.0
+        for j in range(nq):
+            d = qdims[j]
+            w = np.float64(qw[j])
+            hi = w * np.float64(dmax[d]) if w > 0 else w * np.float64(dmin[d])
+            ub[j] = max(hi, 0.0)
+            mag += abs(w) * max(abs(np.float64(dmax[d])), abs(np.float64(dmin[d])))
+        order = np.argsort(ub)
+        for i in range(nq):
+            prefix[i + 1] = prefix[i] + ub[order[i]]
+        # float32 sums of <= nq products err by < (nq + 1) * 2^-24 * mag each (the partial
+        # sum in the accumulator and the exact score): 8x margin over both.
+        slack = (nq + 2) * mag * 2.0**-21 + 1e-30
+    skip = np.zeros(nq, np.bool_)
+    for b0 in range(0, count, blk):
+        b1 = min(b0 + blk, count)
+        nb = uint64(b1 - b0)
+        base = offset + b0
+        # Once k hits >= 0 are held, untouched rows (score 0, higher row) cannot enter.
+        track = sparse and size == k and hs[0] >= 0
+        # lists skipped in this block (max-score): their bounds sum to bound_ne < root - slack
+        n_ne = 0
+        bound_ne = 0.0
+        if prune and not track and size == k:
+            tcut = np.float64(hs[0]) - slack
+            cap = PRUNE_SHARE * np.float64(hs[0])
+            while n_ne < nq and prefix[n_ne + 1] < tcut and prefix[n_ne + 1] <= cap:
+                n_ne += 1
+            bound_ne = prefix[n_ne]
+        for i in range(nq):
+            skip[order[i]] = i < n_ne
+        nt = 0
+        for j in range(nq):
+            w = qw[j]
+            p0 = cur_q[j]
+            if skip[j]:
+                cur_q[j] = lower_bound(rows, p0, end_q[j], b1)
+                continue
+            sd = slot[qdims[j]]
+            if sd >= 0 and not track:
+                # a long list: add its dense value row (contiguous, vectorised)
+                dv = dense[sd]
+                for r in range(nb):
+                    acc[r] += w * dv[uint64(b0) + r]
+                cur_q[j] = lower_bound(rows, p0, end_q[j], b1)
+                continue
+            p1 = lower_bound(rows, p0, end_q[j], b1)
+            cur_q[j] = p1
+            if track:
+                for p in range(uint64(p0), uint64(p1)):
+                    r = uint64(rows[p] - b0)
+                    if flags[r] == 0:
+                        flags[r] = 1
+                        touched[nt] = r
+                        nt += 1
+                    acc[r] += w * vals[p]
+            else:
+                for p in range(uint64(p0), uint64(p1)):
+                    acc[uint64(rows[p] - b0)] += w * vals[p]
+        for j in range(ne):
+            p0 = cur_e[j]
+            p1 = lower_bound(rows, p0, end_e[j], b1)
+            blk_e[j] = p1
+            for p in range(uint64(p0), uint64(p1)):
+                if vals[p] > ethr:
+                    flags[uint64(rows[p] - b0)] |= 2
+        if track:
+            for t in range(nt):
+                r = uint64(touched[t])
+                s = acc[r]
+                acc[r] = 0.0
+                f = flags[r]
+                flags[r] = f & 2
+                g = base + np.int64(r)
+                if size == k and not better(s, g, hs[0], hr[0]):
+                    continue
+                if (f & 2) != 0 or (use_mask and not mask[g]):
+                    continue
+                size = heap_push(hs, hr, size, s, g)
+            for j in range(ne):
+                for p in range(uint64(cur_e[j]), uint64(blk_e[j])):
+                    flags[uint64(rows[p] - b0)] = 0
+        else:
+            thr = hs[0] if size == k else neg_inf
+            # rows enter the per-row check when acc > pre: the root's score, or with skipped
+            # lists (n_ne > 0) the candidate cut root - bound_ne - slack (kept a little low
+            # in f32), candidates then being rescored exactly from the row store
+            pre = thr
+            if n_ne > 0:
+                c64 = np.float64(hs[0]) - slack - bound_ne
+                pre = np.nextafter(np.float32(c64 - abs(c64) * 1e-6), neg_inf)
+            # One pass over the block: each 256-row chunk is checked and then reset while it
+            # is still in L1 (a separate memset pass would stream the block through L2 again).
+            for c0 in range(uint64(0), nb, chunk):
+                c1 = min(c0 + chunk, nb)
+                if size == k:
+                    # vectorised pre-check: most chunks hold nothing above the k-th score
+                    above = 0
+                    for r in range(c0, c1):
+                        above += acc[r] > pre
+                    if above == 0:
+                        for r in range(c0, c1):
+                            acc[r] = 0.0
+                        continue
+                for r in range(c0, c1):
+                    s = acc[r]
+                    acc[r] = 0.0
+                    if s > pre or size < k:
+                        g = base + np.int64(r)
+                        if (flags[r] & 2) != 0 or (use_mask and not mask[g]):
+                            continue
+                        if n_ne > 0:
+                            s = row_score(
+                                row_indptr, row_dims, row_vals, b0 + np.int64(r), qdims, qw
+                            )
+                            if not s > thr:
+                                continue
+                        size = heap_push(hs, hr, size, s, g)
+                        if size == k:
+                            thr = hs[0]
+                            if n_ne == 0:
+                                pre = thr
+            if ne > 0:
+                for r in range(nb):  # only ban bits are set here; a memset beats re-walking
+                    flags[r] = 0
+        for j in range(ne):
+            cur_e[j] = blk_e[j]
+    return size
+
+
+@njit(cache=True, nogil=True)
+def valid_layout(
+    post_indptr: np.ndarray,
+    post_rows: np.ndarray,
+    row_indptr: np.ndarray,
+    row_dims: np.ndarray,
+    count: int,
+    dim: int,
+) -> bool:  # pragma: no cover - numba
+    """Check what the unchecked kernels rely on: monotone indptrs ending at nnz, rows in
+    [0, count) strictly ascending within each posting list, dims in [0, dim)."""
+    nnz = post_rows.shape[0]
+    if post_indptr[0] != 0 or post_indptr[dim] != nnz:
+        return False
+    for d in range(dim):
+        if post_indptr[d + 1] < post_indptr[d]:
+            return False
+    bad = False
+    # branch-free accumulations so LLVM vectorises the O(nnz) passes
+    for d in range(dim):
+        lo, hi = post_indptr[d], post_indptr[d + 1]
+        if hi > lo:
+            bad |= (post_rows[lo] < 0) | (post_rows[hi - 1] >= count)
+            for p in range(lo + 1, hi):
+                bad |= post_rows[p] <= post_rows[p - 1]
+    if row_indptr[0] != 0 or row_indptr[count] != row_dims.shape[0]:
+        return False
+    for i in range(count):
+        bad |= row_indptr[i + 1] < row_indptr[i]
+    for p in range(row_dims.shape[0]):
+        bad |= (row_dims[p] < 0) | (row_dims[p] >= dim)
+    return not bad
+
+
+@njit(cache=True, nogil=True)
+def all_finite(vals: np.ndarray) -> bool:  # pragma: no cover - numba
+    """True when no value is NaN or +-inf (v - v is 0 exactly for finite v); branch-free."""
+    bad = False
+    for p in range(vals.shape[0]):
+        bad |= (vals[p] - vals[p]) != 0.0
+    return not bad
