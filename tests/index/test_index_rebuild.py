@@ -18,6 +18,7 @@ from sparsemm.data.collection import write_collection
 from sparsemm.errors import SparsemmError
 from sparsemm.index import InvertedIndex
 from sparsemm.index import inverted as inverted_mod
+from sparsemm.index import segments as segments_mod
 from sparsemm.models.sr import SRConfig, SRModel
 from sparsemm.query.searcher import INDEX_DIR, Searcher, build_index
 
@@ -54,7 +55,7 @@ def test_crash_mid_rebuild_keeps_the_old_index(
 ) -> None:
     root = tmp_path / "ix"
     InvertedIndex.build(root, _codes(40), _ids("old", 40), meta={"model": "old"})
-    monkeypatch.setattr(inverted_mod, "_write_segment", _crash)
+    monkeypatch.setattr(inverted_mod, "write_segment", _crash)
     with pytest.raises(OSError, match="simulated crash"):
         InvertedIndex.build(root, _codes(25, 1), _ids("new", 25), overwrite=True, meta={"m": 2})
     monkeypatch.undo()
@@ -74,7 +75,7 @@ def test_crash_part_way_through_the_new_segment(
     """A half-written segment folder is left behind, never named by the manifest."""
     root = tmp_path / "ix"
     InvertedIndex.build(root, _codes(40), _ids("old", 40))
-    real, calls = inverted_mod.save_npy, [0]
+    real, calls = segments_mod.save_npy, [0]
 
     def save_npy(*args: Any, **kwargs: Any) -> None:
         calls[0] += 1
@@ -82,7 +83,7 @@ def test_crash_part_way_through_the_new_segment(
             raise OSError("simulated crash")
         real(*args, **kwargs)
 
-    monkeypatch.setattr(inverted_mod, "save_npy", save_npy)
+    monkeypatch.setattr(segments_mod, "save_npy", save_npy)
     with pytest.raises(OSError, match="simulated crash"):
         InvertedIndex.build(root, _codes(25, 1), _ids("new", 25), overwrite=True)
     monkeypatch.undo()
@@ -114,13 +115,13 @@ def test_old_index_is_readable_until_the_commit(
     root = tmp_path / "ix"
     InvertedIndex.build(root, _codes(40), _ids("old", 40))
     seen: list[tuple[str, ...]] = []
-    real = inverted_mod._write_segment
+    real = inverted_mod.write_segment
 
     def write_segment(*args: Any, **kwargs: Any) -> None:
         real(*args, **kwargs)  # the new segment is complete, the manifest not yet swapped
         seen.append(InvertedIndex.open(root).ids)
 
-    monkeypatch.setattr(inverted_mod, "_write_segment", write_segment)
+    monkeypatch.setattr(inverted_mod, "write_segment", write_segment)
     InvertedIndex.build(root, _codes(25, 1), _ids("new", 25), overwrite=True)
     assert seen == [tuple(_ids("old", 40))]
     assert InvertedIndex.open(root).ids == tuple(_ids("new", 25))
@@ -154,7 +155,7 @@ def test_crash_in_a_fresh_folder_can_be_retried(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = tmp_path / "ix"
-    real, calls = inverted_mod.save_npy, [0]
+    real, calls = segments_mod.save_npy, [0]
 
     def save_npy(*args: Any, **kwargs: Any) -> None:
         calls[0] += 1
@@ -162,7 +163,7 @@ def test_crash_in_a_fresh_folder_can_be_retried(
             raise OSError("simulated crash")
         real(*args, **kwargs)
 
-    monkeypatch.setattr(inverted_mod, "save_npy", save_npy)
+    monkeypatch.setattr(segments_mod, "save_npy", save_npy)
     with pytest.raises(OSError, match="simulated crash"):
         InvertedIndex.build(root, _codes(10), _ids("a", 10))
     monkeypatch.undo()
@@ -181,9 +182,9 @@ def test_crash_in_a_fresh_folder_can_be_retried(
 def _rebuild_before_first(
     monkeypatch: pytest.MonkeyPatch, name: str, root: Path, when: Callable[[Path], bool]
 ) -> list[int]:
-    """Patch ``inverted_mod.<name>`` so that, the first time it is asked for a path matching
+    """Patch ``segments_mod.<name>`` so that, the first time it is asked for a path matching
     ``when``, the index at ``root`` is rebuilt (old segments deleted) before the real read."""
-    real = getattr(inverted_mod, name)
+    real = getattr(segments_mod, name)
     fired: list[int] = []
 
     def reader(path: Any, *args: Any, **kwargs: Any) -> Any:
@@ -192,7 +193,7 @@ def _rebuild_before_first(
             InvertedIndex.build(root, _codes(7, 5), _ids("new", 7), overwrite=True)
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(inverted_mod, name, reader)
+    monkeypatch.setattr(segments_mod, name, reader)
     return fired
 
 
@@ -283,7 +284,7 @@ def test_build_index_commits_labels_with_the_codes(
     before = _manifest(root)
 
     # a crash while the rebuilt index is written leaves the old index *and* its labels
-    monkeypatch.setattr(inverted_mod, "_write_segment", _crash)
+    monkeypatch.setattr(inverted_mod, "write_segment", _crash)
     with pytest.raises(OSError, match="simulated crash"):
         build_index(col, sr)
     monkeypatch.undo()

@@ -21,6 +21,7 @@ from index_testlib import random_codes
 from sparsemm.errors import SparsemmError
 from sparsemm.index import InvertedIndex
 from sparsemm.index import inverted as inverted_mod
+from sparsemm.index import segments as segments_mod
 
 DIM = 30
 
@@ -51,7 +52,7 @@ def _same_index(a: InvertedIndex, b: InvertedIndex) -> None:
 @contextmanager
 def _held_lock(root: Path) -> Iterator[None]:
     """Hold the writer lock through a separate open file, as another process would."""
-    with open(root / inverted_mod.LOCK_FILE, "a+") as fh:
+    with open(root / segments_mod.LOCK_FILE, "a+") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         try:
             yield
@@ -158,7 +159,7 @@ def test_crash_while_writing_segment_keeps_old_index(
     root = tmp_path / "ix"
     index = InvertedIndex.build(root, _codes(50), _ids(0, 50))
     before = InvertedIndex.open(root)
-    monkeypatch.setattr(inverted_mod, "save_npy", _fail_on_call(fail_at, inverted_mod.save_npy))
+    monkeypatch.setattr(segments_mod, "save_npy", _fail_on_call(fail_at, segments_mod.save_npy))
     with pytest.raises(OSError, match="simulated crash"):
         index.add(_codes(60, seed=1), _ids(50, 110))
     monkeypatch.undo()
@@ -207,7 +208,7 @@ def test_failed_merge_leaves_the_add_committed(
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise OSError("simulated crash during merge")
 
-    monkeypatch.setattr(inverted_mod, "_merge_segments", boom)
+    monkeypatch.setattr(inverted_mod, "merge_segments", boom)
     index.add(_codes(40, seed=1), _ids(40, 80))  # would merge 40 + 40
     monkeypatch.undo()
     assert index.num_segments == 2

@@ -65,15 +65,16 @@ def test_kill_mid_segment_keeps_the_previous_index(tmp_path: Path) -> None:
 import time
 from pathlib import Path
 import sparsemm.index.inverted as inv
+import sparsemm.index.segments as seg
 from reltools import index_version
-real, calls = inv.save_npy, [0]
+real, calls = seg.save_npy, [0]
 def save_npy(path, arr):
     real(path, arr)
     calls[0] += 1
     if calls[0] == 3:  # three of the six arrays of the new segment are on disk
         Path({str(marker)!r}).touch()
         time.sleep(60)
-inv.save_npy = save_npy
+seg.save_npy = save_npy
 inv.InvertedIndex.build({str(root)!r}, *index_version(2, 3000), overwrite=True, meta={{"v": 2}})
 """
     kill_when(start(script), marker.exists)

@@ -75,19 +75,14 @@ first, and items with negative scores rank below them.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import functools
 import json
 import logging
-import os
 import re
 import secrets
 import shutil
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -96,25 +91,24 @@ import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
 from sparsemm.index.kernels import (
-    all_finite,
-    build_dense,
     clean_query,
-    dim_bounds,
     heap_sort,
     rescore_rows,
     score_segment,
-    truncate_lists,
-    valid_layout,
+)
+from sparsemm.index.segments import (
+    ARRAYS,
+    LOCK_FILE,
+    MANIFEST,
+    Segment,
+    load_segment,
+    merge_segments,
+    write_segment,
+    writer_lock,
 )
 from sparsemm.io import (
-    VERIFIED,
-    VERIFIED_LOCK,
-    file_key,
     fsync_dir,
-    load_npy,
     read_json,
-    save_npy,
-    sha256_file,
     write_json,
 )
 
@@ -122,16 +116,8 @@ logger = logging.getLogger(__name__)
 
 FORMAT = "sparsemm.index"
 VERSION = 1
-MANIFEST = "manifest.json"
-LOCK_FILE = ".lock"
 # Rows per accumulator block: 32k float32 = 128 KiB, stays in L2 while it is filled and scanned.
 BLOCK = 32768
-# A posting list holding at least 1 / DENSE_RATIO of a segment's rows is also kept in memory
-# as a dense value row (4 bytes per row, 0 where absent), built on first search: scoring it is
-# then a contiguous, vectorised add that streams 4 bytes per row instead of 8 per posting (row
-# id + value) through a scattered add. It pays off for the long lists of frequent dimensions
-# (VDR-like vocabularies), where the scan is bound by memory bandwidth.
-DENSE_RATIO = 2
 # ... and only for k <= PRUNE_MAX_K: at k = 1000 the k-th score sits among many rows, the
 # candidates to rescore are many and pruning measured 0.5x of the plain scan (1M items).
 PRUNE_MAX_K = 10
@@ -141,7 +127,6 @@ APPROX_POOL_MIN = 100
 APPROX_POOL_FACTOR = 10
 _MAX_ROWS = 2**31 - 1  # rows are stored as int32
 _SEG_RE = re.compile(r"^seg-\d{6}-[0-9a-f]+$")
-_ARRAYS = ("post_indptr", "post_rows", "post_vals", "row_indptr", "row_dims", "row_vals")
 
 QueryLike = Any  # 1-row sparse matrix | dense (dim,) array | (dims, weights) pair
 
@@ -188,257 +173,6 @@ class SearchResult:
 
     def __len__(self) -> int:
         return len(self.ids)
-
-
-# --------------------------------------------------------------------------------------------
-# Segments on disk
-# --------------------------------------------------------------------------------------------
-
-_SEG_FILES = (*(f"{a}.npy" for a in _ARRAYS), "ids.json")
-_WARNED_UNCHECKED: set[str] = set()
-
-
-def _verify_segment_files(root: Path, folder: Path, digests: Any) -> None:
-    """Check each segment file against its SHA-256 in the manifest (once per file version
-    per process); warn (once) when the segment predates the checksums."""
-    if digests is None:
-        if str(folder) not in _WARNED_UNCHECKED:
-            _WARNED_UNCHECKED.add(str(folder))
-            logger.warning(
-                "index %s: segment %s has no checksums (written by an older sparsemm); only "
-                "its layout and values are checked. Rebuild it with `sparsemm index` to "
-                "add them",
-                root,
-                folder.name,
-            )
-        return
-    if not isinstance(digests, dict) or set(digests) != set(_SEG_FILES):
-        raise SparsemmError(
-            f"index {root}: the manifest's checksums of segment {folder.name} are malformed; "
-            "rebuild the index with `sparsemm index`"
-        )
-    todo: list[tuple[str, tuple[str, int, int, int, str]]] = []
-    for fname in _SEG_FILES:
-        want = str(digests[fname])
-        key = _read_segment_file(folder / fname, functools.partial(file_key, digest=want))
-        with VERIFIED_LOCK:
-            if key not in VERIFIED:
-                todo.append((fname, key))
-    if not todo:
-        return
-    # hashlib releases the GIL: the files of a large segment are hashed in parallel
-    with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
-        got = list(pool.map(lambda t: _read_segment_file(folder / t[0], sha256_file), todo))
-    for (fname, _key), digest in zip(todo, got, strict=True):
-        if digest != digests[fname]:
-            raise SparsemmError(
-                f"index {root}: {folder.name}/{fname} does not match its checksum in "
-                f"{MANIFEST} (damaged or modified); rebuild the index with `sparsemm index`"
-            )
-    with VERIFIED_LOCK:
-        VERIFIED.update(key for _, key in todo)
-
-
-@dataclass
-class _Segment:
-    """One loaded segment: read-only (memory-mapped) arrays, rows [start, start + count)."""
-
-    name: str
-    start: int
-    count: int
-    nnz: int
-    post_indptr: np.ndarray
-    post_rows: np.ndarray
-    post_vals: np.ndarray
-    row_indptr: np.ndarray
-    row_dims: np.ndarray
-    row_vals: np.ndarray
-    ids: list[str]
-    _dense: tuple[np.ndarray, np.ndarray] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
-    _bounds: tuple[np.ndarray, np.ndarray] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
-    _approx: dict[float, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
-
-    @property
-    def nbytes(self) -> int:
-        return sum(int(getattr(self, a).nbytes) for a in _ARRAYS)
-
-    def dense_lists(self) -> tuple[np.ndarray, np.ndarray]:
-        """(slot (dim,) int32, dense (n_long, count) f32) of the long posting lists, built
-        on first use (DENSE_RATIO)."""
-        if self._dense is None:
-            min_len = max(1, -(-self.count // DENSE_RATIO))
-            self._dense = build_dense(
-                self.post_indptr, self.post_rows, self.post_vals, self.count, min_len
-            )
-        return self._dense
-
-    def dim_bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        """(dmax, dmin) (dim,) f32: each dim's largest / smallest posting value (max-score
-        pruning bounds), computed on first use (O(nnz), 8 bytes per dim in memory)."""
-        if self._bounds is None:
-            self._bounds = dim_bounds(self.post_indptr, self.post_vals)
-        return self._bounds
-
-    def approx_lists(self, keep: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Truncated posting lists for approximate search (``truncate_lists``), built on
-        first use and held in memory (8 bytes per kept posting)."""
-        got = self._approx.get(keep)
-        if got is None:
-            got = truncate_lists(self.post_indptr, self.post_rows, self.post_vals, keep)
-            self._approx[keep] = got
-        return got
-
-
-def _write_segment(
-    folder: Path,
-    dim: int,
-    row_indptr: np.ndarray,
-    row_dims: np.ndarray,
-    row_vals: np.ndarray,
-    ids: list[str],
-    post: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-) -> dict[str, str]:
-    """Write a segment folder from its row-major arrays (posting lists built if not given);
-    return the SHA-256 of each file (the manifest's ``sha256`` entry of the segment)."""
-    count = len(row_indptr) - 1
-    if post is None:
-        csc = sp.csr_matrix((row_vals, row_dims, row_indptr), shape=(count, dim)).tocsc()
-        csc.sort_indices()  # posting lists ascending by row
-        post = (csc.indptr, csc.indices, csc.data)
-    folder.mkdir(parents=True)
-    arrays: dict[str, np.ndarray] = {
-        "post_indptr": post[0].astype(np.int64, copy=False),
-        "post_rows": post[1].astype(np.int32, copy=False),
-        "post_vals": post[2].astype(np.float32, copy=False),
-        "row_indptr": row_indptr.astype(np.int64, copy=False),
-        "row_dims": row_dims.astype(np.int32, copy=False),
-        "row_vals": row_vals.astype(np.float32, copy=False),
-    }
-    for name, arr in arrays.items():
-        save_npy(folder / f"{name}.npy", arr)
-    write_json(folder / "ids.json", ids)
-    fsync_dir(folder)
-    digests = {fname: sha256_file(folder / fname) for fname in _SEG_FILES}
-    with VERIFIED_LOCK:  # just written and hashed: opening it need not hash again
-        VERIFIED.update(file_key(folder / f, d) for f, d in digests.items())
-    return digests
-
-
-def _read_segment_file(path: Path, read: Callable[[Path], Any]) -> Any:
-    """``read(path)``; raise FileNotFoundError if the file is (or went) missing.
-
-    A concurrent merge or rebuild may delete a segment between a reader's manifest read and
-    its file reads; the readers in ``sparsemm.io`` report that as SparsemmError, but
-    ``_read_index`` retries only on FileNotFoundError.
-    """
-    try:
-        return read(path)
-    except FileNotFoundError:
-        raise
-    except (SparsemmError, OSError) as exc:
-        if not path.is_file():
-            raise FileNotFoundError(path) from exc
-        raise
-
-
-def _load_segment(root: Path, meta: dict[str, Any], start: int, dim: int) -> _Segment:
-    """Map one segment and check its layout; FileNotFoundError if any of its files is gone."""
-    folder = root / str(meta["name"])
-    if not folder.is_dir():
-        raise FileNotFoundError(folder)
-    _verify_segment_files(root, folder, meta.get("sha256"))
-    arrs = {}
-    for name in _ARRAYS:
-        # plain read-only ndarray view of the memory map
-        arrs[name] = np.asarray(
-            _read_segment_file(folder / f"{name}.npy", lambda p: load_npy(p, mmap=True))
-        )
-    ids = _read_segment_file(folder / "ids.json", read_json)
-    count, nnz = int(meta["count"]), int(meta["nnz"])
-    ok = (
-        arrs["post_indptr"].shape == (dim + 1,)
-        and arrs["row_indptr"].shape == (count + 1,)
-        and all(arrs[a].shape == (nnz,) for a in _ARRAYS if a.endswith(("rows", "vals", "dims")))
-        and all(arrs[a].dtype == np.int64 for a in ("post_indptr", "row_indptr"))
-        and all(arrs[a].dtype == np.int32 for a in ("post_rows", "row_dims"))
-        and all(arrs[a].dtype == np.float32 for a in ("post_vals", "row_vals"))
-        and isinstance(ids, list)
-        and len(ids) == count
-        and all(type(i) is str for i in ids)
-    )
-    ok = ok and valid_layout(
-        arrs["post_indptr"], arrs["post_rows"], arrs["row_indptr"], arrs["row_dims"], count, dim
-    )
-    if not ok:
-        raise SparsemmError(
-            f"index {root}: segment {folder.name} does not match the manifest (corrupt or "
-            "modified); rebuild the index"
-        )
-    for name in ("post_vals", "row_vals"):
-        if not all_finite(arrs[name]):
-            raise SparsemmError(
-                f"index {root}: {folder.name}/{name}.npy holds NaN or inf values (damaged or "
-                "modified); rebuild the index with `sparsemm index`"
-            )
-    return _Segment(name=folder.name, start=start, count=count, nnz=nnz, ids=ids, **arrs)
-
-
-def _merge_segments(segs: Sequence[_Segment], dim: int) -> tuple[np.ndarray, ...]:
-    """Concatenate adjacent segments: (post_indptr, post_rows, post_vals, row_*) arrays."""
-    post_indptr = np.zeros(dim + 1, np.int64)
-    for s in segs:
-        post_indptr += s.post_indptr
-    nnz = int(post_indptr[-1])
-    post_rows = np.empty(nnz, np.int32)
-    post_vals = np.empty(nnz, np.float32)
-    placed = np.zeros(dim, np.int64)  # postings already written per dim
-    row_off = 0
-    for s in segs:
-        lens = np.diff(s.post_indptr)
-        # destination of posting p of dim d: merged start of d + placed[d] + (p - start_d)
-        dest = np.repeat(post_indptr[:-1] + placed - s.post_indptr[:-1], lens)
-        dest += np.arange(s.nnz, dtype=np.int64)
-        post_rows[dest] = s.post_rows + np.int32(row_off)
-        post_vals[dest] = s.post_vals
-        placed += lens
-        row_off += s.count
-    row_indptr = np.zeros(row_off + 1, np.int64)
-    pos, at = 0, 0
-    for s in segs:
-        row_indptr[pos + 1 : pos + s.count + 1] = s.row_indptr[1:] + at
-        pos += s.count
-        at += s.nnz
-    row_dims = np.concatenate([s.row_dims for s in segs]).astype(np.int32, copy=False)
-    row_vals = np.concatenate([s.row_vals for s in segs]).astype(np.float32, copy=False)
-    return post_indptr, post_rows, post_vals, row_indptr, row_dims, row_vals
-
-
-@contextlib.contextmanager
-def _writer_lock(root: Path) -> Iterator[None]:
-    """Hold the exclusive writer lock of ``root`` or raise SparsemmError at once."""
-    fh = open(root / LOCK_FILE, "a+")
-    try:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise SparsemmError(
-                    f"index {root} is being written by another process (lock {LOCK_FILE} is "
-                    "held); wait for it to finish, then retry"
-                ) from exc
-            raise
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-    finally:
-        fh.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -611,7 +345,7 @@ class InvertedIndex:
         self,
         root: Path,
         manifest: dict[str, Any],
-        segments: list[_Segment],
+        segments: list[Segment],
         block_rows: int = BLOCK,
     ) -> None:
         if not isinstance(block_rows, int) or block_rows < 1:
@@ -698,7 +432,7 @@ class InvertedIndex:
             root.mkdir(parents=True, exist_ok=True)
         else:
             _check_replaceable(root, overwrite)
-        with _writer_lock(root):
+        with writer_lock(root):
             seq = 1
             if (root / MANIFEST).is_file():  # again under the lock: another writer may race
                 seq = _check_replaceable(root, overwrite)
@@ -715,7 +449,7 @@ class InvertedIndex:
             if items is not None and items[1]:
                 csr, id_list = items
                 name = f"seg-{seq:06d}-{secrets.token_hex(4)}"
-                digests = _write_segment(
+                digests = write_segment(
                     root / name, int(dim), csr.indptr, csr.indices, csr.data, id_list
                 )
                 seg = {"name": name, "count": len(id_list), "nnz": int(csr.nnz), "sha256": digests}
@@ -725,7 +459,7 @@ class InvertedIndex:
             write_json(root / MANIFEST, manifest)
             fsync_dir(root)
             _remove_unreferenced(root, {str(s["name"]) for s in manifest["segments"]})
-            segments = [_load_segment(root, m, 0, int(dim)) for m in manifest["segments"]]
+            segments = [load_segment(root, m, 0, int(dim)) for m in manifest["segments"]]
         logger.info("created index %s (dim %d, %d items)", root, dim, manifest["count"])
         return cls(root, manifest, segments)
 
@@ -748,7 +482,7 @@ class InvertedIndex:
         posting list; a long-running service or a latency benchmark calls this after open.
         """
         for s in self._segments:
-            for name in _ARRAYS:
+            for name in ARRAYS:
                 arr = getattr(s, name)
                 if arr.size:
                     step = max(1, 4096 // arr.itemsize)
@@ -764,7 +498,7 @@ class InvertedIndex:
         manifest, segments = _read_index(self._root)
         self._set_state(manifest, segments)
 
-    def _set_state(self, manifest: dict[str, Any], segments: list[_Segment]) -> None:
+    def _set_state(self, manifest: dict[str, Any], segments: list[Segment]) -> None:
         self._manifest = manifest
         self._dim = int(manifest["dim"])
         self._segments = segments
@@ -881,7 +615,7 @@ class InvertedIndex:
     def _add_checked(self, csr: sp.csr_matrix, id_list: list[str]) -> None:
         if not id_list:
             return
-        with _writer_lock(self._root):
+        with writer_lock(self._root):
             on_disk = read_json(self._root / MANIFEST)
             if on_disk != self._manifest:  # another writer committed since we loaded
                 self.reload()
@@ -897,7 +631,7 @@ class InvertedIndex:
             if clash is not None:
                 raise SparsemmError(f"id {clash!r} is already in index {self._root}")
             name = self._new_segment_name()
-            digests = _write_segment(
+            digests = write_segment(
                 self._root / name, self._dim, csr.indptr, csr.indices, csr.data, id_list
             )
             meta = {"name": name, "count": len(id_list), "nnz": int(csr.nnz), "sha256": digests}
@@ -914,7 +648,7 @@ class InvertedIndex:
 
     def compact(self) -> None:
         """Merge all segments into one (faster search after many small adds)."""
-        with _writer_lock(self._root):
+        with writer_lock(self._root):
             on_disk = read_json(self._root / MANIFEST)
             if on_disk != self._manifest:
                 self.reload()
@@ -929,10 +663,10 @@ class InvertedIndex:
     def _merge_tail(self, m: int) -> None:
         """Merge the last ``m`` segments into one new segment and commit it."""
         segs = self._segments[-m:]
-        arrays = _merge_segments(segs, self._dim)
+        arrays = merge_segments(segs, self._dim)
         ids = [i for s in segs for i in s.ids]
         name = self._new_segment_name()
-        digests = _write_segment(
+        digests = write_segment(
             self._root / name,
             self._dim,
             arrays[3],
@@ -958,7 +692,7 @@ class InvertedIndex:
         kept = {s.name: s for s in self._segments}
         loaded, start = [], 0
         for meta in segments:
-            seg = kept.get(meta["name"]) or _load_segment(self._root, meta, start, self._dim)
+            seg = kept.get(meta["name"]) or load_segment(self._root, meta, start, self._dim)
             loaded.append(seg)
             start += seg.count
         self._set_state(manifest, loaded)
@@ -1227,7 +961,7 @@ def check_k(k: Any) -> int:
     return int(k)
 
 
-def _read_index(root: Path, attempts: int = 5) -> tuple[dict[str, Any], list[_Segment]]:
+def _read_index(root: Path, attempts: int = 5) -> tuple[dict[str, Any], list[Segment]]:
     """Read manifest + segments; retry if a concurrent merge removed a segment meanwhile."""
     if not (root / MANIFEST).is_file():
         raise SparsemmError(
@@ -1240,7 +974,7 @@ def _read_index(root: Path, attempts: int = 5) -> tuple[dict[str, Any], list[_Se
         try:
             segments, start = [], 0
             for meta in manifest["segments"]:
-                seg = _load_segment(root, meta, start, int(manifest["dim"]))
+                seg = load_segment(root, meta, start, int(manifest["dim"]))
                 segments.append(seg)
                 start += seg.count
         except FileNotFoundError as exc:
