@@ -38,6 +38,8 @@ _LAZY = {
     "write_collection": "sparsemm.data.collection",
     "Collection": "sparsemm.data.collection",
     "train_sr": "sparsemm.train.sr",
+    "train_sr_on_collection": "sparsemm.train.sr",
+    "train_caption_spine": "sparsemm.words.spine",
     "sr_pairs_from_collection": "sparsemm.train.sr",
     "build_index": "sparsemm.query.searcher",
     "InvertedIndex": "sparsemm.index.inverted",
@@ -57,7 +59,9 @@ __all__ = [
     "open_collection",
     "parse_query",
     "sr_pairs_from_collection",
+    "train_caption_spine",
     "train_sr",
+    "train_sr_on_collection",
     "write_collection",
 ]
 
@@ -68,7 +72,8 @@ if TYPE_CHECKING:
     from sparsemm.query.parse import Query, parse_query
     from sparsemm.query.searcher import Hit, Searcher, build_index
     from sparsemm.query.strategies import available_strategies
-    from sparsemm.train.sr import sr_pairs_from_collection, train_sr
+    from sparsemm.train.sr import sr_pairs_from_collection, train_sr, train_sr_on_collection
+    from sparsemm.words.spine import train_caption_spine
 
 
 def __getattr__(name: str) -> Any:
