@@ -120,7 +120,7 @@ def test_stale_or_silent_server_means_a_local_search(
 def test_searches_past_the_servers_limits_run_locally(
     served: tuple[Path, int], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sparsemm.web import app
+    from sparsemm.web import schemas as app
 
     assert (running.SERVER_MAX_K, running.SERVER_MAX_OFFSET, running.SERVER_MAX_TERMS) == (
         app.MAX_K,

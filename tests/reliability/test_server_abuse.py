@@ -19,7 +19,9 @@ from webtoy import WORDS, WebKeywordEncoder, make_collection, make_sr
 
 from sparsemm.query.searcher import Searcher, build_index
 from sparsemm.query.strategies import LRUCache
-from sparsemm.web.app import SearchRequest, ServerBusy, _nbytes, create_app
+from sparsemm.web.app import create_app
+from sparsemm.web.schemas import SearchRequest
+from sparsemm.web.service import ServerBusy, _nbytes
 
 pytest.importorskip("httpx", reason="FastAPI's TestClient needs httpx")
 from fastapi.testclient import TestClient

@@ -23,11 +23,12 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from webtoy import WebKeywordEncoder
 
-import sparsemm.web.app as web_app
+import sparsemm.web.service as web_service
 from sparsemm.errors import SparsemmError
 from sparsemm.query.parse import MAX_QUERY_CHARS
 from sparsemm.query.searcher import Searcher
-from sparsemm.web.app import build_query, create_app
+from sparsemm.web.app import create_app
+from sparsemm.web.service import build_query
 
 LOCAL = {"host": "127.0.0.1"}
 
@@ -137,14 +138,14 @@ def test_query_caches_stay_bounded(
 ) -> None:
     """A stream of distinct queries (an attacker's, or a busy site's) cannot grow the
     strategy context's per-text caches without bound."""
-    monkeypatch.setattr(web_app, "MAX_CACHE_BYTES", 20_000)
-    monkeypatch.setattr(web_app, "CACHE_CHECK_EVERY", 5)
+    monkeypatch.setattr(web_service, "MAX_CACHE_BYTES", 20_000)
+    monkeypatch.setattr(web_service, "CACHE_CHECK_EVERY", 5)
     ctx = app.state.service.searcher.context
     sizes = []
     for i in range(60):
         resp = client.get("/api/search", params={"q": f"dog {i} but not cat {i}"})
         assert resp.status_code == 200, resp.text
-        sizes.append(sum(web_app._nbytes(c) for c in ctx.query_caches()))
+        sizes.append(sum(web_service._nbytes(c) for c in ctx.query_caches()))
     assert max(sizes) < 20_000 + 6 * max(sizes[:4])  # budget + at most one check interval
     assert min(sizes[10:]) < sizes[3]  # it was cleared, more than once
     hits = client.get("/api/search", params={"q": "dog but not cat"}).json()["hits"]

@@ -24,7 +24,8 @@ from webtoy import (
 
 from sparsemm.errors import SparsemmError
 from sparsemm.query.searcher import Searcher
-from sparsemm.web.app import build_query, create_app
+from sparsemm.web.app import create_app
+from sparsemm.web.service import build_query
 
 
 def ids(resp) -> list[str]:

@@ -16,7 +16,9 @@ from webtoy import ITEMS, NO_IMAGE, StripeImageEncoder, WebKeywordEncoder, draw
 from sparsemm.cli.main import main
 from sparsemm.errors import SparsemmError
 from sparsemm.query.searcher import Searcher
-from sparsemm.web.app import MAX_UPLOAD_BYTES, create_app, violations
+from sparsemm.web.app import create_app
+from sparsemm.web.images import MAX_UPLOAD_BYTES
+from sparsemm.web.service import violations
 
 
 @pytest.fixture(scope="module")

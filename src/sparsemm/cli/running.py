@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 # A warm server answers in milliseconds, its first query may take seconds (JIT, detector
 # fits); a local cold search takes longer still. Past this, search locally.
 FORWARD_TIMEOUT_S = 10.0
-# The server's request limits (sparsemm.web.app MAX_K, MAX_OFFSET, MAX_TERMS; a test checks
+# The server's request limits (sparsemm.web.schemas MAX_K, MAX_OFFSET, MAX_TERMS; a test checks
 # they agree): a search past them runs locally, where they do not apply.
 SERVER_MAX_K = 100
 SERVER_MAX_OFFSET = 10_000

@@ -114,7 +114,7 @@ def list_strategies() -> str:
     return "\n".join(lines)
 
 
-# Terms per include / exclude list: the HTTP API's limit (sparsemm.web.app.MAX_TERMS), so the
+# Terms per include / exclude list: the HTTP API's limit (sparsemm.web.schemas.MAX_TERMS), so the
 # CLI answers no query the API refuses. Longer exclusion lists also stop excluding reliably.
 MAX_TERMS = 16
 

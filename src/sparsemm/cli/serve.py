@@ -16,7 +16,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 # Open connections beyond which new ones are closed on accept. Not uvicorn's
 # limit_concurrency: that counts idle connections too, so a few hundred idle sockets made
-# every real request a 503. Work is bounded by the search lanes (sparsemm.web.app).
+# every real request a 503. Work is bounded by the search lanes (sparsemm.web.service).
 DEFAULT_MAX_CONNECTIONS = 4096
 KEEP_ALIVE_SECONDS = 5  # idle keep-alive connections are closed after this
 HEADER_TIMEOUT_SECONDS = 10.0  # a request head must arrive complete within this
@@ -88,7 +88,7 @@ def allowed_hosts(host: str, extra: list[str]) -> list[str]:
     A wildcard bind (0.0.0.0, ::) can be reached under any name, so it accepts any
     unless names are given with --allow-host.
     """
-    from sparsemm.web.app import LOCAL_HOSTS
+    from sparsemm.web.middleware import LOCAL_HOSTS
 
     if host in _WILDCARDS:
         return [*LOCAL_HOSTS, *extra] if extra else ["*"]
@@ -122,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
     except ModuleNotFoundError:
         require_extra("uvicorn", "web")
-    from sparsemm.web.app import DEFAULT_WORKERS, create_app
+    from sparsemm.web.app import create_app
+    from sparsemm.web.service import DEFAULT_WORKERS
 
     if not 1 <= args.port <= 65535:
         raise SparsemmError(f"--port must be in 1..65535, got {args.port}")

@@ -130,7 +130,7 @@ _MISSING = object()  # a cache-miss marker that no cached value can equal
 
 # Default entry limit of each ExclusionContext cache: above the working set of the full
 # benchmark grid on the 80 COCO labels (so tuning never recomputes), a few hundred MB at most
-# for 5k items. The web server also drops them by size (sparsemm.web.app.MAX_CACHE_BYTES).
+# for 5k items. The web server also drops them by size (sparsemm.web.service.MAX_CACHE_BYTES).
 CACHE_SIZE = 4096
 MIN_CACHE_SIZE = 16  # a strategy holds a few entries at once (e.g. a detector's store + logits)
 

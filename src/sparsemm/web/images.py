@@ -1,0 +1,171 @@
+"""Images the server serves: item images by id (only files the collection references,
+only with an image suffix), thumbnails made and cached in memory, and decoded uploads.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from sparsemm.data.collection import Collection
+from sparsemm.errors import SparsemmError
+
+log = logging.getLogger(__name__)
+
+MAX_UPLOAD_BYTES = 8 * 2**20  # a query image (POST /api/search/image); a phone photo fits
+MAX_UPLOAD_PIXELS = 40_000_000  # decoded size cap: a small file can expand to huge pixels
+THUMB_PX = 256  # longest side of a thumbnail (the page shows cards at 256 px)
+THUMB_CACHE_BYTES = 32 * 2**20  # thumbnails kept in memory, least recently used dropped
+# Suffixes served from /images/ and their media types; any other referenced file is not served.
+IMAGE_TYPES = {
+    ".png": "image/png",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".gif": "image/gif",
+    ".webp": "image/webp",
+    ".bmp": "image/bmp",
+}
+
+
+# -------------------------------------------------------------------------------- images
+
+
+class ImageStore:
+    """Item id -> image file, for the images the collection's items reference.
+
+    An item's ``image`` may be absolute or relative to the collection folder. Only existing
+    regular files with a suffix in :data:`IMAGE_TYPES` are kept; a request can name nothing
+    else, since it is looked up by id and never joined to a folder.
+    """
+
+    def __init__(self, paths: dict[str, Path]) -> None:
+        self.paths = paths
+
+    @classmethod
+    def from_collection(cls, col: Collection) -> ImageStore:
+        paths: dict[str, Path] = {}
+        skipped = 0
+        for item in col.items:
+            ref = item.get("image")
+            if not isinstance(ref, str) or not ref:
+                continue
+            path = Path(ref).expanduser()
+            if not path.is_absolute():
+                path = col.root / path
+            try:
+                path = path.resolve(strict=True)
+            except (OSError, RuntimeError):
+                skipped += 1
+                continue
+            if path.suffix.lower() in IMAGE_TYPES and path.is_file():
+                paths[str(item["id"])] = path
+            else:
+                skipped += 1
+        if skipped:
+            log.warning(
+                "%d item image(s) are missing or not image files; those items show as "
+                "caption cards",
+                skipped,
+            )
+        return cls(paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __contains__(self, item_id: object) -> bool:
+        return item_id in self.paths
+
+    def get(self, item_id: str) -> Path | None:
+        """The image file of ``item_id``; None when it has none or the file changed."""
+        path = self.paths.get(item_id)
+        if path is None:
+            return None
+        try:
+            # A file swapped for a symlink since startup resolves elsewhere: refuse it.
+            if path.resolve(strict=True) != path or not path.is_file():
+                return None
+        except (OSError, RuntimeError):
+            return None
+        return path
+
+
+class ThumbCache:
+    """Thumbnails (JPEG, longest side :data:`THUMB_PX`) made from the served images on first
+    request, kept in memory up to :data:`THUMB_CACHE_BYTES` (least recently used dropped);
+    a file changed since is made again (keyed by path, size and mtime)."""
+
+    def __init__(self, max_bytes: int = THUMB_CACHE_BYTES, px: int = THUMB_PX) -> None:
+        self.max_bytes, self.px = max_bytes, px
+        self._items: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, path: Path) -> bytes | None:
+        """The thumbnail of ``path``; None when the file cannot be read as an image."""
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        data = self._make(path)
+        if data is None:
+            return None
+        with self._lock:
+            if key not in self._items:
+                self._items[key] = data
+                self._bytes += len(data)
+            while self._bytes > self.max_bytes and len(self._items) > 1:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= len(old)
+        return data
+
+    def _make(self, path: Path) -> bytes | None:
+        from PIL import Image
+
+        try:
+            with Image.open(path) as img:
+                if img.width * img.height > MAX_UPLOAD_PIXELS:
+                    return None
+                img.draft("RGB", (self.px, self.px))  # JPEG: decode at a reduced scale
+                small = img.convert("RGB")
+                small.thumbnail((self.px, self.px))
+                out = io.BytesIO()
+                small.save(out, format="JPEG", quality=85)
+                return out.getvalue()
+        except Exception:  # a broken or non-image file: the page falls back to a caption
+            log.warning("cannot make a thumbnail of %s", path, exc_info=True)
+            return None
+
+
+def decode_upload(data: bytes) -> Any:
+    """A query image from an upload's bytes (a PIL image, RGB); SparsemmError when it is
+    empty, too large or not an image."""
+    from PIL import Image
+
+    if not data:
+        raise SparsemmError("send the query image as the request body (PNG, JPEG, WebP, ...)")
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise SparsemmError(f"the image is larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
+    try:
+        img = Image.open(io.BytesIO(data))
+        if img.width * img.height > MAX_UPLOAD_PIXELS:
+            raise SparsemmError(
+                f"the image has {img.width}x{img.height} pixels; send one under "
+                f"{MAX_UPLOAD_PIXELS // 10**6} megapixels"
+            )
+        return img.convert("RGB")
+    except SparsemmError:
+        raise
+    except Exception as exc:  # PIL raises several types for a non-image or a broken file
+        raise SparsemmError(
+            "the upload is not an image this server can read; send a PNG, JPEG, GIF, WebP "
+            "or BMP file"
+        ) from exc

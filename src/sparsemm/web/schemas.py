@@ -1,0 +1,181 @@
+"""The JSON API's request and response models (pydantic), with the bounds they enforce."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sparsemm.errors import SparsemmError
+from sparsemm.query.parse import MAX_QUERY_CHARS
+
+try:
+    from pydantic import BaseModel, ConfigDict, Field, field_validator
+except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installed extras
+    raise SparsemmError(
+        f"the web server needs the '{exc.name}' package: pip install 'sparsemm[web]'"
+    ) from exc
+
+
+log = logging.getLogger(__name__)
+
+MAX_K = 100
+MAX_OFFSET = 10_000  # deep paging costs a full sort; nobody pages 100 screens of images
+MAX_TERMS = 16  # per include / exclude list
+
+
+# ---------------------------------------------------------------------------- API models
+
+
+class ErrorOut(BaseModel):
+    """Every error response: one line saying what went wrong and what to do."""
+
+    error: str
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {
+        "model": ErrorOut,
+        "description": "Invalid input: a malformed query, a parameter out of range, an "
+        "unknown strategy, a term the model knows nothing about, or an unknown host name",
+    },
+    404: {"model": ErrorOut, "description": "Unknown item, dimension or path"},
+    413: {"model": ErrorOut, "description": "Request body larger than 64 KiB"},
+    503: {
+        "model": ErrorOut,
+        "description": "Too many searches waiting, or the index changed on disk and cannot "
+        "be reopened yet; retry after the Retry-After seconds",
+    },
+    500: {"model": ErrorOut, "description": "Unexpected server error (details in its log)"},
+}
+
+
+class SearchRequest(BaseModel):
+    """A search: the typed query ``q`` plus extra include / exclude terms.
+
+    ``q`` uses the query grammar of :mod:`sparsemm.query.parse` ("dog but not cat"); each
+    ``include`` / ``exclude`` value is parsed the same way and may hold several
+    comma-separated terms ("cat, ball"); a single string stands for a one-value list.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    q: str = Field("", max_length=MAX_QUERY_CHARS, description="typed query text")
+    include: list[str] = Field(default_factory=list, description="extra terms to find")
+    exclude: list[str] = Field(default_factory=list, description="terms to leave out")
+    k: int = Field(10, ge=1, le=MAX_K, description="results per page")
+    offset: int = Field(0, ge=0, le=MAX_OFFSET, description="results to skip (paging)")
+    strategy: str | None = Field(
+        None, max_length=64, description="exclusion strategy (default: the model's)"
+    )
+    like: str | None = Field(
+        None,
+        max_length=512,
+        description="more like this item (its id): its code is the include side; q, include "
+        "and exclude then only name what to leave out",
+    )
+
+    @field_validator("include", "exclude", mode="before")
+    @classmethod
+    def _one_value(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+class ConceptOut(BaseModel):
+    dim: int
+    weight: float  # matched: contribution q_j x_j to the score; item concepts: x_j
+    words: list[str]
+
+
+class ExcludedOut(BaseModel):
+    term: str
+    dims: list[int]  # the excluded term's concept dimensions
+    item_mass: float  # the item's summed value on those dimensions
+    item_peak: float  # its largest value on one of them (the filter strategy's test)
+    words: list[str]
+
+
+class ItemOut(BaseModel):
+    id: str
+    caption: str
+    labels: list[str]
+    image: str | None  # URL of the image, None when the item has no servable image
+    thumb: str | None = None  # URL of its server-made thumbnail (same None rule)
+
+
+class EvidenceOut(BaseModel):
+    """How strongly the item carries one query term ("dog 0.93", "not cat 0.02")."""
+
+    term: str
+    side: str  # include | exclude
+    kind: str  # detector (value: P(present)) | code similarity (value: cosine)
+    value: float
+    dims: list[int]  # the concept dimensions behind the value
+    words: list[str]
+
+
+class HitOut(ItemOut):
+    rank: int
+    score: float
+    matched: list[ConceptOut]
+    excluded: list[ExcludedOut]
+    evidence: list[EvidenceOut] = []
+    violations: list[str] = []  # excluded terms among the item's labels (it breaks the query)
+
+
+class ItemDetailOut(ItemOut):
+    captions: list[str]
+
+
+class DimItemOut(ItemOut):
+    value: float  # the item's activation on the dimension
+
+
+class QueryOut(BaseModel):
+    include: list[str]
+    exclude: list[str]
+    text: str  # canonical form, e.g. 'dog -cat'
+
+
+class SearchOut(BaseModel):
+    query: QueryOut
+    strategy: str
+    k: int
+    offset: int
+    next_offset: int | None  # offset of the next page; None when this page was the last
+    total: int  # items in the collection (every one is ranked)
+    like: str | None = None  # "more like this" target ("item ID" / "image NAME"), or None
+    # query words in no vocabulary of the collection (Searcher.unknown_words), in query order
+    unknown_words: list[str] = []
+    hits: list[HitOut]
+
+
+class ExplainOut(BaseModel):
+    item: ItemDetailOut
+    query: QueryOut
+    matched: list[ConceptOut]
+    excluded: list[ExcludedOut]
+    concepts: list[ConceptOut]  # the item's strongest dimensions, query or not
+
+
+class DimOut(BaseModel):
+    dim: int
+    words: list[str]  # the label shown for the dimension
+    data_words: list[str]  # caption words over-represented among its items
+    spine_words: list[str]  # SPINE top words (when the index was built with --spine)
+    items: list[DimItemOut]
+
+
+class HealthOut(BaseModel):
+    status: str
+    version: str
+    collection: str
+    index_generation: int  # the index manifest's commit counter (next_segment)
+    index_digest: str  # SHA-256 (16 hex) of its segment list: changes with every re-index
+    items: int
+    images: int
+    dims: int
+    strategies: list[str]
+    default_strategy: str
+    max_k: int
+    max_query_chars: int
+    filter_threshold: float  # the filter strategy drops items whose peak exceeds this

@@ -1,0 +1,629 @@
+"""The search service behind the API: query building, lanes of concurrent searches with a
+bounded queue, re-index pick-up, explanations and the bound on per-query cache memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import re
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+import scipy.sparse as sp
+
+from sparsemm import __version__
+from sparsemm.data.collection import Collection
+from sparsemm.errors import SparsemmError
+from sparsemm.io import read_json
+from sparsemm.query.parse import MAX_QUERY_CHARS, Query, parse_query
+from sparsemm.query.searcher import INDEX_DIR, Concept, ExcludedCheck, Hit, Searcher
+from sparsemm.query.strategies import HardFilter, available_strategies
+
+try:
+    from fastapi import HTTPException
+except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installed extras
+    raise SparsemmError(
+        f"the web server needs the '{exc.name}' package: pip install 'sparsemm[web]'"
+    ) from exc
+
+from sparsemm.web.images import ImageStore, ThumbCache
+from sparsemm.web.schemas import (
+    MAX_K,
+    MAX_OFFSET,
+    MAX_TERMS,
+    ConceptOut,
+    DimItemOut,
+    DimOut,
+    EvidenceOut,
+    ExcludedOut,
+    ExplainOut,
+    HealthOut,
+    HitOut,
+    ItemDetailOut,
+    QueryOut,
+    SearchOut,
+    SearchRequest,
+)
+
+log = logging.getLogger(__name__)
+
+EXPLAIN_DIMS = 5  # matched concepts listed per hit
+ITEM_CONCEPTS = 8  # an item's own strongest concepts in an explanation
+# Per-query caches of the strategy context (embeddings, codes, score arrays) are dropped
+# when they pass this size; measured every CACHE_CHECK_EVERY requests (summing is O(entries)).
+MAX_CACHE_BYTES = 256 * 2**20
+CACHE_CHECK_EVERY = 32
+# Searches in progress at once (threads: the index kernels and torch release the GIL), the
+# share of them a costly query may hold, how many may wait for a lane and for how long.
+DEFAULT_WORKERS = 4
+HEAVY_TERMS = 8  # a query with more include + exclude terms than this is costly
+MAX_WAITING = 256
+QUEUE_TIMEOUT = 10.0
+RELOAD_CHECK_SECONDS = 1.0  # how often a request stats the manifests for a re-index
+MAX_DIM_ITEMS = 100
+
+
+# ------------------------------------------------------------------------------- queries
+
+
+def _terms_of(value: Any, side: str) -> Query | None:
+    if not isinstance(value, str):
+        raise SparsemmError(f"{side} terms must be text, got {type(value).__name__}")
+    return parse_query(value) if value.strip() else None
+
+
+def build_query(q: str = "", include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Query:
+    """One :class:`Query` from typed text plus include / exclude term lists.
+
+    ``q`` is parsed with the full grammar; each list value too ("cat, ball" gives two
+    terms; "dog -cat" in ``include`` adds both sides), except that an ``exclude`` value may
+    not itself exclude something. Blank values are skipped; duplicates are dropped, first
+    occurrence wins. Raises SparsemmError for malformed input or too many terms.
+    """
+    if not isinstance(q, str):
+        raise SparsemmError(f"q must be text, got {type(q).__name__}")
+    for values, side in ((include, "include"), (exclude, "exclude")):
+        if isinstance(values, str):
+            raise SparsemmError(f"{side} must be a list of terms, not one string")
+        if len(values) > MAX_TERMS:
+            raise SparsemmError(f"at most {MAX_TERMS} {side} values are accepted per query")
+    inc: list[str] = []
+    exc: list[str] = []
+    if q.strip():
+        base = parse_query(q)
+        inc += base.include
+        exc += base.exclude
+    for value in include:
+        part = _terms_of(value, "include")
+        if part is None:
+            continue
+        inc += part.include
+        exc += part.exclude
+    for value in exclude:
+        part = _terms_of(value, "exclude")
+        if part is None:
+            continue
+        if part.exclude:
+            raise SparsemmError(
+                f"the exclude value {value!r} excludes something itself; list the terms to "
+                "leave out, e.g. 'cat, ball'"
+            )
+        exc += part.include
+    if not inc and not exc:
+        raise SparsemmError("type what to search for, e.g. 'dog' (and what not to: 'cat')")
+    inc = list(dict.fromkeys(inc))
+    exc = list(dict.fromkeys(exc))
+    if len(inc) > MAX_TERMS or len(exc) > MAX_TERMS:
+        raise SparsemmError(f"a query may hold at most {MAX_TERMS} include and exclude terms")
+    return Query(tuple(inc), tuple(exc))
+
+
+def _query_out(q: Query) -> QueryOut:
+    return QueryOut(include=list(q.include), exclude=list(q.exclude), text=q.text)
+
+
+def like_exclusions(q: str = "", include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Query:
+    """The exclusions of a "more like this" query: ``q`` and the lists may only leave
+    things out ("but not cat"); nothing at all is fine. SparsemmError for an include term."""
+    if not q.strip() and not any(v.strip() for v in [*include, *exclude] if isinstance(v, str)):
+        return Query.empty()
+    query = build_query(q, include, exclude)
+    if query.include:
+        raise SparsemmError(
+            f"a 'more like this' search only takes terms to leave out (got "
+            f"{', '.join(query.include)!r} to find); write them as 'but not X'"
+        )
+    return query
+
+
+def _stem(word: str) -> str:
+    return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
+
+
+def violations(labels: Sequence[str], exclude: Sequence[str]) -> list[str]:
+    """The excluded terms that one of ``labels`` names (case and a plural 's' ignored;
+    'person' matches the label 'person', 'dogs' the label 'dog')."""
+    have = {_stem(" ".join(re.findall(r"[\w-]+", str(lab).lower()))) for lab in labels}
+    return [t for t in exclude if _stem(" ".join(re.findall(r"[\w-]+", t.lower()))) in have]
+
+
+# ------------------------------------------------------------------------------- service
+
+
+def index_version(collection_root: Path) -> tuple[int, str]:
+    """(generation, digest) of the committed index in a collection folder: the manifest's
+    ``next_segment`` counter and the first 16 hex digits of the SHA-256 of its segment list
+    (names, counts, checksums), which changes with every commit that changes the items."""
+    manifest = read_json(collection_root / INDEX_DIR / "manifest.json")
+    segments = json.dumps(manifest.get("segments", []), sort_keys=True).encode()
+    return int(manifest.get("next_segment", 0)), hashlib.sha256(segments).hexdigest()[:16]
+
+
+def _stamp(collection_root: Path) -> tuple[tuple[int, int, int], ...]:
+    """What changes when the collection or its index is rewritten: (inode, size, mtime) of
+    both manifests (every writer swaps them atomically, so a new commit is a new file)."""
+    out = []
+    for path in (collection_root / "manifest.json", collection_root / INDEX_DIR / "manifest.json"):
+        try:
+            st = path.stat()
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append((0, 0, 0))
+    return tuple(out)
+
+
+def _code_values(codes: sp.csr_matrix, i: int) -> dict[int, float]:
+    """Row ``i`` of a CSR matrix as {dim: value}, from its arrays (row slicing a scipy
+    matrix costs ~0.1 ms of object overhead, a tenth of a search)."""
+    lo, hi = int(codes.indptr[i]), int(codes.indptr[i + 1])
+    return dict(zip(codes.indices[lo:hi].tolist(), codes.data[lo:hi].tolist(), strict=True))
+
+
+class ServerBusy(SparsemmError):
+    """The server has more searches in progress or waiting than it accepts (HTTP 503)."""
+
+
+class IndexUnavailable(SparsemmError):
+    """The index changed on disk and could not be reopened (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class _Served:
+    """One opened version of the collection: everything a request reads, swapped as a whole."""
+
+    searcher: Searcher
+    images: ImageStore
+    row_of: dict[str, int]
+    generation: int
+    digest: str
+    stamp: tuple[tuple[int, int, int], ...]
+
+
+class SearchService:
+    """The API's operations over one :class:`Searcher`, independent of HTTP.
+
+    Concurrency: searches run on the server's threads at once (the strategy caches are
+    thread-safe LRU caches), at most ``workers`` at a time and at most ``heavy_workers`` of
+    them costly (more than :data:`HEAVY_TERMS` terms; a quarter by default), so slow queries
+    cannot take every lane; a request that waits longer than ``queue_timeout`` seconds for a
+    lane, or finds ``max_waiting`` requests already waiting, is refused with
+    :class:`ServerBusy` (503).
+
+    Re-index: at most once every ``check_every`` seconds a request stats the collection's and
+    index's manifests; when a writer committed a new version, a new Searcher is opened and
+    swapped in atomically (requests in progress finish on the one they started with). If it
+    cannot be opened, requests get :class:`IndexUnavailable` (503) until it can.
+    """
+
+    def __init__(
+        self,
+        searcher: Searcher,
+        images: ImageStore | None = None,
+        *,
+        workers: int = DEFAULT_WORKERS,
+        heavy_workers: int | None = None,
+        max_waiting: int = MAX_WAITING,
+        queue_timeout: float = QUEUE_TIMEOUT,
+        check_every: float = RELOAD_CHECK_SECONDS,
+    ) -> None:
+        if workers < 1:
+            raise SparsemmError(f"workers must be at least 1, got {workers}")
+        root = searcher.collection.root
+        gen, digest = index_version(root)
+        images = images if images is not None else ImageStore.from_collection(searcher.collection)
+        self._current = self._served(searcher, images, gen, digest, _stamp(root))
+        self._pinned = threading.local()  # the version a request in this thread started on
+        self._lanes = threading.BoundedSemaphore(workers)
+        heavy = max(1, workers // 4) if heavy_workers is None else heavy_workers
+        self._heavy_lanes = threading.BoundedSemaphore(max(1, min(heavy, workers)))
+        self.workers, self.max_waiting, self.queue_timeout = workers, max_waiting, queue_timeout
+        self.heavy_terms = HEAVY_TERMS
+        self._waiting = 0
+        self._count_lock = threading.Lock()  # _waiting, _requests
+        self._reload_lock = threading.Lock()
+        self.check_every = check_every
+        self._checked = time.monotonic()
+        self._reload_error: str | None = None
+        self.thumbs = ThumbCache()
+        self._requests = 0
+
+    @staticmethod
+    def _served(
+        searcher: Searcher,
+        images: ImageStore,
+        gen: int,
+        digest: str,
+        stamp: tuple[tuple[int, int, int], ...],
+    ) -> _Served:
+        row_of = {item_id: row for row, item_id in enumerate(searcher.collection.ids)}
+        return _Served(searcher, images, row_of, gen, digest, stamp)
+
+    # -- the served version ------------------------------------------------------------
+    @property
+    def state(self) -> _Served:
+        pinned: _Served | None = getattr(self._pinned, "state", None)
+        return pinned if pinned is not None else self._current
+
+    @property
+    def searcher(self) -> Searcher:
+        return self.state.searcher
+
+    @property
+    def collection(self) -> Collection:
+        return self.state.searcher.collection
+
+    @property
+    def images(self) -> ImageStore:
+        return self.state.images
+
+    @property
+    def row_of(self) -> dict[str, int]:
+        return self.state.row_of
+
+    @property
+    def n_dims(self) -> int:
+        return int(self.state.searcher.index.dim)
+
+    def refresh(self, force: bool = False) -> None:
+        """Swap in a re-indexed collection if a writer committed one (checked at most once
+        every ``check_every`` seconds; the check is two stat calls)."""
+        now = time.monotonic()
+        if not force and now - self._checked < self.check_every:
+            return
+        if not self._reload_lock.acquire(blocking=False):
+            return  # another thread is checking or reopening; serve the current version
+        try:
+            if not force and now - self._checked < self.check_every:
+                return
+            self._checked = now
+            old = self._current
+            root = old.searcher.collection.root
+            stamp = _stamp(root)
+            if stamp == old.stamp and self._reload_error is None:
+                return
+            try:
+                gen, digest = index_version(root)
+                if (gen, digest) == (old.generation, old.digest) and self._reload_error is None:
+                    # a manifest rewritten with the same segments (e.g. metadata only)
+                    self._current = dataclasses.replace(old, stamp=stamp)
+                    return
+                new = Searcher(root, encoder=old.searcher._encoder, store=_remote_store(old))
+                new.default_strategy = old.searcher.default_strategy
+                _ = new.text_context
+                images = ImageStore.from_collection(new.collection)
+                self._current = self._served(new, images, gen, digest, _stamp(root))
+                self._reload_error = None
+                log.info("the index of %s changed (generation %d, %s): reopened", root, gen, digest)
+            except (SparsemmError, OSError, ValueError, KeyError) as exc:
+                self._reload_error = (
+                    f"the index of {root.name} changed on disk and cannot be opened ({exc}); "
+                    "wait for the re-index to finish or restart the server"
+                )
+                log.warning("%s", self._reload_error)
+        finally:
+            self._reload_lock.release()
+
+    @contextlib.contextmanager
+    def pinned(self) -> Iterator[_Served]:
+        """Serve one request from one version: refresh, then pin the current version to
+        this thread until the request is answered."""
+        self.refresh()
+        if self._reload_error is not None:
+            raise IndexUnavailable(self._reload_error)
+        prev = getattr(self._pinned, "state", None)
+        self._pinned.state = state = self._current
+        try:
+            yield state
+        finally:
+            self._pinned.state = prev
+
+    @contextlib.contextmanager
+    def lane(self, heavy: bool = False) -> Iterator[None]:
+        """Hold a worker lane (and a heavy lane for a costly query) while searching; refuse
+        with ServerBusy when too many wait or the wait passes ``queue_timeout``."""
+        with self._count_lock:
+            if self._waiting >= self.max_waiting:
+                raise ServerBusy(
+                    f"the server is busy ({self._waiting} searches waiting); retry shortly"
+                )
+            self._waiting += 1
+        held: list[threading.BoundedSemaphore] = []
+        try:
+            deadline = time.monotonic() + self.queue_timeout
+            for sem in (self._heavy_lanes, self._lanes) if heavy else (self._lanes,):
+                if not sem.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    raise ServerBusy(
+                        f"the server is busy (no search lane free within "
+                        f"{self.queue_timeout:g} s); retry shortly"
+                    )
+                held.append(sem)
+        except BaseException:
+            for sem in reversed(held):
+                sem.release()
+            raise
+        finally:
+            with self._count_lock:
+                self._waiting -= 1
+        try:
+            yield
+        finally:
+            for sem in reversed(held):
+                sem.release()
+
+    # -- rendering ---------------------------------------------------------------------
+    def image_url(self, item_id: str, prefix: str = "") -> str | None:
+        if item_id not in self.images:
+            return None
+        return f"{prefix}/images/{quote(item_id, safe='')}"
+
+    def _item_fields(self, row: int, prefix: str) -> dict[str, Any]:
+        item = self.collection.items[row]
+        item_id = str(item["id"])
+        captions = [str(c) for c in item.get("captions") or []]
+        return {
+            "id": item_id,
+            "caption": captions[0] if captions else "",
+            "labels": [str(x) for x in item.get("labels") or []],
+            "image": self.image_url(item_id, prefix),
+            "thumb": (
+                f"{prefix}/thumbs/{quote(item_id, safe='')}" if item_id in self.images else None
+            ),
+        }
+
+    @staticmethod
+    def _concepts(concepts: Sequence[Concept]) -> list[ConceptOut]:
+        return [ConceptOut(dim=c.dim, weight=c.weight, words=list(c.words)) for c in concepts]
+
+    def _checks(
+        self, checks: Sequence[ExcludedCheck], row: int, values: dict[int, float] | None = None
+    ) -> list[ExcludedOut]:
+        """``values``: the item's code as {dim: value} (None: read from the index)."""
+        if not checks:
+            return []
+        if values is None:
+            values = _code_values(self.searcher.item_code(row), 0)
+        return [
+            ExcludedOut(
+                term=e.term,
+                dims=list(e.dims),
+                item_mass=e.item_mass,
+                item_peak=max((abs(values.get(j, 0.0)) for j in e.dims), default=0.0),
+                words=e.words,
+            )
+            for e in checks
+        ]
+
+    def _hit(
+        self,
+        hit: Hit,
+        prefix: str,
+        exclude: Sequence[str] = (),
+        values: dict[int, float] | None = None,
+    ) -> HitOut:
+        fields = self._item_fields(hit.row, prefix)
+        return HitOut(
+            **fields,
+            rank=hit.rank,
+            score=hit.score,
+            matched=self._concepts(hit.matched),
+            excluded=self._checks(hit.excluded, hit.row, values),
+            evidence=[EvidenceOut(**asdict(e)) for e in hit.evidence],
+            violations=violations(fields["labels"], exclude),
+        )
+
+    # -- operations --------------------------------------------------------------------
+    def health(self) -> HealthOut:
+        with self.pinned() as st:
+            return self._health(st)
+
+    def _health(self, st: _Served) -> HealthOut:
+        return HealthOut(
+            status="ok",
+            version=__version__,
+            collection=self.collection.root.name,
+            index_generation=st.generation,
+            index_digest=st.digest,
+            items=len(self.collection.items),
+            images=len(self.images),
+            dims=self.n_dims,
+            strategies=available_strategies(),
+            default_strategy=self.searcher.default_strategy,
+            max_k=MAX_K,
+            max_query_chars=MAX_QUERY_CHARS,
+            filter_threshold=float(HardFilter.params["threshold"]),
+        )
+
+    def _bound_caches(self) -> None:
+        """Drop the strategy context's per-query caches once they pass MAX_CACHE_BYTES
+        (checked every CACHE_CHECK_EVERY requests)."""
+        with self._count_lock:
+            self._requests += 1
+            if self._requests % CACHE_CHECK_EVERY:
+                return
+        dicts = self.searcher.query_caches()
+        size = sum(_nbytes(c) for c in dicts)
+        if size > MAX_CACHE_BYTES:
+            log.info("query caches hold %.0f MB; clearing them", size / 2**20)
+            for c in dicts:
+                c.clear()
+
+    def search(self, req: SearchRequest, prefix: str = "", image: Any = None) -> SearchOut:
+        """A text query, or "more like" ``req.like`` (an item id) or ``image`` (a decoded
+        upload) with the query's exclusions (:meth:`Searcher.search_like`)."""
+        like: Any = image if image is not None else req.like
+        with self.pinned():
+            if like is not None and image is None:
+                self.row(str(req.like))  # 404 for an unknown item
+            if like is not None:
+                query = like_exclusions(req.q, req.include, req.exclude)
+            else:
+                query = build_query(req.q, req.include, req.exclude)
+            return self._search(req, query, prefix, like, image)
+
+    def _search(
+        self, req: SearchRequest, query: Query, prefix: str, like: Any, image: Any
+    ) -> SearchOut:
+        strategy = req.strategy or self.searcher.default_strategy
+        label = None
+        with self.lane(heavy=len(query.include) + len(query.exclude) > self.heavy_terms):
+            try:  # the searcher names unknown strategies and terms (Searcher.check_terms)
+                if like is None:
+                    hits = self.searcher.search(
+                        query, k=req.k, strategy=strategy, offset=req.offset
+                    )
+                else:
+                    label = "uploaded image" if image is not None else f"item {req.like}"
+                    hits = self.searcher.search_like(
+                        like, query.exclude, k=req.k, strategy=strategy, offset=req.offset
+                    )
+            finally:
+                self._bound_caches()
+        hits = [h for h in hits if math.isfinite(h.score)]
+        # the hits' codes in one read (the excluded-term checks show each item's peak)
+        codes = self.searcher.item_codes([h.row for h in hits])
+        log.debug("search %r like %s [%s] -> %d hits", query.text, label, strategy, len(hits))
+        full = len(hits) == req.k and req.offset + req.k <= MAX_OFFSET
+        return SearchOut(
+            query=_query_out(query),
+            strategy=strategy,
+            k=req.k,
+            offset=req.offset,
+            next_offset=req.offset + req.k if full else None,
+            total=len(self.collection.items),
+            like=label,
+            unknown_words=self.searcher.unknown_words(query),
+            hits=[
+                self._hit(h, prefix, query.exclude, _code_values(codes, i))
+                for i, h in enumerate(hits)
+            ],
+        )
+
+    def row(self, item_id: str) -> int:
+        if item_id not in self.row_of:
+            raise HTTPException(404, "unknown item id")
+        return self.row_of[item_id]
+
+    def explain(
+        self, item_id: str, query: Query, prefix: str = "", like: str | None = None
+    ) -> ExplainOut:
+        """Why ``item_id`` matches ``query`` (with ``like``: like that item, ``query``
+        holding only exclusions)."""
+        with self.pinned():
+            return self._explain(item_id, query, prefix, like)
+
+    def _explain(self, item_id: str, query: Query, prefix: str, like: str | None) -> ExplainOut:
+        row = self.row(item_id)
+        if like is not None:
+            self.row(like)
+        with self.lane(heavy=len(query.include) + len(query.exclude) > self.heavy_terms):
+            try:
+                if like is None:
+                    matched, checks = self.searcher.explain(row, query, n_dims=EXPLAIN_DIMS)
+                else:
+                    matched, checks = self.searcher.explain_like(
+                        row, like, query.exclude, n_dims=EXPLAIN_DIMS
+                    )
+            finally:
+                self._bound_caches()
+        code = self.searcher.item_code(row)
+        order = np.argsort(-code.data, kind="stable")[:ITEM_CONCEPTS]
+        own = [
+            ConceptOut(
+                dim=int(code.indices[i]),
+                weight=float(code.data[i]),
+                words=self.searcher.dim_words(int(code.indices[i])),
+            )
+            for i in order
+            if code.data[i] > 0
+        ]
+        item = self.collection.items[row]
+        return ExplainOut(
+            item=ItemDetailOut(
+                **self._item_fields(row, prefix),
+                captions=[str(c) for c in item.get("captions") or []],
+            ),
+            query=_query_out(query),
+            matched=self._concepts(matched),
+            excluded=self._checks(checks, row),
+            concepts=own,
+        )
+
+    def dim(self, dim: int, n: int = 12, prefix: str = "") -> DimOut:
+        with self.pinned(), self.lane():
+            return self._dim(dim, n, prefix)
+
+    def _dim(self, dim: int, n: int, prefix: str) -> DimOut:
+        if not 0 <= dim < self.n_dims:
+            raise HTTPException(404, f"no dimension {dim}; dimensions are 0..{self.n_dims - 1}")
+        # the dim's posting list through the index: highest value first, ties by lower row
+        res = self.searcher.index.search((np.array([dim]), np.array([1.0], np.float32)), k=n)
+        rows, vals = np.asarray(res.rows), np.asarray(res.scores)
+        order = np.arange(len(rows))
+        s = self.searcher
+        return DimOut(
+            dim=dim,
+            words=s.dim_words(dim),
+            data_words=list(s.labels_data[dim]) if dim < len(s.labels_data) else [],
+            spine_words=list(s.labels_spine[dim]) if dim < len(s.labels_spine) else [],
+            items=[
+                DimItemOut(**self._item_fields(int(rows[i]), prefix), value=float(vals[i]))
+                for i in order
+                if vals[i] > 0
+            ],
+        )
+
+
+def _remote_store(served: _Served) -> Any:
+    """The store a reopened Searcher should read: a remote one (Qdrant) carries over, the
+    collection's own index is reopened with it."""
+    store = served.searcher.store
+    return None if store is served.searcher.index else store
+
+
+def _nbytes(obj: Any, depth: int = 0) -> int:
+    """Approximate memory held by a cache value: arrays by their buffers, containers summed."""
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if sp.issparse(obj):
+        return sum(
+            int(getattr(obj, a).nbytes) for a in ("data", "indices", "indptr") if hasattr(obj, a)
+        )
+    if depth < 4 and isinstance(obj, dict):
+        # a snapshot under the cache's own lock: other threads' searches write to it
+        with getattr(obj, "_lock", contextlib.nullcontext()):
+            values = list(obj.values())
+        return sum(_nbytes(v, depth + 1) + 64 for v in values)
+    if depth < 4 and isinstance(obj, list | tuple):
+        return sum(_nbytes(v, depth + 1) for v in obj)
+    return 64
