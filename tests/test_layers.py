@@ -136,12 +136,15 @@ def test_no_import_circles() -> None:
     assert not cycles, "import circles:\n" + "\n".join(cycles)
 
 
-def test_quick_presets_are_data_files() -> None:
-    """The --quick presets of the experiments are JSON files of the package, read as the
-    run configs hold them (lists as tuples)."""
+def test_run_presets_are_data_files() -> None:
+    """The experiments' settings (the full reproductions and their --quick presets) are JSON
+    files of the package, read as the run configs hold them (lists as tuples)."""
     from sparsemm_experiments.presets import load_preset
 
-    for name in ("paper_quick", "vdr_quick", "lexlip_quick"):
+    for name in ("paper", "vdr", "lexlip", "paper_quick", "vdr_quick", "lexlip_quick"):
         preset = load_preset(name)
         assert preset and not any(isinstance(v, list) for v in preset.values())
     assert load_preset("vdr_quick")["ks"] == (32, 512)
+    from sparsemm_experiments.paper_bench import PaperBenchConfig
+
+    assert PaperBenchConfig().dims == load_preset("paper")["dims"] == (500, 1000, 1500, 2000)

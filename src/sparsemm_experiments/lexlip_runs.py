@@ -103,23 +103,32 @@ BM25_NAME = "BM25 captions (B demoted)"
 KS = (1, 5, 10)
 
 
+# The run's settings, as data: presets/lexlip.json (the --quick preset overrides them).
+_LEXLIP = load_preset("lexlip")
+
+
 @dataclass(frozen=True)
 class LexLIPRunConfig:
-    pretrain_steps: int = 200  # phase-1 steps (COCO)
-    contrastive_steps: int = 400  # phase-2 steps (COCO)
-    collage_pretrain_steps: int = 150  # phase-1 steps (collages: 49-patch images, 59 terms)
-    collage_contrastive_steps: int = 250  # phase-2 steps (collages)
-    batch_size: int = 32
-    captions_per_item: int | None = 2  # training captions per item (cached frozen states)
-    frozen_layers: int = 5  # MiniLM layers kept frozen (the 6th trains)
-    max_text_len: int = 16  # word pieces per caption (90% of COCO captions fit)
-    vocab_min_count: int = 2  # lexicon = training-caption pieces seen this often
-    queue_size: int = 1024  # paper 11,520 at a far larger batch and data scale
-    new_lr: float = 1e-3  # fresh layers (see LexLIPTrainConfig)
+    pretrain_steps: int = _LEXLIP["pretrain_steps"]  # phase-1 steps (COCO)
+    contrastive_steps: int = _LEXLIP["contrastive_steps"]  # phase-2 steps (COCO)
+    # phase-1 steps (collages: 49-patch images, 59 terms)
+    collage_pretrain_steps: int = _LEXLIP["collage_pretrain_steps"]
+    # phase-2 steps (collages)
+    collage_contrastive_steps: int = _LEXLIP["collage_contrastive_steps"]
+    batch_size: int = _LEXLIP["batch_size"]
+    # training captions per item (cached frozen states)
+    captions_per_item: int | None = _LEXLIP["captions_per_item"]
+    frozen_layers: int = _LEXLIP["frozen_layers"]  # MiniLM layers kept frozen (the 6th trains)
+    # word pieces per caption (90% of COCO captions fit)
+    max_text_len: int = _LEXLIP["max_text_len"]
+    # lexicon = training-caption pieces seen this often
+    vocab_min_count: int = _LEXLIP["vocab_min_count"]
+    queue_size: int = _LEXLIP["queue_size"]  # paper 11,520 at a far larger batch and data scale
+    new_lr: float = _LEXLIP["new_lr"]  # fresh layers (see LexLIPTrainConfig)
     limit_items: int | None = None  # evaluation / tuning items per split (quick runs)
-    methods: tuple[str, ...] = DEFAULT_METHODS
+    methods: tuple[str, ...] = _LEXLIP["methods"]
     max_grid: int | None = None  # grid points per strategy (quick runs)
-    latency_queries: int = 1000  # queries timed in the large-scale setting
+    latency_queries: int = _LEXLIP["latency_queries"]  # queries timed in the large-scale setting
     seed: int = 0
     base_model: LexLIPConfig | None = None  # text side etc. as is (tests: tiny towers)
 

@@ -69,24 +69,30 @@ TABLE1_BASELINES = ("Dense SLQ", "Dense Avg Emb", "CBE", "SpLiCE (two-step)", "V
 TABLE3_METRICS = ("mrr@10", "ndcg@10", "ap@1", "ap@3", "ap@10", "violation@10")
 
 
+# The run's settings, as data: presets/paper.json (the --quick preset overrides them).
+_PAPER = load_preset("paper")
+
+
 @dataclass(frozen=True)
 class PaperBenchConfig:
     """Sizes of the reproduction. Defaults: the full COCO caption-proxy within about 30
     minutes of 2 CPU cores once the collection is encoded (measured in docs/results.md)."""
 
-    dims: tuple[int, ...] = (500, 1000, 1500, 2000)  # Table 3's SR latent dimensions
-    main_dim: int = 1000  # the SR row of Tables 1 and 2
-    no_bias: bool = True  # Table 3's "without SPINE bias" row (at main_dim)
-    spine_top_words: int = 10000  # SPINE vocabulary: most frequent GloVe + caption words
-    spine_epochs: int = 100
-    sr_epochs: int = 20
-    top_k: int = 64  # SR's TopK (training and inference)
-    vdr: bool = True
-    vdr_steps: int = 80  # VDR training updates (batch 32; docs/vdr.md)
-    vdr_top_k: int = 512
-    splice: bool = True
-    splice_concepts: int = 10000  # most frequent LAION concepts
-    splice_l1: float = 0.25  # SpLiCE's penalty (docs/baselines.md sweeps it on train)
+    dims: tuple[int, ...] = _PAPER["dims"]  # Table 3's SR latent dimensions
+    main_dim: int = _PAPER["main_dim"]  # the SR row of Tables 1 and 2
+    no_bias: bool = _PAPER["no_bias"]  # Table 3's "without SPINE bias" row (at main_dim)
+    # SPINE vocabulary: most frequent GloVe + caption words
+    spine_top_words: int = _PAPER["spine_top_words"]
+    spine_epochs: int = _PAPER["spine_epochs"]
+    sr_epochs: int = _PAPER["sr_epochs"]
+    top_k: int = _PAPER["top_k"]  # SR's TopK (training and inference)
+    vdr: bool = _PAPER["vdr"]
+    vdr_steps: int = _PAPER["vdr_steps"]  # VDR training updates (batch 32; docs/vdr.md)
+    vdr_top_k: int = _PAPER["vdr_top_k"]
+    splice: bool = _PAPER["splice"]
+    splice_concepts: int = _PAPER["splice_concepts"]  # most frequent LAION concepts
+    # SpLiCE's penalty (docs/baselines.md sweeps it on train)
+    splice_l1: float = _PAPER["splice_l1"]
     limit: int | None = None  # quick runs: the first N COCO images
     limit_items: int | None = None  # quick runs: first N items per split in the benchmark
     max_grid: int | None = None  # quick runs: grid points per strategy

@@ -85,23 +85,29 @@ ABLATION_METHODS = ("avg_emb_0.5", "code_a", FIXED_PAPER)
 TABLE_METRICS = ("ap@10", "mrr@10", "ndcg@10", "violation@10")
 
 
+# The run's settings, as data: presets/vdr.json (the --quick preset overrides them).
+_VDR = load_preset("vdr")
+
+
 @dataclass(frozen=True)
 class VDRRunConfig:
-    steps: int = 80  # training updates per model (about 2 minutes on an idle core)
-    batch_size: int = 32  # in-batch negatives (VDR: 4096 cross-modal; scaled to CPU)
-    lr: float = 2e-5  # pretrained transformer layers (VDR: 2e-5 t2t; 2e-4 cross-modal
+    steps: int = _VDR["steps"]  # training updates per model (about 2 minutes on an idle core)
+    # in-batch negatives (VDR: 4096 cross-modal; scaled to CPU)
+    batch_size: int = _VDR["batch_size"]
+    lr: float = _VDR["lr"]  # pretrained transformer layers (VDR: 2e-5 t2t; 2e-4 cross-modal
     # degraded retrieval within 60-80 CPU steps here, see docs/vdr.md)
-    new_params_lr: float = 2e-4  # adapter, LayerNorms, head biases (start near their init)
-    freeze_layers: int = 3  # lower MiniLM layers kept frozen (6 in all)
-    top_k: int = 512  # active dims per code (VDR cross-modal: 512)
-    ks: tuple[int, ...] = (32, 64, 128, 256, 512, 768)  # the activation-count ablation
-    ablate_bow: bool = True  # also train without the bag-of-words entry
-    zero_shot: bool = True  # also score the untrained (calibrated) initialisation
-    methods: tuple[str, ...] = MAIN_METHODS
+    # adapter, LayerNorms, head biases (start near their init)
+    new_params_lr: float = _VDR["new_params_lr"]
+    freeze_layers: int = _VDR["freeze_layers"]  # lower MiniLM layers kept frozen (6 in all)
+    top_k: int = _VDR["top_k"]  # active dims per code (VDR cross-modal: 512)
+    ks: tuple[int, ...] = _VDR["ks"]  # the activation-count ablation
+    ablate_bow: bool = _VDR["ablate_bow"]  # also train without the bag-of-words entry
+    zero_shot: bool = _VDR["zero_shot"]  # also score the untrained (calibrated) initialisation
+    methods: tuple[str, ...] = _VDR["methods"]
     max_train_pairs: int | None = None  # quick runs: first N training pairs
     limit_items: int | None = None  # quick runs: first N items per split in the benchmark
     max_grid: int | None = None  # quick runs: grid points per strategy
-    calibration_size: int = 512  # train texts / items used by calibrate()
+    calibration_size: int = _VDR["calibration_size"]  # train texts / items used by calibrate()
     bf16: bool | None = None  # bfloat16 vocabulary projection (None: when the CPU has AMX)
     threads: int = 1  # torch threads (2 shared cores: one thread is fastest per process)
     seed: int = 0

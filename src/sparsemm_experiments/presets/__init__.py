@@ -1,5 +1,6 @@
-"""Run presets as data: each ``NAME.json`` holds the settings one ``--quick`` (smoke) run
-overrides, read by :func:`load_preset`."""
+"""Run settings as data, read by :func:`load_preset`: ``paper.json``, ``vdr.json`` and
+``lexlip.json`` hold the settings of the full reproductions (the defaults of their run
+configs), ``*_quick.json`` what a ``--quick`` smoke run overrides."""
 
 from __future__ import annotations
 
