@@ -356,5 +356,6 @@ def test_up_train_errors_are_one_line(
     _photo(photos / "a.png", 0)
     code = main(["up", str(photos), "--no-serve", "--no-progress", "--train"])
     assert code == 2 and "captions on at least 2 photos" in _one_error_line(capsys.readouterr().err)
+    assert not (photos / ".sparsemm" / "collection").exists()  # refused before encoding
     code = main(["up", str(photos), "--no-serve", "--train", "--model", str(tmp_path)])
     assert code == 2 and "does not go with --model" in _one_error_line(capsys.readouterr().err)

@@ -331,6 +331,11 @@ def run(args: argparse.Namespace) -> int:
     if args.train and args.model is not None:
         raise SparsemmError("--train trains a model on the captions; it does not go with --model")
     n_captioned = sum(1 for it in items if it.get("captions"))
+    if args.train and n_captioned < 2:  # before minutes of encoding, not after
+        raise SparsemmError(
+            f"training needs captions on at least 2 photos; {n_captioned} of {len(items)} have "
+            "one (give them with --captions FILE, or drop --train)"
+        )
     train = args.model is None and not args.no_train and will_train(out, n_captioned, args.train)
     # the concept model is not needed (nor built, 1-2 min the first time) when SR is trained
     model_dir = out / SR_MODEL if train else ensure_model(out, args.model, progress)
