@@ -7,18 +7,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from sparsemm.errors import SparsemmError
-
-try:
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
-    from starlette.datastructures import Headers, MutableHeaders
-    from starlette.types import ASGIApp, Message, Receive, Scope, Send
-except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installed extras
-    raise SparsemmError(
-        f"the web server needs the '{exc.name}' package: pip install 'sparsemm[web]'"
-    ) from exc
-
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 

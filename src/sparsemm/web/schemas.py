@@ -5,16 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sparsemm.errors import SparsemmError
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from sparsemm.query.parse import MAX_QUERY_CHARS
-
-try:
-    from pydantic import BaseModel, ConfigDict, Field, field_validator
-except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installed extras
-    raise SparsemmError(
-        f"the web server needs the '{exc.name}' package: pip install 'sparsemm[web]'"
-    ) from exc
-
 
 log = logging.getLogger(__name__)
 

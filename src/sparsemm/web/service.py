@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import numpy as np
 import scipy.sparse as sp
+from fastapi import HTTPException
 
 from sparsemm import __version__
 from sparsemm.data.collection import Collection
@@ -29,14 +30,6 @@ from sparsemm.io import read_json
 from sparsemm.query.parse import MAX_QUERY_CHARS, Query, parse_query
 from sparsemm.query.searcher import INDEX_DIR, Concept, ExcludedCheck, Hit, Searcher
 from sparsemm.query.strategies import HardFilter, available_strategies
-
-try:
-    from fastapi import HTTPException
-except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installed extras
-    raise SparsemmError(
-        f"the web server needs the '{exc.name}' package: pip install 'sparsemm[web]'"
-    ) from exc
-
 from sparsemm.web.images import ImageStore, ThumbCache
 from sparsemm.web.schemas import (
     MAX_K,
