@@ -52,6 +52,8 @@ from urllib.parse import urlencode
 
 import numpy as np
 
+from sparsemm.web.service import DEFAULT_WORKERS
+
 log = logging.getLogger("load")
 
 TOY_CONCEPTS = 200
@@ -425,7 +427,7 @@ def build_toy(root: Path, n_items: int = 20_000, seed: int = 0) -> Path:
 # ------------------------------------------------------------------------------ entry point
 
 
-def _serve_child(collection: str, toy: bool) -> None:
+def _serve_child(collection: str, toy: bool, workers: int, batch_texts: bool) -> None:
     """``--serve`` mode: serve ``collection`` on a free loopback port; print the port."""
     import torch
 
@@ -435,7 +437,13 @@ def _serve_child(collection: str, toy: bool) -> None:
     from sparsemm.cli.serve import server_options
     from sparsemm.web.app import create_app
 
-    app = create_app(collection, encoder=ToyEncoder() if toy else None, warm=True)
+    app = create_app(
+        collection,
+        encoder=ToyEncoder() if toy else None,
+        warm=True,
+        workers=workers,
+        batch_texts=batch_texts,
+    )
     sock = bound_socket()
     print(sock.getsockname()[1], flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning", **server_options())).run(sockets=[sock])
@@ -491,12 +499,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--heavy-clients", type=int, default=10, help="clients sending 16+16-term queries"
     )
     p.add_argument("--fresh-words", action="store_true", help="never-seen words in every request")
+    p.add_argument(
+        "--search-threads", type=int, default=DEFAULT_WORKERS, help="the server's search lanes"
+    )
+    p.add_argument(
+        "--no-batch-texts",
+        action="store_true",
+        help="encode each request's texts on its own (the server batches concurrent ones)",
+    )
     p.add_argument("--out", type=Path, help="write config.json / metrics.json here")
     p.add_argument("--serve", help=argparse.SUPPRESS)  # child mode: serve this collection
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.serve:
-        _serve_child(args.serve, args.toy)
+        _serve_child(args.serve, args.toy, args.search_threads, not args.no_batch_texts)
         return 0
 
     with tempfile.TemporaryDirectory(prefix="sparsemm-load-") as tmp:
@@ -516,6 +532,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             paths = fresh_paths(vocab, k=args.k)
         mode = ["--toy"] if args.toy else ["--collection", str(collection)]
         cmd = [sys.executable, __file__, "--serve", str(collection), *mode]
+        cmd += ["--search-threads", str(args.search_threads)]
+        cmd += ["--no-batch-texts"] if args.no_batch_texts else []
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         server = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
         try:

@@ -234,3 +234,23 @@ def test_cli_json_paths_and_strategy_list(tmp_path: Path, capsys) -> None:
     assert listing.startswith("dense_a") and "hybrid" in listing and "filter" in listing
     assert main(["search", str(col)]) == 2
     assert "give a collection and a query" in capsys.readouterr().err
+
+
+def test_batched_text_encoding_gives_the_same_hits_from_many_threads(searcher: Searcher) -> None:
+    """A server's searcher encodes the texts of concurrent searches together: each thread
+    still gets the hits a lone search gives."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sparsemm.encoders.batching import BatchingTextEncoder
+
+    queries = ["dog but not cat", "tree -dog", "pizza", "cat, tree but not dog", "ball -tree"]
+    want = {q: [(h.id, h.score) for h in searcher.search(q, k=4)] for q in queries}
+    searcher.batch_text_encoding(max_batch=8)
+    searcher.batch_text_encoding()  # idempotent: one wrapper
+    enc = searcher.encoder
+    assert isinstance(enc, BatchingTextEncoder) and not isinstance(enc.base, BatchingTextEncoder)
+    with ThreadPoolExecutor(5) as pool:
+        got = list(pool.map(lambda q: searcher.search(q, k=4), queries * 4))
+    for q, hits in zip(queries * 4, got, strict=True):
+        assert [(h.id, h.score) for h in hits] == want[q]
+    assert enc.batches >= 1

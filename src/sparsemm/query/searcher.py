@@ -27,6 +27,7 @@ import scipy.sparse as sp
 
 from sparsemm.data.collection import Collection, open_collection
 from sparsemm.encoders.base import CachedTextEncoder, get_encoder
+from sparsemm.encoders.batching import MAX_BATCH, BatchingTextEncoder
 from sparsemm.errors import SparsemmError
 from sparsemm.index import Exclusion, InvertedIndex
 from sparsemm.index.store import Store
@@ -400,6 +401,16 @@ class Searcher:
             self._encoder = enc
         return self._encoder
 
+    def batch_text_encoding(self, max_batch: int = MAX_BATCH) -> None:
+        """Encode the query texts of searches running at once in other threads together
+        (:class:`~sparsemm.encoders.batching.BatchingTextEncoder`): what a server answering
+        many requests turns on, since one forward pass over several short texts costs
+        little more than over one. Text caches built so far are dropped."""
+        if not isinstance(self._encoder, BatchingTextEncoder):
+            self._encoder = BatchingTextEncoder(self.encoder, max_batch)
+        self._ctx = self._text_ctx = None
+        self._raw_text = None
+
     @property
     def dense(self) -> np.ndarray | None:
         """Items in the query texts' dense space: the aligned projection of the image
@@ -612,7 +623,16 @@ class Searcher:
         if served:
             base = self.text_context
             self.check_terms(q, "sparse")  # served() means hybrid on codes
-            res = served_rank(self.store, base, q, strategy, k=k, offset=offset, **params)
+            res = served_rank(
+                self.store,
+                base,
+                q,
+                strategy,
+                k=k,
+                offset=offset,
+                nonnegative=self.index.nonnegative,  # a remote store holds the same codes
+                **params,
+            )
             self.last_served = res
             rows, scores = res.rows, res.scores
         else:

@@ -106,6 +106,7 @@ def create_app(
     cors_origins: Sequence[str] = (),
     warm: bool = False,
     workers: int = DEFAULT_WORKERS,
+    batch_texts: bool = True,
 ) -> FastAPI:
     """The FastAPI app serving the search page and JSON API over one indexed collection.
 
@@ -113,13 +114,17 @@ def create_app(
     ready ``searcher``. ``allowed_hosts``: Host-header names accepted (``"*"`` for any);
     ``cors_origins``: origins allowed to call the API from other sites (none by default).
     ``warm`` loads the text encoder and strategy context now instead of at the first query.
-    ``workers``: searches answered at once (see :class:`SearchService`).
+    ``workers``: searches answered at once (see :class:`SearchService`). ``batch_texts``:
+    the query texts of concurrent searches share encoder passes
+    (:meth:`Searcher.batch_text_encoding`).
     Raises SparsemmError when the collection has no index or it does not match.
     """
     if searcher is None:
         if collection_dir is None:
             raise SparsemmError("create_app needs a collection folder or a Searcher")
         searcher = Searcher(collection_dir, encoder=encoder)
+    if batch_texts:
+        searcher.batch_text_encoding()
     if warm:
         _ = searcher.context
         _ = searcher.text_context

@@ -14,7 +14,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -431,7 +431,17 @@ class SearchService:
             score=hit.score,
             matched=self._concepts(hit.matched),
             excluded=self._checks(hit.excluded, hit.row, values),
-            evidence=[EvidenceOut(**asdict(e)) for e in hit.evidence],
+            evidence=[  # fields by hand: dataclasses.asdict deep-copies (~0.1 ms each)
+                EvidenceOut(
+                    term=e.term,
+                    side=e.side,
+                    kind=e.kind,
+                    value=e.value,
+                    dims=list(e.dims),
+                    words=list(e.words),
+                )
+                for e in hit.evidence
+            ],
             violations=violations(fields["labels"], exclude),
         )
 
