@@ -11,10 +11,11 @@ of a ``sparsemm bench negation`` run) it prints:
   rescoring, explanations and evidence);
 
 with recall@10 against brute force, the share of results certified exact, the mean pool
-size, and p50/p90 latency in ms. ``--scale N`` serves a synthetic collection of N items
-instead: the collection's codes resampled with log-normal value noise (sigma 0.3),
-renormalised and indexed in a temp folder; item i shows the metadata of the item it was
-drawn from. Run it on one core for the issue's latency targets::
+size, p50/p90 latency in ms and the mean number of index searches per query.
+``--scale N`` serves a synthetic collection of N items instead: the collection's codes
+resampled with log-normal value noise (sigma 0.3), renormalised and indexed in a temp
+folder; item i shows the metadata of the item it was drawn from. Run it on one core for the
+issue's latency targets::
 
     taskset -c 0 python benchmarks/two_stage.py runs/demo/collection \\
         --sentences runs/neg-final/queries.jsonl --scale 1000000
@@ -117,7 +118,7 @@ def main() -> None:
             rows = [json.loads(line)["text"] for line in fh]
         texts["sentences"] = [rows[i] for i in rng.permutation(len(rows))[: args.queries]]
     head = f"{'queries':>12} {'mode':>22} {'recall@10':>10} {'certified':>10} {'pool':>7}"
-    print(f"{head} {'p50 ms':>8} {'p90 ms':>8}")
+    print(f"{head} {'p50 ms':>8} {'p90 ms':>8} {'searches':>9}")
     for kind, qs in texts.items():
         parsed = [parse_query(t) for t in qs]
         for q in parsed:  # text codes cached: brute force and retrieval time scoring alone
@@ -132,7 +133,7 @@ def main() -> None:
         print(
             f"{kind:>12} {'brute force':>22} {1.0:10.3f} {1.0:10.3f} {n:7d} {p50:8.2f} {p90:8.2f}"
         )
-        rec, cert, pool, st = [], [], [], []
+        rec, cert, pool, st, nsearch = [], [], [], [], []
         for q, want in zip(parsed, truth, strict=True):
             t0 = time.perf_counter()
             res = served_rank(index, text, q, k=10, candidates=args.candidates)
@@ -140,10 +141,11 @@ def main() -> None:
             rec.append(len(set(res.rows.tolist()) & set(want)) / max(len(want), 1))
             cert.append(res.certified)
             pool.append(res.candidates)
+            nsearch.append(res.searches)
         p50, p90 = _pcts(st)
         print(
             f"{kind:>12} {'served, retrieval':>22} {np.mean(rec):10.3f} {np.mean(cert):10.3f} "
-            f"{np.mean(pool):7.0f} {p50:8.2f} {p90:8.2f}"
+            f"{np.mean(pool):7.0f} {p50:8.2f} {p90:8.2f} {np.mean(nsearch):9.2f}"
         )
         et, rec = [], []
         for t, want in zip(qs, truth, strict=True):

@@ -90,28 +90,33 @@ def _queries(rng: np.random.Generator, m: int) -> list[Query]:
     return out
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_random_codes_equal_brute_force(tmp_path: Path, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "fetch"), [(0, 4096), (1, 4096), (2, 40)])
+def test_random_codes_equal_brute_force(tmp_path: Path, seed: int, fetch: int) -> None:
     """Certified results are exactly the brute-force top k (rows and scores), at every
-    offset, with pools far smaller than the collection."""
+    offset, with pools far smaller than the collection; the pool grows within the rows
+    each search fetched, and a list is searched again past them (fetch = 40)."""
     _codes, index, full, rng = _random_world(tmp_path, seed=seed)
     text = sub_context(full, sp.csr_matrix((0, D), dtype=np.float32))  # no items at all
-    certified = 0
+    certified = researched = 0
     for q in _queries(rng, 40):
         for k, offset in ((10, 0), (5, 7)):
             want_rows, want_scores = rank_query(full, q, "hybrid", k=k, offset=offset)
-            res = served_rank(index, text, q, k=k, offset=offset, candidates=32)
+            res = served_rank(index, text, q, k=k, offset=offset, candidates=32, fetch=fetch)
             assert res.rows.tolist() == want_rows.tolist(), (q, k, offset)
+            assert 1 <= res.searches <= (2 if fetch > 3000 else 2 * res.rounds)
+            researched += res.searches > 2
             assert np.array_equal(res.scores, want_scores)
             certified += res.certified
             assert res.certified or res.candidates >= 32
     assert certified == 80
+    assert (researched > 0) == (fetch < 3000)
 
 
 def test_proxy_bounds_every_item(tmp_path: Path) -> None:
     """s(x) <= min(A(x), P(x)) for every item: the inequality the certificate rests on."""
     codes, _, full, rng = _random_world(tmp_path, n=500)
     strat = build_strategy(full, "hybrid")
+    signed = 0
     for q in _queries(rng, 30):
         va, vp, bias = proxy_vectors(strat, q)
         s = strat.score_query(q.include, q.exclude)
@@ -119,6 +124,31 @@ def test_proxy_bounds_every_item(tmp_path: Path) -> None:
         assert (s <= codes @ va + 2e-5 * (1 + np.linalg.norm(va))).all()
         if vp is not None:
             assert (s <= codes @ vp + bias + 2e-5 * (1 + np.linalg.norm(vp))).all()
+        # the searched lists are the positive parts: larger still on non-negative codes
+        assert (codes @ np.maximum(va, 0) >= codes @ va - 1e-9).all()
+        signed += bool((va < 0).any())
+    assert signed  # the excluded terms' weights, left out of the searched lists
+
+
+def test_negative_codes_are_scanned_not_bounded(tmp_path: Path) -> None:
+    """The candidate bounds hold for non-negative codes only: an index holding a negative
+    value is ranked by the exact scan (and still equals brute force)."""
+    codes, _, full, rng = _random_world(tmp_path, n=800, seed=5)
+    signed = codes.copy()
+    signed.data[::7] *= -1.0
+    index = InvertedIndex.build(tmp_path / "signed", signed, [str(i) for i in range(800)])
+    assert not index.nonnegative
+    ctx = ExclusionContext(
+        items_codes=signed,
+        text_encoder=full.text_encoder,
+        query_coder=full.query_coder,
+        detectors=full.detectors,
+    )
+    text = sub_context(ctx, sp.csr_matrix((0, D), dtype=np.float32))
+    for q in _queries(rng, 8):
+        res = served_rank(index, text, q, k=10)
+        assert res.mode == "scan"
+        assert res.rows.tolist() == rank_query(ctx, q, "hybrid", k=10)[0].tolist()
 
 
 def test_small_pool_cap_is_reported(tmp_path: Path) -> None:

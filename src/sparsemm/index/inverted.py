@@ -535,6 +535,13 @@ class InvertedIndex:
         """Bytes of the array files (posting lists + row-major copy), ids excluded."""
         return sum(s.nbytes for s in self._segments)
 
+    @property
+    def nonnegative(self) -> bool:
+        """True when no stored value is negative (each segment's per-dim minimum, computed
+        once per segment): what the served path's candidate bounds assume
+        (:mod:`sparsemm.query.two_stage`)."""
+        return all(bool((s.dim_bounds()[1] >= 0).all()) for s in self._segments)
+
     def __len__(self) -> int:
         return self._count
 

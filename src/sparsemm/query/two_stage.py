@@ -14,24 +14,31 @@ Every log term is <= 0 and log sigma(z) <= min(0, z), so with P(x) = A(x) + delt
 
     s(x) <= min(A(x), P(x))
 
-1. **Candidates.** The index returns the exact top ``n`` items by ``A`` and (when an include
-   term has a detector) the top ``n`` by ``P``, both inner products with the stored unit
-   codes. A query vector is cut to its ``proxy_dims`` largest weights; since codes are
-   non-negative and unit-length, the dropped positive weights add at most their L2 norm to
-   any item's inner product (Cauchy-Schwarz), which is added to that list's bound.
+1. **Candidates.** The index returns the exact top ``n`` items by ``A+`` and (when an include
+   term has a detector) the top ``n`` by ``P+``: the inner products of the stored unit codes
+   with the positive parts of v_A and v_P. Codes are non-negative (checked: a store holding
+   a negative value is ranked by a scan instead), so A <= A+ and P <= P+, and the negative
+   weights (the excluded terms' codes in A, a detector's negative weights in P) need not
+   be read, which makes each index search cheaper. A query vector is then cut to its
+   ``proxy_dims`` largest weights; the dropped weights add at most their L2 norm to any
+   unit non-negative code (Cauchy-Schwarz), which is added to that list's bound.
 2. **Rescoring.** The candidates' codes are read from the index's memory-mapped row store and
    scored by the full strategy (the same ``score_query`` as brute force, including the "no
    concept in common" rule), in a context of just those rows.
 3. **Certificate.** An item outside both lists scores at most
-   ``bound = min(a_n, p_n + residual)``, where a_n and p_n are the n-th scores of the two
-   lists. When the k-th best rescored candidate beats ``bound`` (by a float32 margin) the
-   result is provably the brute-force top k. Otherwise ``n`` grows fourfold and the
-   query runs again, up to ``max_candidates``; a result that is still not certified is
-   returned with ``certified=False`` (counted by ``benchmarks/two_stage.py``).
+   ``bound = min(a_n + r_A, p_n + r_P)``, where a_n and p_n are the n-th scores of the two
+   lists and r their residuals (P's with its bias). When the k-th best rescored candidate
+   beats ``bound`` (by a float32 margin) the result is provably the brute-force top k.
+   Otherwise ``n`` grows fourfold, up to ``max_candidates``, read from the rows each list's
+   search already returned (``fetch`` of them, 1% of the items up to 4,096: at 1M items a
+   search costs about the same for 256 rows as for 4,096, so most queries search each list
+   once); a result that is still not certified is returned with ``certified=False``
+   (counted by ``benchmarks/two_stage.py``).
 
 Queries this cannot bound are ranked by scanning the index's row store in chunks (never
-every code at once): exclusion-only queries (ranked by absence) and detectors fitted at
-query time on a reference set (older models without their own detectors).
+every code at once): exclusion-only queries (ranked by absence), detectors fitted at
+query time on a reference set (older models without their own detectors) and stores
+holding negative code values.
 """
 
 from __future__ import annotations
@@ -53,6 +60,10 @@ from sparsemm.query.strategies import ExclusionContext, Hybrid, Strategy, top_ro
 # at most ||w|| for a unit code, so its rounding error stays below ~256 * 6e-8 * ||w||.
 _MARGIN = 2e-5
 SCAN_ROWS = 65536  # rows per chunk when a query is ranked by scanning the row store
+# Rows an index search fetches at most by default (1% of the items below that): at 1M items a
+# search for 4,096 rows costs what one for 256 does (the posting scan dominates); at 100k
+# the larger heap shows (5.6 ms for 256 rows, 6.5 ms for 1,024, 9.8 ms for 4,096).
+FETCH_MAX = 4096
 
 
 class CodeSource(Protocol):
@@ -73,8 +84,9 @@ class ServedResult:
     scores: np.ndarray  # (k,) float64 exact scores of the strategy
     candidates: int  # rows rescored (the last round's pool, or every row for a scan)
     certified: bool  # provably the brute-force top k (always True for a scan)
-    rounds: int  # index rounds run (0: scanned)
+    rounds: int  # pool sizes tried (0: scanned)
     mode: str  # "two-stage" | "scan"
+    searches: int = 0  # index searches run (each list is searched again only past `fetch`)
 
 
 def sub_context(ctx: ExclusionContext, codes: sp.csr_matrix) -> ExclusionContext:
@@ -131,32 +143,54 @@ def proxy_vectors(strat: Hybrid, query: Query) -> tuple[np.ndarray, np.ndarray |
 
 
 def _cut(v: np.ndarray, proxy_dims: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """(dims, weights, residual): the ``proxy_dims`` largest |weights| of ``v`` and the L2
-    norm of the positive weights left out (their most a unit non-negative code can add)."""
+    """(dims, weights, residual) of the positive part of ``v``: its ``proxy_dims`` largest
+    weights and the L2 norm of those left out (the most they add to a unit non-negative
+    code's inner product, by Cauchy-Schwarz). v+ . x >= v . x for any x >= 0."""
+    v = np.maximum(v, 0.0)
     nz = np.flatnonzero(v)
     keep = nz[np.argsort(-np.abs(v[nz]), kind="stable")[:proxy_dims]]
     rest = np.ones(len(v), dtype=bool)
     rest[keep] = False
-    residual = float(np.linalg.norm(np.maximum(v[rest], 0.0)))
+    residual = float(np.linalg.norm(v[rest]))
     keep = np.sort(keep)
     return keep.astype(np.int64), v[keep].astype(np.float32), residual
 
 
-def _nth(source: CodeSource, dims: np.ndarray, w: np.ndarray, n: int) -> tuple[np.ndarray, float]:
-    """(rows, bound): the top ``n`` rows by the inner product, and the largest score an item
-    outside them can have: the n-th score; -inf when they are every item; 0 when the source
-    returned fewer (a :class:`~sparsemm.index.store.Store` returns only scores > 0, so every
-    item it left out scores <= 0)."""
-    total = len(source)
-    if not len(dims):  # the proxy is 0 for every item
-        return np.arange(min(n, total), dtype=np.int64), (-np.inf if n >= total else 0.0)
-    res = source.search((dims, w), k=n)
-    rows = np.asarray(res.rows, dtype=np.int64)
-    if len(rows) >= total:
-        return rows, -np.inf
-    if len(rows) < n:
-        return rows, 0.0
-    return rows, float(res.scores[-1])
+class _ProxyList:
+    """One linear upper bound's index search (dims, weights; residual and constant added to
+    its bound), fetched once with ``fetch`` rows and read by prefixes as the pool grows: the
+    top ``n`` of a top ``K`` list (K >= n) is its first n rows, so a larger pool needs no new
+    search until it passes K (an index search costs about the same for k = 256 as for
+    k = 4096: the scan over the posting lists dominates, not the heap)."""
+
+    def __init__(self, dims: np.ndarray, w: np.ndarray, residual: float, const: float) -> None:
+        self.dims, self.w, self.extra = dims, w, residual + const
+        self.rows = np.zeros(0, np.int64)
+        self.scores = np.zeros(0, np.float64)
+        self.asked = 0  # k of the last search (0: not searched yet)
+        self.searches = 0
+
+    def top(self, source: CodeSource, n: int, fetch: int) -> tuple[np.ndarray, float]:
+        """(rows, bound): the top ``n`` rows by the inner product, and the largest value of
+        this bound for an item outside them: the n-th score plus residual and constant;
+        -inf when they are every item; the constant alone (score 0) when the source returned
+        fewer (a :class:`~sparsemm.index.store.Store` returns only scores > 0, so every
+        item it left out scores <= 0)."""
+        total = len(source)
+        if not len(self.dims):  # the proxy is 0 for every item
+            rows = np.arange(min(n, total), dtype=np.int64)
+            return rows, (-np.inf if n >= total else self.extra)
+        if self.asked < n and len(self.rows) >= self.asked:  # the fetched rows run out
+            self.asked = max(n, fetch)
+            res = source.search((self.dims, self.w), k=self.asked)
+            self.rows = np.asarray(res.rows, dtype=np.int64)
+            self.scores = np.asarray(res.scores, dtype=np.float64)
+            self.searches += 1
+        if len(self.rows) >= total and n >= len(self.rows):
+            return self.rows, -np.inf
+        if len(self.rows) < n:  # the source had no more rows with a positive score
+            return self.rows, self.extra
+        return self.rows[:n], float(self.scores[n - 1]) + self.extra
 
 
 def _rescore(
@@ -181,27 +215,40 @@ def served_rank(
     candidates: int = 256,
     max_candidates: int = 65536,
     proxy_dims: int = 256,
+    fetch: int | None = None,
+    nonnegative: bool | None = None,
     **params: Any,
 ) -> ServedResult:
     """Top ``k`` items after ``offset`` of ``query``, as ``rank_query`` over every item
     would rank them (see the module docstring). ``ctx`` supplies the encoders, text caches
-    and model detectors; its own items are not read."""
+    and model detectors; its own items are not read. ``candidates``: the first pool per
+    list, grown fourfold up to ``max_candidates`` until the result is certified; ``fetch``:
+    rows each index search returns, so the pool grows within them before a list is searched
+    again (None: 1% of the items, at least the first pool and at most :data:`FETCH_MAX`).
+    ``nonnegative``: whether the source's
+    codes have no negative value (None: ask the source, ``source.nonnegative``; a source
+    that cannot tell is scanned)."""
     if k < 1 or offset < 0:
         raise SparsemmError("k must be >= 1 and offset >= 0")
     if candidates < 1 or max_candidates < candidates:
         raise SparsemmError("need 1 <= candidates <= max_candidates")
     strat = build_strategy(ctx, strategy, **params)
     want = offset + k
-    if not bounded(strat, query):
+    if nonnegative is None:
+        nonnegative = bool(getattr(source, "nonnegative", False))
+    if not (nonnegative and bounded(strat, query)):
         return scan_rank(source, ctx, query, strategy, k, offset, **params)
     assert isinstance(strat, Hybrid)
     va, vp, bias = proxy_vectors(strat, query)
-    lists = [(*_cut(va, proxy_dims), 0.0)]
+    lists = [_ProxyList(*_cut(va, proxy_dims), 0.0)]
     if vp is not None:
-        lists.append((*_cut(vp, proxy_dims), bias))
+        lists.append(_ProxyList(*_cut(vp, proxy_dims), bias))
     norms = float(np.linalg.norm(va)) + (float(np.linalg.norm(vp)) if vp is not None else 0.0)
     margin = _MARGIN * (1.0 + norms)
     n = max(candidates, want)
+    if fetch is None:
+        fetch = min(FETCH_MAX, len(source) // 100)
+    fetch = max(fetch, n)
     rounds = 0
     cand = np.zeros(0, np.int64)  # rows rescored so far (every round's lists), ascending
     scores = np.zeros(0)
@@ -211,9 +258,9 @@ def served_rank(
         # result, the second index search is skipped (on the collages A alone certifies 88
         # of 90 label pairs at 100k items: the detector logits make P's bound loose).
         bound = np.inf
-        for dims, w, residual, const in lists:
-            rows, nth = _nth(source, dims, w, n)
-            bound = min(bound, nth + residual + const)
+        for plist in lists:
+            rows, list_bound = plist.top(source, n, fetch)
+            bound = min(bound, list_bound)
             new = np.setdiff1d(rows, cand)  # sorted, unique
             if len(new):
                 cand, scores = _merge(
@@ -226,7 +273,10 @@ def served_rank(
                 break
         if certified or n >= max_candidates or n >= len(source):
             top = top[offset:]
-            return ServedResult(cand[top], scores[top], len(cand), certified, rounds, "two-stage")
+            searches = sum(p.searches for p in lists)
+            return ServedResult(
+                cand[top], scores[top], len(cand), certified, rounds, "two-stage", searches
+            )
         n = min(n * 4, max_candidates)
 
 
