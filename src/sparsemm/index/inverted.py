@@ -172,7 +172,7 @@ class SearchResult:
     scores: np.ndarray
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -751,6 +751,7 @@ class InvertedIndex:
         plan: Plan,
         mask: np.ndarray | None,
         approx: float | None = None,
+        with_ids: bool = True,
     ) -> SearchResult:
         if plan.extra_dims.size:
             dims = np.concatenate([dims, plan.extra_dims])
@@ -798,7 +799,8 @@ class InvertedIndex:
         heap_sort(hs, hr, size)
         rows, scores = hr[:size], hs[:size]
         all_ids = self._all_ids
-        return SearchResult(rows=rows, ids=[all_ids[r] for r in rows.tolist()], scores=scores)
+        ids = [all_ids[r] for r in rows.tolist()] if with_ids else []
+        return SearchResult(rows=rows, ids=ids, scores=scores)
 
     def _search_approx(
         self,
@@ -882,6 +884,7 @@ class InvertedIndex:
         exclude: Exclusion | None = None,
         allowed: np.ndarray | Sequence[int] | None = None,
         approx: float | None = None,
+        with_ids: bool = True,
     ) -> SearchResult:
         """Exact top-``k`` items by inner product with ``query`` (ranking rule: module doc).
 
@@ -894,13 +897,17 @@ class InvertedIndex:
         scores are exact but a true hit can be missed (recall measured in
         ``benchmarks/index_latency.py --approx``); the first such search builds the
         truncated lists in memory (``warm(approx=...)`` does it ahead).
+        ``with_ids=False`` leaves ``ids`` empty (rows and scores only): a caller asking for
+        thousands of rows by row number spares building their id list.
         """
         k = check_k(k)
         dims, w = as_query(query, self._dim)
         plan = plan_exclusion(exclude, self._dim)
-        return self._search_one(
-            dims, w, k, plan, self._allowed_mask(allowed), _check_approx(approx)
-        )
+        mask = self._allowed_mask(allowed)
+        a = _check_approx(approx)
+        if a is not None:
+            return self._search_one(dims, w, k, plan, mask, a)
+        return self._search_one(dims, w, k, plan, mask, with_ids=with_ids)
 
     def search_batch(
         self,

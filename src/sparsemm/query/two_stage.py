@@ -33,7 +33,8 @@ Every log term is <= 0 and log sigma(z) <= min(0, z), so with P(x) = A(x) + delt
    search already returned (``fetch`` of them, 1% of the items up to 4,096: at 1M items a
    search costs about the same for 256 rows as for 4,096, so most queries search each list
    once); a result that is still not certified is returned with ``certified=False``
-   (counted by ``benchmarks/two_stage.py``).
+   (counted by ``benchmarks/two_stage.py``). A pool that would pass a quarter of the items
+   is not grown: the query is ranked by the exact scan below, which costs less.
 
 Queries this cannot bound are ranked by scanning the index's row store in chunks (never
 every code at once): exclusion-only queries (ranked by absence), detectors fitted at
@@ -50,6 +51,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
+from sparsemm.index.inverted import InvertedIndex
 from sparsemm.linalg import normalize_rows
 from sparsemm.query.parse import Query
 from sparsemm.query.rank import build_strategy, score_query
@@ -64,6 +66,8 @@ SCAN_ROWS = 65536  # rows per chunk when a query is ranked by scanning the row s
 # search for 4,096 rows costs what one for 256 does (the posting scan dominates); at 100k
 # the larger heap shows (5.6 ms for 256 rows, 6.5 ms for 1,024, 9.8 ms for 4,096).
 FETCH_MAX = 4096
+# A pool that would grow past 1 / SCAN_SHARE of the items is replaced by the exact scan.
+SCAN_SHARE = 4
 
 
 class CodeSource(Protocol):
@@ -182,7 +186,10 @@ class _ProxyList:
             return rows, (-np.inf if n >= total else self.extra)
         if self.asked < n and len(self.rows) >= self.asked:  # the fetched rows run out
             self.asked = max(n, fetch)
-            res = source.search((self.dims, self.w), k=self.asked)
+            if isinstance(source, InvertedIndex):  # rows are all the served path reads
+                res = source.search((self.dims, self.w), k=self.asked, with_ids=False)
+            else:
+                res = source.search((self.dims, self.w), k=self.asked)
             self.rows = np.asarray(res.rows, dtype=np.int64)
             self.scores = np.asarray(res.scores, dtype=np.float64)
             self.searches += 1
@@ -278,6 +285,10 @@ def served_rank(
                 cand[top], scores[top], len(cand), certified, rounds, "two-stage", searches
             )
         n = min(n * 4, max_candidates)
+        if n * SCAN_SHARE >= len(source):
+            # rescoring a quarter of the items costs about what reading them all does, and
+            # the scan is exact by construction (no certificate needed)
+            return scan_rank(source, ctx, query, strategy, k, offset, **params)
 
 
 def _merge(
