@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from sparsemm.data.collection import open_collection, write_collection
+from sparsemm.errors import SparsemmError
 from sparsemm.linalg import normalize_rows
 
 KEEP = ("captions", "labels", "image", "split")
@@ -35,6 +36,14 @@ def main() -> None:
     if args.items < 1:
         raise SystemExit("--items must be >= 1")
     t0 = time.perf_counter()
+    try:
+        grow(args)
+    except SparsemmError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    print(f"{args.items} items written to {args.out} in {time.perf_counter() - t0:.1f} s")
+
+
+def grow(args: argparse.Namespace) -> None:
     col = open_collection(args.source)
     emb = col.image_embeddings()
     rng = np.random.default_rng(args.seed)
@@ -57,7 +66,6 @@ def main() -> None:
         extra=extra,
         text_encoder=dict(man["text_encoder"]) if man.get("text_encoder") else None,
     )
-    print(f"{args.items} items written to {args.out} in {time.perf_counter() - t0:.1f} s")
 
 
 if __name__ == "__main__":
