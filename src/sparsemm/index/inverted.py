@@ -92,6 +92,7 @@ import scipy.sparse as sp
 from sparsemm.errors import SparsemmError
 from sparsemm.index.kernels import (
     clean_query,
+    copy_runs,
     heap_sort,
     rescore_rows,
     score_segment,
@@ -596,15 +597,7 @@ class InvertedIndex:
         for si in np.unique(seg_of):
             s = self._segments[si]
             sel = np.flatnonzero(seg_of == si)
-            n_sel = int(lens[sel].sum())
-            # run-length gather: position t of the selected rows' runs, rebased per row
-            run = np.arange(n_sel, dtype=np.int64) - np.repeat(
-                np.cumsum(lens[sel]) - lens[sel], lens[sel]
-            )
-            src = np.repeat(starts[sel], lens[sel]) + run
-            dst = np.repeat(indptr[sel], lens[sel]) + run
-            dims[dst] = s.row_dims[src]
-            vals[dst] = s.row_vals[src]
+            copy_runs(s.row_dims, s.row_vals, starts[sel], lens[sel], indptr[sel], dims, vals)
         return sp.csr_matrix((vals, dims, indptr), shape=(len(r), self._dim))
 
     # ----- writing --------------------------------------------------------------------------

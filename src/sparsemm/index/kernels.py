@@ -225,6 +225,26 @@ def rescore_rows(
 
 
 @njit(cache=True, nogil=True)
+def copy_runs(
+    src_dims: np.ndarray,
+    src_vals: np.ndarray,
+    starts: np.ndarray,
+    lens: np.ndarray,
+    dst: np.ndarray,
+    out_dims: np.ndarray,
+    out_vals: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """Copy run i (``lens[i]`` entries of src_* from ``starts[i]``) to out_* at ``dst[i]``:
+    the row store's codes of selected rows gathered into one CSR matrix."""
+    for i in range(starts.shape[0]):
+        a = starts[i]
+        b = dst[i]
+        for t in range(lens[i]):
+            out_dims[b + t] = src_dims[a + t]
+            out_vals[b + t] = src_vals[a + t]
+
+
+@njit(cache=True, nogil=True)
 def dim_bounds(
     indptr: np.ndarray, vals: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - numba

@@ -174,18 +174,19 @@ class _ProxyList:
         self.asked = 0  # k of the last search (0: not searched yet)
         self.searches = 0
 
-    def top(self, source: CodeSource, n: int, fetch: int) -> tuple[np.ndarray, float]:
+    def top(self, source: CodeSource, n: int, fetch: int, cap: int) -> tuple[np.ndarray, float]:
         """(rows, bound): the top ``n`` rows by the inner product, and the largest value of
         this bound for an item outside them: the n-th score plus residual and constant;
         -inf when they are every item; the constant alone (score 0) when the source returned
         fewer (a :class:`~sparsemm.index.store.Store` returns only scores > 0, so every
-        item it left out scores <= 0)."""
+        item it left out scores <= 0). The first search fetches ``fetch`` rows; a pool that
+        outgrows them is searched again once, for ``cap`` rows (the largest pool)."""
         total = len(source)
         if not len(self.dims):  # the proxy is 0 for every item
             rows = np.arange(min(n, total), dtype=np.int64)
             return rows, (-np.inf if n >= total else self.extra)
         if self.asked < n and len(self.rows) >= self.asked:  # the fetched rows run out
-            self.asked = max(n, fetch)
+            self.asked = max(n, cap if self.searches else fetch)
             if isinstance(source, InvertedIndex):  # rows are all the served path reads
                 res = source.search((self.dims, self.w), k=self.asked, with_ids=False)
             else:
@@ -231,7 +232,8 @@ def served_rank(
     and model detectors; its own items are not read. ``candidates``: the first pool per
     list, grown fourfold up to ``max_candidates`` until the result is certified; ``fetch``:
     rows each index search returns, so the pool grows within them before a list is searched
-    again (None: 1% of the items, at least the first pool and at most :data:`FETCH_MAX`).
+    again, once, for ``max_candidates`` rows (None: 1% of the items, at least the first pool
+    and at most :data:`FETCH_MAX`).
     ``nonnegative``: whether the source's
     codes have no negative value (None: ask the source, ``source.nonnegative``; a source
     that cannot tell is scanned)."""
@@ -266,7 +268,7 @@ def served_rank(
         # of 90 label pairs at 100k items: the detector logits make P's bound loose).
         bound = np.inf
         for plist in lists:
-            rows, list_bound = plist.top(source, n, fetch)
+            rows, list_bound = plist.top(source, n, fetch, max_candidates)
             bound = min(bound, list_bound)
             new = np.setdiff1d(rows, cand)  # sorted, unique
             if len(new):
