@@ -232,7 +232,7 @@ def served_rank(
     and model detectors; its own items are not read. ``candidates``: the first pool per
     list, grown fourfold up to ``max_candidates`` until the result is certified; ``fetch``:
     rows each index search returns, so the pool grows within them before a list is searched
-    again, once, for ``max_candidates`` rows (None: 1% of the items, at least the first pool
+    again, once, for the largest pool (None: 1% of the items, at least the second pool size
     and at most :data:`FETCH_MAX`).
     ``nonnegative``: whether the source's
     codes have no negative value (None: ask the source, ``source.nonnegative``; a source
@@ -255,9 +255,12 @@ def served_rank(
     norms = float(np.linalg.norm(va)) + (float(np.linalg.norm(vp)) if vp is not None else 0.0)
     margin = _MARGIN * (1.0 + norms)
     n = max(candidates, want)
-    if fetch is None:
-        fetch = min(FETCH_MAX, len(source) // 100)
+    if fetch is None:  # 1% of the items, at least the second pool size
+        fetch = min(FETCH_MAX, max(4 * n, len(source) // 100))
     fetch = max(fetch, n)
+    # past the fetched rows a list is searched once more, for the largest pool that is not
+    # scanned instead
+    cap = max(n, min(max_candidates, len(source) // SCAN_SHARE))
     rounds = 0
     cand = np.zeros(0, np.int64)  # rows rescored so far (every round's lists), ascending
     scores = np.zeros(0)
@@ -268,7 +271,7 @@ def served_rank(
         # of 90 label pairs at 100k items: the detector logits make P's bound loose).
         bound = np.inf
         for plist in lists:
-            rows, list_bound = plist.top(source, n, fetch, max_candidates)
+            rows, list_bound = plist.top(source, n, fetch, cap)
             bound = min(bound, list_bound)
             new = np.setdiff1d(rows, cand)  # sorted, unique
             if len(new):
