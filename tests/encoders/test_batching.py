@@ -109,6 +109,37 @@ def test_an_encoder_error_reaches_every_caller_of_that_pass_and_the_worker_goes_
         enc.encode_text(["late"])
 
 
+def test_a_failing_call_does_not_fail_the_calls_batched_with_it() -> None:
+    base = SlowEncoder(delay=0.3, fail_on="boom")
+    enc = BatchingTextEncoder(base, max_batch=64)
+    # keep the worker busy while the calls queue, so they are taken as one batch
+    busy = threading.Thread(target=enc.encode_text, args=(["warm"],))
+    busy.start()
+    time.sleep(0.1)
+    jobs = [["boom"]] + [[f"ok {i}"] for i in range(6)]
+    out: list[object] = [None] * len(jobs)
+
+    def run(i: int) -> None:
+        try:
+            out[i] = enc.encode_text(jobs[i])
+        except ValueError as exc:
+            out[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    busy.join()
+    assert isinstance(out[0], ValueError)
+    for texts, rows in zip(jobs[1:], out[1:], strict=True):
+        assert isinstance(rows, np.ndarray)
+        np.testing.assert_allclose(rows, SlowEncoder(delay=0).encode_text(texts), rtol=1e-6)
+    together = {t for j in jobs for t in j}
+    assert any(set(c) == together for c in base.calls)  # one shared pass failed, then alone
+    enc.close()
+
+
 def test_rejects_a_batch_size_below_one() -> None:
     with pytest.raises(ValueError):
         BatchingTextEncoder(SlowEncoder(), max_batch=0)

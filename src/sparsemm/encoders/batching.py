@@ -115,17 +115,24 @@ class BatchingTextEncoder:
 
     def _run(self) -> None:
         while (jobs := self._take()) is not None:
-            unique = list(dict.fromkeys(t for j in jobs for t in j.texts))
             try:
-                emb = np.asarray(self.base.encode_text(unique), dtype=np.float32)
-            except BaseException as exc:  # every waiting caller gets the error, not a hang
+                self._encode(jobs)
+            except BaseException:
+                # One call's texts failed the batch: encode each call on its own, so only
+                # the call that fails gets the error (never a hang, never a neighbour's).
                 for j in jobs:
-                    j.error = exc
-                    j.done.set()
-                continue
-            at = {t: i for i, t in enumerate(unique)}
-            self.batches += 1
-            self.texts += len(unique)
-            for j in jobs:
-                j.result = emb[[at[t] for t in j.texts]]
-                j.done.set()
+                    try:
+                        self._encode([j])
+                    except BaseException as exc:
+                        j.error = exc
+                        j.done.set()
+
+    def _encode(self, jobs: list[_Pending]) -> None:
+        unique = list(dict.fromkeys(t for j in jobs for t in j.texts))
+        emb = np.asarray(self.base.encode_text(unique), dtype=np.float32)
+        at = {t: i for i, t in enumerate(unique)}
+        self.batches += 1
+        self.texts += len(unique)
+        for j in jobs:
+            j.result = emb[[at[t] for t in j.texts]]
+            j.done.set()
