@@ -16,7 +16,6 @@ embedding can differ from the one it gets alone in the last bits, as with any ba
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -24,8 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
-logger = logging.getLogger(__name__)
 
 MAX_BATCH = 32  # texts per forward pass: past ~16 short texts the cost per text is flat
 
@@ -117,14 +114,18 @@ class BatchingTextEncoder:
         while (jobs := self._take()) is not None:
             try:
                 self._encode(jobs)
-            except BaseException:
+            except BaseException as exc:
+                if len(jobs) == 1:  # never a hang: the caller gets the error
+                    jobs[0].error = exc
+                    jobs[0].done.set()
+                    continue
                 # One call's texts failed the batch: encode each call on its own, so only
-                # the call that fails gets the error (never a hang, never a neighbour's).
+                # the call that fails gets the error (never a neighbour's).
                 for j in jobs:
                     try:
                         self._encode([j])
-                    except BaseException as exc:
-                        j.error = exc
+                    except BaseException as exc_j:
+                        j.error = exc_j
                         j.done.set()
 
     def _encode(self, jobs: list[_Pending]) -> None:

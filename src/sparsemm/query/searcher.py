@@ -405,9 +405,11 @@ class Searcher:
         """Encode the query texts of searches running at once in other threads together
         (:class:`~sparsemm.encoders.batching.BatchingTextEncoder`): what a server answering
         many requests turns on, since one forward pass over several short texts costs
-        little more than over one. Text caches built so far are dropped."""
-        if not isinstance(self._encoder, BatchingTextEncoder):
-            self._encoder = BatchingTextEncoder(self.encoder, max_batch)
+        little more than over one. Text caches built so far are dropped (a second call
+        changes nothing)."""
+        if isinstance(self._encoder, BatchingTextEncoder):
+            return
+        self._encoder = BatchingTextEncoder(self.encoder, max_batch)
         self._ctx = self._text_ctx = None
         self._raw_text = None
 

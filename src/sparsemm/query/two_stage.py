@@ -62,9 +62,10 @@ from sparsemm.query.strategies import ExclusionContext, Hybrid, Strategy, top_ro
 # at most ||w|| for a unit code, so its rounding error stays below ~256 * 6e-8 * ||w||.
 _MARGIN = 2e-5
 SCAN_ROWS = 65536  # rows per chunk when a query is ranked by scanning the row store
-# Rows an index search fetches at most by default (1% of the items below that): at 1M items a
-# search for 4,096 rows costs what one for 256 does (the posting scan dominates); at 100k
-# the larger heap shows (5.6 ms for 256 rows, 6.5 ms for 1,024, 9.8 ms for 4,096).
+# Rows an index search fetches at most by default (1% of the items below that, but at least
+# the second pool size): at 1M items a search for 4,096 rows costs what one for 256 does (the
+# posting scan dominates); at 100k the larger heap shows (5.6 ms for 256 rows, 6.5 ms for
+# 1,024, 9.8 ms for 4,096).
 FETCH_MAX = 4096
 # A pool that would grow past 1 / SCAN_SHARE of the items is replaced by the exact scan.
 SCAN_SHARE = 4
