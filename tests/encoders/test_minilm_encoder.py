@@ -102,6 +102,23 @@ def test_query_path_equals_sentence_transformers(encoder) -> None:
     np.testing.assert_allclose(big[: len(LITE_TEXTS)], reference, atol=2e-6)
 
 
+def test_server_batch_stays_on_the_query_path() -> None:
+    """A full batch of concurrent queries from the server (``batching.MAX_BATCH`` texts of
+    mixed lengths) is packed through bert_lite, with each text's embedding as if alone;
+    sentence-transformers is not imported in the middle of serving."""
+    from sparsemm.encoders.batching import MAX_BATCH
+    from sparsemm.encoders.minilm import MiniLMEncoder
+
+    texts = [
+        LITE_TEXTS[i % len(LITE_TEXTS)] + " " * (i // len(LITE_TEXTS)) for i in range(MAX_BATCH)
+    ]
+    fresh = MiniLMEncoder()
+    together = fresh.encode_text(texts)
+    assert fresh._st is None
+    alone = np.concatenate([fresh.encode_text([t]) for t in texts[:6]])
+    np.testing.assert_allclose(together[:6], alone, atol=2e-6)
+
+
 def test_query_path_imports_no_sentence_transformers() -> None:
     import json
     import subprocess

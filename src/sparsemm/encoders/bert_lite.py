@@ -50,6 +50,7 @@ class BertLite:
     (unit length when the folder's pipeline ends in a Normalize module)."""
 
     def __init__(self, folder: str | Path) -> None:
+        import torch
         from safetensors.torch import load_file
         from tokenizers import Tokenizer
 
@@ -76,6 +77,13 @@ class BertLite:
         weights = load_file(str(folder / "model.safetensors"))
         # checkpoints saved from BertForX carry a "bert." prefix
         self.w: dict[str, Any] = {k.removeprefix("bert."): v.float() for k, v in weights.items()}
+        # one (3h, h) projection for query, key and value: one matrix product, not three
+        for i in range(self.layers):
+            p = f"encoder.layer.{i}.attention.self"
+            for part in ("weight", "bias"):
+                self.w[f"{p}.qkv.{part}"] = torch.cat(
+                    [self.w.pop(f"{p}.{name}.{part}") for name in ("query", "key", "value")]
+                )
 
     def _norm(self, x: Any, name: str) -> Any:
         import torch.nn.functional as F
@@ -90,35 +98,54 @@ class BertLite:
         return F.linear(x, self.w[f"{name}.weight"], self.w[f"{name}.bias"])
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed ``texts`` -> ``(n, hidden)`` float32.
+
+        The texts are packed, not padded: the linear layers, LayerNorms and GELUs (nearly
+        all the arithmetic) run over the real tokens only, and only attention, which
+        needs a text's tokens side by side, scatters them into a padded batch and back.
+        A query's texts differ in length (an include clause and one-word exclusions), so
+        packing skips the padding rows that a padded batch would multiply through every
+        layer; the embeddings are the same.
+        """
         import torch
 
-        enc = self.tokenizer.encode_batch(list(texts))
-        ids = torch.tensor([e.ids for e in enc], dtype=torch.long)  # (n, L)
-        mask = torch.tensor([e.attention_mask for e in enc], dtype=torch.float32)  # (n, L)
-        types = torch.tensor([e.type_ids for e in enc], dtype=torch.long)
-        n, length = ids.shape
-        h, dh = self.hidden, self.hidden // self.heads
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.hidden), np.float32)
+        enc = self.tokenizer.encode_batch(texts)
+        lens = [sum(e.attention_mask) for e in enc]
+        n, length = len(enc), max(lens)
+        ids = torch.tensor(
+            [i for e, m in zip(enc, lens, strict=True) for i in e.ids[:m]], dtype=torch.long
+        )
+        types = torch.tensor(
+            [i for e, m in zip(enc, lens, strict=True) for i in e.type_ids[:m]], dtype=torch.long
+        )
+        pos = torch.cat([torch.arange(m) for m in lens])  # (T,) position within its text
+        owner = torch.repeat_interleave(torch.arange(n), torch.tensor(lens))  # (T,) text
+        slot = owner * length + pos  # (T,) place in the padded (n * L) layout
+        lens_t = torch.tensor(lens, dtype=torch.float32)
+        h, dh, heads = self.hidden, self.hidden // self.heads, self.heads
         w = self.w
         with torch.no_grad():
             x = (
                 w["embeddings.word_embeddings.weight"][ids]
-                + w["embeddings.position_embeddings.weight"][:length][None]
+                + w["embeddings.position_embeddings.weight"][pos]
                 + w["embeddings.token_type_embeddings.weight"][types]
             )
-            x = self._norm(x, "embeddings.LayerNorm")  # (n, L, h)
+            x = self._norm(x, "embeddings.LayerNorm")  # (T, h)
             # padding keys get the lowest score, so softmax gives them no weight
-            bias = (1.0 - mask)[:, None, None, :] * torch.finfo(torch.float32).min
-
-            def split(t: Any) -> Any:  # (n, L, h) -> (n, heads, L, dh)
-                return t.view(n, length, self.heads, dh).transpose(1, 2)
-
+            real = torch.arange(length)[None, :] < lens_t[:, None]  # (n, L)
+            bias = (~real).float()[:, None, None, :] * torch.finfo(torch.float32).min
+            scale = 1.0 / math.sqrt(dh)
+            padded = torch.zeros(n * length, 3 * h)
             for i in range(self.layers):
                 p = f"encoder.layer.{i}"
-                q = split(self._linear(x, f"{p}.attention.self.query"))
-                k = split(self._linear(x, f"{p}.attention.self.key"))
-                v = split(self._linear(x, f"{p}.attention.self.value"))
-                att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(dh) + bias, dim=-1)
-                ctx = (att @ v).transpose(1, 2).reshape(n, length, h)
+                padded[slot] = self._linear(x, f"{p}.attention.self.qkv")  # (T, 3h)
+                qkv = padded.view(n, length, 3, heads, dh).permute(2, 0, 3, 1, 4)
+                q, k, v = qkv[0], qkv[1], qkv[2]  # (n, heads, L, dh)
+                att = torch.softmax(q @ k.transpose(-1, -2) * scale + bias, dim=-1)
+                ctx = (att @ v).transpose(1, 2).reshape(n * length, h)[slot]  # (T, h)
                 x = self._norm(
                     self._linear(ctx, f"{p}.attention.output.dense") + x,
                     f"{p}.attention.output.LayerNorm",
@@ -127,8 +154,7 @@ class BertLite:
                 x = self._norm(
                     self._linear(inner, f"{p}.output.dense") + x, f"{p}.output.LayerNorm"
                 )
-            m = mask[..., None]
-            pooled = (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+            pooled = torch.zeros(n, h).index_add_(0, owner, x) / lens_t.clamp(min=1.0)[:, None]
             if self.normalize:
                 pooled = torch.nn.functional.normalize(pooled, dim=1)
         out: np.ndarray = pooled.numpy().astype(np.float32)

@@ -25,8 +25,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_DIM = 384
 # Batches up to this size use the plain-torch forward pass (bert_lite) while
-# sentence-transformers is not loaded yet: queries, not collections.
-LITE_MAX_TEXTS = 16
+# sentence-transformers is not loaded yet: queries, not collections. At least the server's
+# batch of concurrent queries (``batching.MAX_BATCH``), so that a busy server never imports
+# sentence-transformers mid-request.
+LITE_MAX_TEXTS = 64
 
 
 PACKAGED_NAMES = frozenset({"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"})
