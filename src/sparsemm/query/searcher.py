@@ -590,6 +590,20 @@ class Searcher:
                         f"cannot {side} anything; check the spelling or try another word"
                     )
 
+    def prepare(self, query: str | Query, strategy: str | None = None, **params: Any) -> None:
+        """Encode (and code) ``query``'s texts into the text caches without ranking: what
+        :meth:`search` would encode first, with the same errors for bad terms. A server
+        calls it before taking a search lane, so the texts of many waiting requests are
+        encoded in shared batches while the lanes rank other queries."""
+        q = query if isinstance(query, Query) else parse_query(query)
+        strategy = strategy or self.default_strategy
+        if strategy not in available_strategies():
+            return  # search() names it
+        kind = "sparse" if self.served(strategy, **params) else get_spec(strategy).kind
+        if kind == "dense" and self.dense is None:
+            return  # search() explains it
+        self.check_terms(q, kind)
+
     def search(
         self,
         query: str | Query,

@@ -499,7 +499,13 @@ class SearchService:
     ) -> SearchOut:
         strategy = req.strategy or self.searcher.default_strategy
         label = None
-        with self.lane(heavy=len(query.include) + len(query.exclude) > self.heavy_terms):
+        heavy = len(query.include) + len(query.exclude) > self.heavy_terms
+        if like is None and not heavy:
+            # Text encoding happens before a lane is taken: the waiting requests' texts go
+            # through the encoder in shared batches (one thread, torch without the GIL)
+            # while the lanes rank other queries. A costly query encodes in its lane.
+            self.searcher.prepare(query, strategy)
+        with self.lane(heavy=heavy):
             try:  # the searcher names unknown strategies and terms (Searcher.check_terms)
                 if like is None:
                     hits = self.searcher.search(
