@@ -254,3 +254,32 @@ def test_batched_text_encoding_gives_the_same_hits_from_many_threads(searcher: S
     for q, hits in zip(queries * 4, got, strict=True):
         assert [(h.id, h.score) for h in hits] == want[q]
     assert enc.batches >= 1
+
+
+@pytest.mark.parametrize("strategy", [None, "penalty", "dense_a"])
+def test_prepare_encodes_what_search_needs(searcher: Searcher, strategy: str | None) -> None:
+    """``prepare`` (the server calls it before taking a search lane) leaves every text
+    the search needs in the caches: the search then encodes nothing and ranks the same;
+    a term the model does not know gets search's error."""
+    want = [(h.id, h.score) for h in searcher.search("dog but not cat", k=4, strategy=strategy)]
+    searcher.clear_text_caches()
+    calls: list[list[str]] = []
+    enc = searcher.encoder
+    base_encode = enc.encode_text
+
+    def counting(texts, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(list(texts))
+        return base_encode(texts, *args, **kwargs)
+
+    enc.encode_text = counting
+    searcher.prepare("dog but not cat", strategy)
+    assert calls, "prepare encoded nothing"
+    prepared = len(calls)
+    got = [(h.id, h.score) for h in searcher.search("dog but not cat", k=4, strategy=strategy)]
+    assert len(calls) == prepared  # nothing left to encode
+    assert got == want
+    with pytest.raises(SparsemmError, match="'qwerty' matches no concept"):
+        searcher.prepare("dog but not qwerty", strategy)
+    searcher.prepare("dog", "no_such_strategy")  # search() names it; prepare stays quiet
+    with pytest.raises(SparsemmError, match="unknown strategy"):
+        searcher.search("dog", strategy="no_such_strategy")

@@ -111,6 +111,11 @@ _PREFIX_CUES: tuple[tuple[str, ...], ...] = tuple(
         reverse=True,
     )
 )
+# The cues by first word (same order): a token is tried only against cues it can start.
+_CUES_BY_FIRST: dict[str, tuple[tuple[str, ...], ...]] = {
+    w: tuple(c for c in _PREFIX_CUES if c[0] == w)
+    for w in dict.fromkeys(c[0] for c in _PREFIX_CUES)
+}
 # Sentence cues that may end without an object ("..., isn't it"): no error then.
 _SOFT_CUES = frozenset({"isn't", "aren't", "wasn't", "weren't", "lacking", "lacks", "lack"})
 # "doesn't have X", "does not contain X", "not wearing X": the verb after the cue is skipped.
@@ -581,7 +586,7 @@ class _Parser:
         w = self._word(i)
         if w is None:
             return None
-        for cue in _PREFIX_CUES:
+        for cue in _CUES_BY_FIRST.get(w, ()):
             if all(self._word(i + j) == c for j, c in enumerate(cue)):
                 end = i + len(cue)
                 if cue[0] in ("lacks", "lack", "lacking") and not self._np_start(end):
