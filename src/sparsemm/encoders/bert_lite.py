@@ -6,7 +6,8 @@ several seconds: most of a cold ``sparsemm search``. A query is a few words, so
 ``tokenizer.json`` read by the ``tokenizers`` library) with the same arithmetic: the BERT
 encoder (Devlin et al., 2019: embeddings, then post-LayerNorm self-attention and GELU
 feed-forward blocks), padding masked out of attention, and mean pooling over the real
-tokens, as sentence-transformers' ``Pooling(mean)`` does. The tests check it against
+tokens, as sentence-transformers' ``Pooling(mean)`` does. The texts of a call are packed
+rather than padded outside attention (see :meth:`BertLite.encode`). The tests check it against
 sentence-transformers on the packaged all-MiniLM-L6-v2.
 """
 
