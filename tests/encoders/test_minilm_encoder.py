@@ -133,3 +133,27 @@ def test_query_path_imports_no_sentence_transformers() -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout.strip().splitlines()[-1]) == [384, []]
+
+
+def test_forward_pass_is_compiled_and_equals_the_eager_function() -> None:
+    """The query encoder's forward pass is one TorchScript call (it runs without taking the
+    GIL between operators, which a busy server needs); the plain function it falls back to
+    without TorchScript gives the same embeddings."""
+    import torch
+
+    from sparsemm.encoders.bert_forward import forward
+    from sparsemm.encoders.bert_lite import BertLite, forward_function
+    from sparsemm.encoders.minilm import default_model_path
+
+    assert isinstance(forward_function(), torch.jit.ScriptFunction)
+    lite = BertLite(default_model_path())
+    enc = lite.tokenizer.encode_batch(LITE_TEXTS)
+    ids = torch.tensor([i for e in enc for i in e.ids])
+    types = torch.tensor([i for e in enc for i in e.type_ids])
+    lens = torch.tensor([len(e.ids) for e in enc])
+    args = (ids, types, lens, lite.heads, lite.eps, lite.emb, lite.blocks, True)
+    with torch.no_grad():
+        scripted = forward_function()(*args)
+        eager = forward(*args)
+    np.testing.assert_allclose(scripted.numpy(), eager.numpy(), atol=1e-6)
+    np.testing.assert_allclose(scripted.numpy(), lite.encode(LITE_TEXTS), atol=1e-6)

@@ -14,7 +14,9 @@ sentence-transformers on the packaged all-MiniLM-L6-v2.
 from __future__ import annotations
 
 import json
-import math
+import logging
+import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from sparsemm.errors import SparsemmError
+
+logger = logging.getLogger(__name__)
 
 
 def lite_supported(folder: Path) -> bool:
@@ -74,29 +78,39 @@ class BertLite:
         self.normalize = any(str(m.get("type", "")).endswith(".Normalize") for m in modules)
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length=max_len)
-        self.tokenizer.enable_padding(pad_id=int(cfg.get("pad_token_id", 0)))
+        self.tokenizer.no_padding()  # texts are packed (encode), never padded
         weights = load_file(str(folder / "model.safetensors"))
         # checkpoints saved from BertForX carry a "bert." prefix
         self.w: dict[str, Any] = {k.removeprefix("bert."): v.float() for k, v in weights.items()}
-        # one (3h, h) projection for query, key and value: one matrix product, not three
+        w = self.w
+        self.emb = [
+            w[f"embeddings.{name}"]
+            for name in (
+                "word_embeddings.weight",
+                "position_embeddings.weight",
+                "token_type_embeddings.weight",
+                "LayerNorm.weight",
+                "LayerNorm.bias",
+            )
+        ]
+        self.blocks: list[Any] = []
         for i in range(self.layers):
-            p = f"encoder.layer.{i}.attention.self"
+            p = f"encoder.layer.{i}"
+            # one (3h, h) projection for query, key and value: one matrix product, not three
             for part in ("weight", "bias"):
-                self.w[f"{p}.qkv.{part}"] = torch.cat(
-                    [self.w.pop(f"{p}.{name}.{part}") for name in ("query", "key", "value")]
+                self.blocks.append(
+                    torch.cat(
+                        [w[f"{p}.attention.self.{q}.{part}"] for q in ("query", "key", "value")]
+                    )
                 )
-
-    def _norm(self, x: Any, name: str) -> Any:
-        import torch.nn.functional as F
-
-        return F.layer_norm(
-            x, (self.hidden,), self.w[f"{name}.weight"], self.w[f"{name}.bias"], self.eps
-        )
-
-    def _linear(self, x: Any, name: str) -> Any:
-        import torch.nn.functional as F
-
-        return F.linear(x, self.w[f"{name}.weight"], self.w[f"{name}.bias"])
+            for name in (
+                "attention.output.dense",
+                "attention.output.LayerNorm",
+                "intermediate.dense",
+                "output.dense",
+                "output.LayerNorm",
+            ):
+                self.blocks += [w[f"{p}.{name}.weight"], w[f"{p}.{name}.bias"]]
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """Embed ``texts`` -> ``(n, hidden)`` float32.
@@ -106,57 +120,58 @@ class BertLite:
         needs a text's tokens side by side, scatters them into a padded batch and back.
         A query's texts differ in length (an include clause and one-word exclusions), so
         packing skips the padding rows that a padded batch would multiply through every
-        layer; the embeddings are the same.
+        layer; the embeddings are the same. The forward pass is one TorchScript call
+        (:func:`forward_function`), which runs without Python's GIL.
         """
         import torch
 
         texts = list(texts)
         if not texts:
             return np.zeros((0, self.hidden), np.float32)
-        enc = self.tokenizer.encode_batch(texts)
-        lens = [sum(e.attention_mask) for e in enc]
-        n, length = len(enc), max(lens)
-        ids = torch.tensor(
-            [i for e, m in zip(enc, lens, strict=True) for i in e.ids[:m]], dtype=torch.long
-        )
-        types = torch.tensor(
-            [i for e, m in zip(enc, lens, strict=True) for i in e.type_ids[:m]], dtype=torch.long
-        )
-        pos = torch.cat([torch.arange(m) for m in lens])  # (T,) position within its text
-        owner = torch.repeat_interleave(torch.arange(n), torch.tensor(lens))  # (T,) text
-        slot = owner * length + pos  # (T,) place in the padded (n * L) layout
-        lens_t = torch.tensor(lens, dtype=torch.float32)
-        h, dh, heads = self.hidden, self.hidden // self.heads, self.heads
-        w = self.w
+        enc = self.tokenizer.encode_batch(texts)  # no padding: each text's own tokens
+        lens = [len(e.ids) for e in enc]
+        ids = torch.from_numpy(np.concatenate([np.asarray(e.ids, np.int64) for e in enc]))
+        types = torch.from_numpy(np.concatenate([np.asarray(e.type_ids, np.int64) for e in enc]))
         with torch.no_grad():
-            x = (
-                w["embeddings.word_embeddings.weight"][ids]
-                + w["embeddings.position_embeddings.weight"][pos]
-                + w["embeddings.token_type_embeddings.weight"][types]
+            pooled = forward_function()(
+                ids,
+                types,
+                torch.tensor(lens, dtype=torch.long),
+                self.heads,
+                self.eps,
+                self.emb,
+                self.blocks,
+                self.normalize,
             )
-            x = self._norm(x, "embeddings.LayerNorm")  # (T, h)
-            # padding keys get the lowest score, so softmax gives them no weight
-            real = torch.arange(length)[None, :] < lens_t[:, None]  # (n, L)
-            bias = (~real).float()[:, None, None, :] * torch.finfo(torch.float32).min
-            scale = 1.0 / math.sqrt(dh)
-            padded = torch.zeros(n * length, 3 * h)
-            for i in range(self.layers):
-                p = f"encoder.layer.{i}"
-                padded[slot] = self._linear(x, f"{p}.attention.self.qkv")  # (T, 3h)
-                qkv = padded.view(n, length, 3, heads, dh).permute(2, 0, 3, 1, 4)
-                q, k, v = qkv[0], qkv[1], qkv[2]  # (n, heads, L, dh)
-                att = torch.softmax(q @ k.transpose(-1, -2) * scale + bias, dim=-1)
-                ctx = (att @ v).transpose(1, 2).reshape(n * length, h)[slot]  # (T, h)
-                x = self._norm(
-                    self._linear(ctx, f"{p}.attention.output.dense") + x,
-                    f"{p}.attention.output.LayerNorm",
-                )
-                inner = torch.nn.functional.gelu(self._linear(x, f"{p}.intermediate.dense"))
-                x = self._norm(
-                    self._linear(inner, f"{p}.output.dense") + x, f"{p}.output.LayerNorm"
-                )
-            pooled = torch.zeros(n, h).index_add_(0, owner, x) / lens_t.clamp(min=1.0)[:, None]
-            if self.normalize:
-                pooled = torch.nn.functional.normalize(pooled, dim=1)
         out: np.ndarray = pooled.numpy().astype(np.float32)
         return out
+
+
+_FORWARD: Any = None
+_FORWARD_LOCK = threading.Lock()
+
+
+def forward_function() -> Any:
+    """:func:`sparsemm.encoders.bert_forward.forward` compiled by TorchScript, once per
+    process (under 0.1 s). A scripted call runs its graph without taking Python's GIL
+    between operators: in a server, the query encoder's worker thread computes while
+    request threads run Python, instead of queueing for the GIL after each of the ~100
+    operators of a pass. If TorchScript is unavailable (a torch without ``torch.jit``), the
+    same function runs eagerly: the same arithmetic."""
+    global _FORWARD
+    with _FORWARD_LOCK:
+        if _FORWARD is None:
+            import torch
+
+            from sparsemm.encoders.bert_forward import forward as _forward
+
+            try:
+                with warnings.catch_warnings():
+                    # torch 2.13 marks torch.jit as deprecated; it still compiles and runs
+                    # (pinned in constraints.txt), and the fallback below keeps working
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    _FORWARD = torch.jit.script(_forward)
+            except Exception as exc:  # any scripting failure: run the same function eagerly
+                logger.warning("TorchScript unavailable (%s); query encoding runs eagerly", exc)
+                _FORWARD = _forward
+        return _FORWARD
