@@ -81,8 +81,8 @@ class BertLite:
         self.tokenizer.no_padding()  # texts are packed (encode), never padded
         weights = load_file(str(folder / "model.safetensors"))
         # checkpoints saved from BertForX carry a "bert." prefix
-        self.w: dict[str, Any] = {k.removeprefix("bert."): v.float() for k, v in weights.items()}
-        w = self.w
+        # only the forward pass's tensors are kept (the fused q/k/v replace their parts)
+        w: dict[str, Any] = {k.removeprefix("bert."): v.float() for k, v in weights.items()}
         self.emb = [
             w[f"embeddings.{name}"]
             for name in (
@@ -159,6 +159,8 @@ def forward_function() -> Any:
     operators of a pass. If TorchScript is unavailable (a torch without ``torch.jit``), the
     same function runs eagerly: the same arithmetic."""
     global _FORWARD
+    if _FORWARD is not None:  # every encode call asks: no lock once compiled
+        return _FORWARD
     with _FORWARD_LOCK:
         if _FORWARD is None:
             import torch
