@@ -76,3 +76,46 @@ def test_constants_written_out_in_the_cli_match_the_library() -> None:
     assert encode.BAD_IMAGE_POLICIES == BAD_IMAGE_POLICIES
     assert index.BACKENDS == BACKENDS
     assert search.DEFAULT_STRATEGY == DEFAULT_STRATEGY
+
+
+ENTRY = "import sys; from sparsemm.cli.main import entry; sys.argv[0] = 'sparsemm'; entry()"
+
+
+@pytest.mark.parametrize(
+    ("argv", "want"),
+    [
+        (["search", "col", "a dog"], True),
+        (["-v", "search", "col"], True),
+        (["index", "col"], False),
+        (["--help"], False),
+        ([], False),
+    ],
+)
+def test_read_only_verbs_are_recognised(argv: list[str], want: bool) -> None:
+    from sparsemm.cli.main import read_only
+
+    assert read_only(argv) is want
+
+
+def test_entry_flushes_output_and_keeps_the_status_when_it_exits_at_once(tmp_path) -> None:
+    # a search ends with os._exit: its output must still arrive, and its status be kept
+    ok = subprocess.run(
+        [sys.executable, "-c", ENTRY, "search", "--list-strategies"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr
+    listed = [line.split()[0] for line in ok.stdout.splitlines()]
+    assert listed == [
+        line.split()[0] for line in _probe("search", "--list-strategies")["out"].splitlines()
+    ]
+    bad = subprocess.run(
+        [sys.executable, "-c", ENTRY, "search", str(tmp_path / "missing"), "a dog", "--no-server"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("error: ") and len(bad.stderr.strip().splitlines()) == 1
+    assert bad.stdout == ""
