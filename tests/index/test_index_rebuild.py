@@ -199,7 +199,7 @@ def _rebuild_before_first(
 
 @pytest.mark.parametrize(
     ("name", "filename"),
-    [("load_npy", "post_indptr.npy"), ("load_npy", "row_vals.npy"), ("read_json", "ids.json")],
+    [("load_npy", "post_blocks.npy"), ("load_npy", "row_vals.npy"), ("read_json", "ids.json")],
 )
 def test_reader_retries_when_a_merge_deletes_a_segment_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, filename: str

@@ -71,12 +71,12 @@ def test_round_trip(tmp_path: Path) -> None:
     assert opened.row_of(["item-3", "item-0"]).tolist() == [3, 0]
     assert opened.row_of("item-9").tolist() == [9]
     manifest = json.loads((tmp_path / "ix" / "manifest.json").read_text())
-    assert manifest["format"] == "sparsemm.index" and manifest["version"] == 1
+    assert manifest["format"] == "sparsemm.index" and manifest["version"] == 2
     assert manifest["dim"] == DIM and manifest["count"] == 120
     assert manifest["nnz"] == codes.nnz == opened.nnz
     seg = tmp_path / "ix" / manifest["segments"][0]["name"]
     post_rows = np.load(seg / "post_rows.npy", mmap_mode="r", allow_pickle=False)
-    assert post_rows.dtype == np.int32 and post_rows.shape == (codes.nnz,)
+    assert post_rows.dtype == np.uint16 and post_rows.shape == (codes.nnz,)
 
 
 def test_inputs_are_canonicalised_and_not_mutated(tmp_path: Path) -> None:
@@ -349,7 +349,7 @@ def test_open_rejects_non_indexes_and_damage(tmp_path: Path) -> None:
     seg = root / manifest["segments"][0]["name"]
     good_rows = np.load(seg / "post_rows.npy")
     bad_rows = good_rows.copy()
-    bad_rows[0] = 10**6  # same shape and dtype, out of range: must not reach the kernels
+    bad_rows[0] = 60_000  # same shape and dtype, out of range: must not reach the kernels
     np.save(seg / "post_rows.npy", bad_rows)
     with pytest.raises(SparsemmError, match="does not match"):
         InvertedIndex.open(root)

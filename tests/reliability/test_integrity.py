@@ -59,7 +59,7 @@ def test_index_segments_carry_checksums_and_a_changed_value_is_refused(index_roo
     manifest = json.loads((index_root / "manifest.json").read_text())
     (seg,) = manifest["segments"]
     assert sorted(seg["sha256"]) == sorted(
-        [f"{a}.npy" for a in ("post_indptr", "post_rows", "post_vals")]
+        [f"{a}.npy" for a in ("post_blocks", "post_rows", "post_vals")]
         + [f"{a}.npy" for a in ("row_indptr", "row_dims", "row_vals")]
         + ["ids.json"]
     )

@@ -4,20 +4,24 @@ Items are sparse codes ``(n, dim)`` float32 (any sign) with a parallel list of s
 Search is exact top-k by inner product, computed over the query's dimensions only, with
 optional exclusion of dimensions (hard filter or score penalty) and an optional row subset.
 
-On disk (format ``sparsemm.index``, version 1) an index is a folder::
+On disk (format ``sparsemm.index``, version 2) an index is a folder::
 
     manifest.json          format, version, dim, count, nnz, meta, next_segment,
                            segments: [{"name", "count", "nnz", "sha256"}, ...] in row
                            order; "sha256" maps each file of the segment to its SHA-256
     .lock                  writer lock file (fcntl.flock, exclusive, non-blocking)
     seg-000001-<hex>/      one immutable segment holding rows [start, start + count)
-        post_indptr.npy    (dim + 1,) int64  posting list of dim d = [indptr[d], indptr[d+1])
-        post_rows.npy      (nnz,) int32      segment-local row, ascending within each list
+        post_blocks.npy    (dim, B + 1) int64  B = ceil(count / 65536) row blocks: the
+                           postings of dim d in block b are [blocks[d, b], blocks[d, b+1])
+        post_rows.npy      (nnz,) uint16     row within its 65536-row block, ascending
         post_vals.npy      (nnz,) float32
         row_indptr.npy     (count + 1,) int64  row-major copy (explanations, merges)
-        row_dims.npy       (nnz,) int32        ascending within each row
+        row_dims.npy       (nnz,) uint16       ascending within each row (int32 if dim > 65536)
         row_vals.npy       (nnz,) float32
         ids.json           list of ``count`` ids
+
+12 bytes per non-zero (version 1 segments, still read and searched, hold post_indptr
+(dim + 1,) and int32 rows and dims: 16 bytes; new and merged segments are written as v2).
 
 Write protocol: ``add`` takes the writer lock, writes a brand-new segment folder (every file
 written to a temp name, fsynced, renamed), then swaps ``manifest.json`` atomically. The
@@ -51,7 +55,7 @@ block is scanned into a size-k heap and reset (a vectorised pre-check skips 256-
 with nothing above the current k-th score). A posting list covering at least half of a
 segment's rows (a frequent dimension) is added from an in-memory dense value row instead
 (built by ``warm()`` or the first search; 4 bytes per row, a contiguous vectorised add, where
-postings cost 8 bytes each and a scattered add). Queries with few postings (< rows / 4)
+postings cost 6 bytes each and a scattered add). Queries with few postings (< rows / 4)
 track the touched rows and scan only those once k non-negative hits are held (untouched rows
 score 0 and cannot beat them). Cost per query: O(postings of the query and excluded dims) plus
 O(rows) for dense queries or O(touched rows) for sparse ones; extra memory O(BLOCK + k),
@@ -95,10 +99,9 @@ from sparsemm.index.kernels import (
     copy_runs,
     heap_sort,
     rescore_rows,
-    score_segment,
+    score_blocks,
 )
 from sparsemm.index.segments import (
-    ARRAYS,
     LOCK_FILE,
     MANIFEST,
     Segment,
@@ -116,7 +119,7 @@ from sparsemm.io import (
 logger = logging.getLogger(__name__)
 
 FORMAT = "sparsemm.index"
-VERSION = 1
+VERSION = 2  # 2: block-local uint16 posting rows (segments.ARRAYS_V2); 1 is still read
 # Rows per accumulator block: 64k float32 = 256 KiB, stays in a 512 KiB L2 while it is filled
 # and scanned. Measured against 32k (one process, queries alternated, one core): 1M items
 # 2.31 -> 2.10 ms plain, 2.69 -> 2.37 ms with exclusions; 100k 0.28 -> 0.21 ms; Zipf-skewed
@@ -486,11 +489,10 @@ class InvertedIndex:
         posting list; a long-running service or a latency benchmark calls this after open.
         """
         for s in self._segments:
-            for name in ARRAYS:
-                arr = getattr(s, name)
+            for arr in s.stored:
                 if arr.size:
                     step = max(1, 4096 // arr.itemsize)
-                    np.add.reduce(arr[::step], dtype=np.float64)
+                    np.add.reduce(arr.reshape(-1)[::step], dtype=np.float64)
             s.dense_lists()
             s.dim_bounds()
             a = _check_approx(approx)
@@ -685,6 +687,7 @@ class InvertedIndex:
     def _commit(self, segments: list[dict[str, Any]]) -> None:
         """Swap in a manifest naming ``segments`` (the commit point), then load it."""
         manifest = dict(self._manifest)
+        manifest["version"] = VERSION  # new segments are written in this version's layout
         manifest["segments"] = segments
         manifest["count"] = sum(int(s["count"]) for s in segments)
         manifest["nnz"] = sum(int(s["nnz"]) for s in segments)
@@ -708,7 +711,7 @@ class InvertedIndex:
             for d in np.asarray(dims, np.int64).tolist():
                 lo, hi = int(s.post_indptr[d]), int(s.post_indptr[d + 1])
                 vals = np.asarray(s.post_vals[lo:hi], np.float64)  # compared as the kernel does
-                out[s.start + s.post_rows[lo:hi][vals > threshold]] = True
+                out[s.start + s.list_rows(d)[vals > threshold]] = True
         return out
 
     # ----- search ---------------------------------------------------------------------------
@@ -765,8 +768,9 @@ class InvertedIndex:
             for s in self._segments:
                 slot, dense = s.dense_lists()
                 dmax, dmin = s.dim_bounds()
-                size = score_segment(
-                    s.post_indptr,
+                size = score_blocks(
+                    s.post_blocks,
+                    s.block_size,
                     s.post_rows,
                     s.post_vals,
                     s.start,
@@ -818,10 +822,11 @@ class InvertedIndex:
         acc, flags, touched = self._workspace()
         m = mask if mask is not None else _NO_MASK
         for s in self._segments:
-            t_ptr, t_rows, t_vals = s.approx_lists(keep)
+            t_blocks, t_rows, t_vals = s.approx_lists(keep)
             no_slot = np.full(self._dim, -1, np.int32)
-            size = score_segment(
-                t_ptr,
+            size = score_blocks(
+                t_blocks,
+                max(s.count, 1),
                 t_rows,
                 t_vals,
                 s.start,

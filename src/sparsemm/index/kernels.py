@@ -109,24 +109,67 @@ def clean_query(dims: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 @njit(cache=True, nogil=True)
 def build_dense(
-    indptr: np.ndarray, rows: np.ndarray, vals: np.ndarray, count: int, min_len: int
+    blocks: np.ndarray,
+    rows: np.ndarray,
+    vals: np.ndarray,
+    bsize: int,
+    count: int,
+    min_len: int,
 ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - numba
     """slot (dim,) int32 (-1: none) and dense (n_dense, count) f32: the posting lists of
-    >= min_len postings as dense value rows (0 where a row is absent)."""
-    dim = indptr.shape[0] - 1
+    >= min_len postings as dense value rows (0 where a row is absent). ``blocks`` (dim,
+    nb + 1): list d's postings of row block b are [blocks[d, b], blocks[d, b + 1]), their
+    rows local to that block (row b * bsize + rows[p])."""
+    dim = blocks.shape[0]
+    nb = blocks.shape[1] - 1
     slot = np.full(dim, -1, np.int32)
     nd = 0
     for d in range(dim):
-        if indptr[d + 1] - indptr[d] >= min_len:
+        if blocks[d, nb] - blocks[d, 0] >= min_len:
             slot[d] = nd
             nd += 1
     dense = np.zeros((nd, count), np.float32)
     for d in range(dim):
         sd = slot[d]
         if sd >= 0:
-            for p in range(indptr[d], indptr[d + 1]):
-                dense[sd, rows[p]] = vals[p]
+            for b in range(nb):
+                base = b * bsize
+                for p in range(blocks[d, b], blocks[d, b + 1]):
+                    dense[sd, base + np.int64(rows[p])] = vals[p]
     return slot, dense
+
+
+@njit(cache=True, nogil=True)
+def block_pointers(
+    indptr: np.ndarray, rows: np.ndarray, nb: int, shift: int
+) -> np.ndarray:  # pragma: no cover - numba
+    """(dim, nb + 1) int64: where each row block (rows >> shift) starts in each posting list
+    (``indptr`` (dim + 1,), ``rows`` ascending within each list)."""
+    dim = indptr.shape[0] - 1
+    out = np.empty((dim, nb + 1), np.int64)
+    for d in range(dim):
+        p = indptr[d]
+        hi = indptr[d + 1]
+        for b in range(nb):
+            out[d, b] = p
+            while p < hi and (np.int64(rows[p]) >> shift) == b:
+                p += 1
+        out[d, nb] = hi
+    return out
+
+
+@njit(cache=True, nogil=True)
+def global_rows(blocks: np.ndarray, rows: np.ndarray, bsize: int) -> np.ndarray:  # pragma: no cover
+    """(nnz,) int64: the segment row of every posting (block start + block-local row)."""
+    dim = blocks.shape[0]
+    nb = blocks.shape[1] - 1
+    out = np.empty(rows.shape[0], np.int64)
+    for d in range(dim):
+        for b in range(nb):
+            base = b * bsize
+            for p in range(blocks[d, b], blocks[d, b + 1]):
+                out[p] = base + np.int64(rows[p])
+    return out
 
 
 @njit(cache=True, nogil=True)
@@ -166,15 +209,17 @@ def row_score(
 
 @njit(cache=True, nogil=True)
 def truncate_lists(
-    indptr: np.ndarray, rows: np.ndarray, vals: np.ndarray, keep: float
+    blocks: np.ndarray, rows: np.ndarray, vals: np.ndarray, bsize: int, keep: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
     """Approximate-mode posting lists: of each list, the ceil(keep * len) postings of largest
-    |value| (ties at the cut all kept), rows still ascending: (indptr, rows, vals)."""
-    dim = indptr.shape[0] - 1
+    |value| (ties at the cut all kept), as (indptr (dim + 1,), segment rows int32 ascending,
+    vals) (``blocks``/``bsize`` as in ``build_dense``)."""
+    dim = blocks.shape[0]
+    nb = blocks.shape[1] - 1
     cut = np.zeros(dim, np.float32)
     out_ptr = np.zeros(dim + 1, np.int64)
     for d in range(dim):
-        lo, hi = indptr[d], indptr[d + 1]
+        lo, hi = blocks[d, 0], blocks[d, nb]
         n = hi - lo
         if n == 0:
             continue
@@ -185,15 +230,17 @@ def truncate_lists(
         for p in range(lo, hi):
             c += abs(vals[p]) >= cut[d]
         out_ptr[d + 1] = out_ptr[d] + c
-    out_rows = np.empty(out_ptr[dim], rows.dtype)
+    out_rows = np.empty(out_ptr[dim], np.int32)
     out_vals = np.empty(out_ptr[dim], np.float32)
     for d in range(dim):
         q = out_ptr[d]
-        for p in range(indptr[d], indptr[d + 1]):
-            if abs(vals[p]) >= cut[d]:
-                out_rows[q] = rows[p]
-                out_vals[q] = vals[p]
-                q += 1
+        for b in range(nb):
+            base = b * bsize
+            for p in range(blocks[d, b], blocks[d, b + 1]):
+                if abs(vals[p]) >= cut[d]:
+                    out_rows[q] = base + np.int64(rows[p])
+                    out_vals[q] = vals[p]
+                    q += 1
     return out_ptr, out_rows, out_vals
 
 
@@ -268,7 +315,8 @@ def dim_bounds(
 
 @njit(cache=True, nogil=True)
 def score_segment(
-    indptr: np.ndarray,
+    lo_ptr: np.ndarray,
+    hi_ptr: np.ndarray,
     rows: np.ndarray,
     vals: np.ndarray,
     offset: int,
@@ -296,9 +344,11 @@ def score_segment(
 ) -> int:  # pragma: no cover - numba
     """Score one segment's rows into the running top-k heap (hs, hr, size); return size.
 
-    indptr (dim+1,), rows/vals (nnz,): the segment's posting lists; slot (dim,) / dense: its
-    long lists as dense value rows (``build_dense``), added in place of their postings (a
-    row absent from the list adds w * 0 = 0, so scores are the same).
+    Rows [offset, offset + count) of the index: posting list d is [lo_ptr[d], hi_ptr[d]) of
+    rows/vals (nnz,), rows counted from ``offset`` (``score_blocks`` passes one row block of
+    a segment at a time); slot (dim,) / dense (:, count): the long lists as dense value rows
+    (``build_dense``), added in place of their postings (a row absent from the list adds
+    w * 0 = 0, so scores are the same).
     qdims/qw: query dims and weights (penalty terms folded in as negative weights). edims:
     filter-excluded dims.
     acc (B,) f32 and flags (B,) u8 (bit 1 touched, bit 2 banned) are zero on entry and exit.
@@ -323,15 +373,15 @@ def score_segment(
     end_q = np.empty(nq, np.int64)
     postings = 0
     for j in range(nq):
-        cur_q[j] = indptr[qdims[j]]
-        end_q[j] = indptr[qdims[j] + 1]
+        cur_q[j] = lo_ptr[qdims[j]]
+        end_q[j] = hi_ptr[qdims[j]]
         postings += end_q[j] - cur_q[j]
     cur_e = np.empty(ne, np.int64)
     end_e = np.empty(ne, np.int64)
     blk_e = np.empty(ne, np.int64)
     for j in range(ne):
-        cur_e[j] = indptr[edims[j]]
-        end_e[j] = indptr[edims[j] + 1]
+        cur_e[j] = lo_ptr[edims[j]]
+        end_e[j] = hi_ptr[edims[j]]
     sparse = postings * SPARSE_RATIO < count
     neg_inf = np.float32(-np.inf)
     chunk = uint64(256)
@@ -472,30 +522,111 @@ def score_segment(
 
 
 @njit(cache=True, nogil=True)
+def score_blocks(
+    blocks: np.ndarray,
+    bsize: int,
+    rows: np.ndarray,
+    vals: np.ndarray,
+    offset: int,
+    count: int,
+    qdims: np.ndarray,
+    qw: np.ndarray,
+    edims: np.ndarray,
+    ethr: float,
+    mask: np.ndarray,
+    use_mask: bool,
+    acc: np.ndarray,
+    flags: np.ndarray,
+    touched: np.ndarray,
+    hs: np.ndarray,
+    hr: np.ndarray,
+    size: int,
+    slot: np.ndarray,
+    dense: np.ndarray,
+    prune: bool,
+    dmax: np.ndarray,
+    dmin: np.ndarray,
+    row_indptr: np.ndarray,
+    row_dims: np.ndarray,
+    row_vals: np.ndarray,
+) -> int:  # pragma: no cover - numba
+    """Score a segment of ``count`` rows at ``offset`` into the heap, one row block at a
+    time (``blocks`` (dim, nb + 1), rows local to blocks of ``bsize``; see ``build_dense``):
+    ``score_segment`` on each block's slices, in row order, so results are those of one scan.
+    """
+    nb = blocks.shape[1] - 1
+    for b in range(nb):
+        b0 = b * bsize
+        n = min(bsize, count - b0)
+        if n <= 0:
+            break
+        size = score_segment(
+            blocks[:, b],
+            blocks[:, b + 1],
+            rows,
+            vals,
+            offset + b0,
+            n,
+            qdims,
+            qw,
+            edims,
+            ethr,
+            mask,
+            use_mask,
+            acc,
+            flags,
+            touched,
+            hs,
+            hr,
+            size,
+            slot,
+            dense[:, b0 : b0 + n],
+            prune,
+            dmax,
+            dmin,
+            row_indptr[b0:],
+            row_dims,
+            row_vals,
+        )
+    return size
+
+
+@njit(cache=True, nogil=True)
 def valid_layout(
-    post_indptr: np.ndarray,
+    blocks: np.ndarray,
     post_rows: np.ndarray,
+    bsize: int,
     row_indptr: np.ndarray,
     row_dims: np.ndarray,
     count: int,
     dim: int,
 ) -> bool:  # pragma: no cover - numba
-    """Check what the unchecked kernels rely on: monotone indptrs ending at nnz, rows in
-    [0, count) strictly ascending within each posting list, dims in [0, dim)."""
+    """Check what the unchecked kernels rely on: posting lists tiling [0, nnz) in dim then
+    block order (``blocks`` (dim, nb + 1), nb = ceil(count / bsize)), rows of each block's
+    list strictly ascending and inside that block, a monotone row indptr ending at nnz,
+    dims in [0, dim)."""
     nnz = post_rows.shape[0]
-    if post_indptr[0] != 0 or post_indptr[dim] != nnz:
+    nb = blocks.shape[1] - 1
+    if blocks.shape[0] != dim or nb < 1 or bsize < 1 or (nb - 1) * bsize >= max(count, 1):
+        return False
+    if nb * bsize < count or blocks[0, 0] != 0 or blocks[dim - 1, nb] != nnz:
         return False
     for d in range(dim):
-        if post_indptr[d + 1] < post_indptr[d]:
+        if d > 0 and blocks[d, 0] != blocks[d - 1, nb]:
             return False
+        for b in range(nb):
+            if blocks[d, b + 1] < blocks[d, b]:
+                return False
     bad = False
     # branch-free accumulations so LLVM vectorises the O(nnz) passes
     for d in range(dim):
-        lo, hi = post_indptr[d], post_indptr[d + 1]
-        if hi > lo:
-            bad |= (post_rows[lo] < 0) | (post_rows[hi - 1] >= count)
-            for p in range(lo + 1, hi):
-                bad |= post_rows[p] <= post_rows[p - 1]
+        for b in range(nb):
+            lo, hi = blocks[d, b], blocks[d, b + 1]
+            if hi > lo:
+                n = min(bsize, count - b * bsize)
+                bad |= (post_rows[lo] < 0) | (post_rows[hi - 1] >= n)
+                for p in range(lo + 1, hi):
+                    bad |= post_rows[p] <= post_rows[p - 1]
     if row_indptr[0] != 0 or row_indptr[count] != row_dims.shape[0]:
         return False
     for i in range(count):

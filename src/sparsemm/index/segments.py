@@ -23,7 +23,15 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
-from sparsemm.index.kernels import all_finite, build_dense, dim_bounds, truncate_lists, valid_layout
+from sparsemm.index.kernels import (
+    all_finite,
+    block_pointers,
+    build_dense,
+    dim_bounds,
+    global_rows,
+    truncate_lists,
+    valid_layout,
+)
 from sparsemm.io import (
     VERIFIED,
     VERIFIED_LOCK,
@@ -41,17 +49,35 @@ logger = logging.getLogger(__name__)
 MANIFEST = "manifest.json"  # the index's commit record (sparsemm.index.inverted)
 
 LOCK_FILE = ".lock"
-ARRAYS = ("post_indptr", "post_rows", "post_vals", "row_indptr", "row_dims", "row_vals")
+# Segment layouts. v2 (written since index format 2) keeps each posting list's rows local to
+# row blocks of BLOCK_SHIFT bits as uint16, with the start of every block in every list in
+# post_blocks (dim, blocks + 1) int64, and the row store's dims as uint16 when dim <= 65536:
+# 12 bytes per non-zero instead of 16. v1 (int32 rows and dims, post_indptr) is still read;
+# in memory it is one row block covering the segment.
+BLOCK_SHIFT = 16
+ROW_BLOCK = 1 << BLOCK_SHIFT
+ARRAYS_V1 = ("post_indptr", "post_rows", "post_vals", "row_indptr", "row_dims", "row_vals")
+ARRAYS_V2 = ("post_blocks", "post_rows", "post_vals", "row_indptr", "row_dims", "row_vals")
+
 # A posting list holding at least 1 / DENSE_RATIO of a segment's rows is also kept in memory
 # as a dense value row (4 bytes per row, 0 where absent), built on first search: scoring it is
-# then a contiguous, vectorised add that streams 4 bytes per row instead of 8 per posting (row
-# id + value) through a scattered add. It pays off for the long lists of frequent dimensions
+# then a contiguous, vectorised add that streams 4 bytes per row instead of 6 per posting (row
+# + value) through a scattered add. It pays off for the long lists of frequent dimensions
 # (VDR-like vocabularies), where the scan is bound by memory bandwidth.
 DENSE_RATIO = 2
 
 
-SEG_FILES = (*(f"{a}.npy" for a in ARRAYS), "ids.json")
+SEG_FILES_V1 = (*(f"{a}.npy" for a in ARRAYS_V1), "ids.json")
+SEG_FILES_V2 = (*(f"{a}.npy" for a in ARRAYS_V2), "ids.json")
 _WARNED_UNCHECKED: set[str] = set()
+
+
+def segment_layout(folder: Path, digests: Any) -> int:
+    """The layout (1 or 2) of a segment: from the files its checksums name, else (a segment
+    from before the checksums) from the files in its folder."""
+    if isinstance(digests, dict):
+        return 2 if "post_blocks.npy" in digests else 1
+    return 2 if (folder / "post_blocks.npy").exists() else 1
 
 
 def verify_segment_files(root: Path, folder: Path, digests: Any) -> None:
@@ -68,13 +94,14 @@ def verify_segment_files(root: Path, folder: Path, digests: Any) -> None:
                 folder.name,
             )
         return
-    if not isinstance(digests, dict) or set(digests) != set(SEG_FILES):
+    files = SEG_FILES_V2 if segment_layout(folder, digests) == 2 else SEG_FILES_V1
+    if not isinstance(digests, dict) or set(digests) != set(files):
         raise SparsemmError(
             f"index {root}: the manifest's checksums of segment {folder.name} are malformed; "
             "rebuild the index with `sparsemm index`"
         )
     todo: list[tuple[str, tuple[str, int, int, int, str]]] = []
-    for fname in SEG_FILES:
+    for fname in files:
         want = str(digests[fname])
         key = read_segment_file(folder / fname, functools.partial(file_key, digest=want))
         with VERIFIED_LOCK:
@@ -97,13 +124,23 @@ def verify_segment_files(root: Path, folder: Path, digests: Any) -> None:
 
 @dataclass
 class Segment:
-    """One loaded segment: read-only (memory-mapped) arrays, rows [start, start + count)."""
+    """One loaded segment: read-only (memory-mapped) arrays, rows [start, start + count).
+
+    Posting list d of row block b (rows [b * block_size, (b + 1) * block_size) of the
+    segment) is post_rows/post_vals[post_blocks[d, b] : post_blocks[d, b + 1]], its rows
+    local to the block; the whole list is [post_indptr[d], post_indptr[d + 1]). A v1 segment
+    is one block (block_size covers it, post_blocks derived from its post_indptr); a v2
+    segment stores post_blocks and derives post_indptr.
+    """
 
     name: str
     start: int
     count: int
     nnz: int
+    layout: int
+    block_size: int
     post_indptr: np.ndarray
+    post_blocks: np.ndarray
     post_rows: np.ndarray
     post_vals: np.ndarray
     row_indptr: np.ndarray
@@ -121,8 +158,23 @@ class Segment:
     )
 
     @property
+    def stored(self) -> tuple[np.ndarray, ...]:
+        """The arrays of the segment's files (the memory maps)."""
+        return tuple(getattr(self, a) for a in (ARRAYS_V2 if self.layout == 2 else ARRAYS_V1))
+
+    @property
     def nbytes(self) -> int:
-        return sum(int(getattr(self, a).nbytes) for a in ARRAYS)
+        return sum(int(a.nbytes) for a in self.stored)
+
+    def list_rows(self, d: int, lo: int | None = None, hi: int | None = None) -> np.ndarray:
+        """Segment rows (int64) of posting list d's postings [lo, hi) (default: all of it)."""
+        a = int(self.post_indptr[d]) if lo is None else lo
+        z = int(self.post_indptr[d + 1]) if hi is None else hi
+        bounds = np.clip(self.post_blocks[d], a, z)
+        base = np.repeat(
+            np.arange(len(bounds) - 1, dtype=np.int64) * self.block_size, np.diff(bounds)
+        )
+        return base + self.post_rows[a:z]
 
     def dense_lists(self) -> tuple[np.ndarray, np.ndarray]:
         """(slot (dim,) int32, dense (n_long, count) f32) of the long posting lists, built
@@ -130,7 +182,12 @@ class Segment:
         if self._dense is None:
             min_len = max(1, -(-self.count // DENSE_RATIO))
             self._dense = build_dense(
-                self.post_indptr, self.post_rows, self.post_vals, self.count, min_len
+                self.post_blocks,
+                self.post_rows,
+                self.post_vals,
+                self.block_size,
+                self.count,
+                min_len,
             )
         return self._dense
 
@@ -146,9 +203,17 @@ class Segment:
         first use and held in memory (8 bytes per kept posting)."""
         got = self._approx.get(keep)
         if got is None:
-            got = truncate_lists(self.post_indptr, self.post_rows, self.post_vals, keep)
+            ptr, rows, vals = truncate_lists(
+                self.post_blocks, self.post_rows, self.post_vals, self.block_size, keep
+            )
+            got = (one_block(ptr), rows, vals)
             self._approx[keep] = got
         return got
+
+
+def one_block(indptr: np.ndarray) -> np.ndarray:
+    """(dim, 2) block pointers of posting lists that are one block: [indptr[d], indptr[d+1])."""
+    return np.ascontiguousarray(np.stack([indptr[:-1], indptr[1:]], axis=1))
 
 
 def write_segment(
@@ -160,30 +225,39 @@ def write_segment(
     ids: list[str],
     post: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, str]:
-    """Write a segment folder from its row-major arrays (posting lists built if not given);
-    return the SHA-256 of each file (the manifest's ``sha256`` entry of the segment)."""
+    """Write a v2 segment folder from its row-major arrays (posting lists, as (indptr,
+    segment rows, vals), built if not given); return the SHA-256 of each file (the
+    manifest's ``sha256`` entry of the segment)."""
     count = len(row_indptr) - 1
     if post is None:
         csc = sp.csr_matrix((row_vals, row_dims, row_indptr), shape=(count, dim)).tocsc()
         csc.sort_indices()  # posting lists ascending by row
         post = (csc.indptr, csc.indices, csc.data)
+    nb = max(1, -(-count // ROW_BLOCK))
+    indptr = post[0].astype(np.int64, copy=False)
+    rows = np.asarray(post[1])
     folder.mkdir(parents=True)
     arrays: dict[str, np.ndarray] = {
-        "post_indptr": post[0].astype(np.int64, copy=False),
-        "post_rows": post[1].astype(np.int32, copy=False),
+        "post_blocks": block_pointers(indptr, rows, nb, BLOCK_SHIFT),
+        "post_rows": (rows & (ROW_BLOCK - 1)).astype(np.uint16),
         "post_vals": post[2].astype(np.float32, copy=False),
         "row_indptr": row_indptr.astype(np.int64, copy=False),
-        "row_dims": row_dims.astype(np.int32, copy=False),
+        "row_dims": row_dims.astype(dims_dtype(dim), copy=False),
         "row_vals": row_vals.astype(np.float32, copy=False),
     }
     for name, arr in arrays.items():
         save_npy(folder / f"{name}.npy", arr)
     write_json(folder / "ids.json", ids)
     fsync_dir(folder)
-    digests = {fname: sha256_file(folder / fname) for fname in SEG_FILES}
+    digests = {fname: sha256_file(folder / fname) for fname in SEG_FILES_V2}
     with VERIFIED_LOCK:  # just written and hashed: opening it need not hash again
         VERIFIED.update(file_key(folder / f, d) for f, d in digests.items())
     return digests
+
+
+def dims_dtype(dim: int) -> type[np.integer[Any]]:
+    """The row store's dim type in a v2 segment: uint16 when every dim fits, else int32."""
+    return np.uint16 if dim <= 1 << 16 else np.int32
 
 
 def read_segment_file(path: Path, read: Callable[[Path], Any]) -> Any:
@@ -208,41 +282,75 @@ def load_segment(root: Path, meta: dict[str, Any], start: int, dim: int) -> Segm
     folder = root / str(meta["name"])
     if not folder.is_dir():
         raise FileNotFoundError(folder)
-    verify_segment_files(root, folder, meta.get("sha256"))
+    digests = meta.get("sha256")
+    verify_segment_files(root, folder, digests)
+    layout = segment_layout(folder, digests)
     arrs = {}
-    for name in ARRAYS:
+    rows_t: Any
+    dims_t: Any
+    for name in ARRAYS_V2 if layout == 2 else ARRAYS_V1:
         # plain read-only ndarray view of the memory map
         arrs[name] = np.asarray(
             read_segment_file(folder / f"{name}.npy", lambda p: load_npy(p, mmap=True))
         )
     ids = read_segment_file(folder / "ids.json", read_json)
     count, nnz = int(meta["count"]), int(meta["nnz"])
+    if layout == 2:
+        nb = max(1, -(-count // ROW_BLOCK))
+        bsize = ROW_BLOCK
+        rows_t, dims_t = np.uint16, dims_dtype(dim)
+        ok = arrs["post_blocks"].shape == (dim, nb + 1) and arrs["post_blocks"].dtype == np.int64
+    else:
+        bsize = max(count, 1)
+        rows_t, dims_t = np.int32, np.int32
+        ok = arrs["post_indptr"].shape == (dim + 1,) and arrs["post_indptr"].dtype == np.int64
     ok = (
-        arrs["post_indptr"].shape == (dim + 1,)
+        ok
         and arrs["row_indptr"].shape == (count + 1,)
-        and all(arrs[a].shape == (nnz,) for a in ARRAYS if a.endswith(("rows", "vals", "dims")))
-        and all(arrs[a].dtype == np.int64 for a in ("post_indptr", "row_indptr"))
-        and all(arrs[a].dtype == np.int32 for a in ("post_rows", "row_dims"))
+        and all(arrs[a].shape == (nnz,) for a in arrs if a.endswith(("rows", "vals", "dims")))
+        and arrs["row_indptr"].dtype == np.int64
+        and arrs["post_rows"].dtype == rows_t
+        and arrs["row_dims"].dtype == dims_t
         and all(arrs[a].dtype == np.float32 for a in ("post_vals", "row_vals"))
         and isinstance(ids, list)
         and len(ids) == count
         and all(type(i) is str for i in ids)
     )
+    if ok and layout == 1:
+        arrs["post_blocks"] = one_block(arrs["post_indptr"])
     ok = ok and valid_layout(
-        arrs["post_indptr"], arrs["post_rows"], arrs["row_indptr"], arrs["row_dims"], count, dim
+        arrs["post_blocks"],
+        arrs["post_rows"],
+        bsize,
+        arrs["row_indptr"],
+        arrs["row_dims"],
+        count,
+        dim,
     )
     if not ok:
         raise SparsemmError(
             f"index {root}: segment {folder.name} does not match the manifest (corrupt or "
             "modified); rebuild the index"
         )
+    if layout == 2:
+        blocks = arrs["post_blocks"]
+        arrs["post_indptr"] = np.append(blocks[:, 0], blocks[-1, -1])
     for name in ("post_vals", "row_vals"):
         if not all_finite(arrs[name]):
             raise SparsemmError(
                 f"index {root}: {folder.name}/{name}.npy holds NaN or inf values (damaged or "
                 "modified); rebuild the index with `sparsemm index`"
             )
-    return Segment(name=folder.name, start=start, count=count, nnz=nnz, ids=ids, **arrs)
+    return Segment(
+        name=folder.name,
+        start=start,
+        count=count,
+        nnz=nnz,
+        layout=layout,
+        block_size=bsize,
+        ids=ids,
+        **arrs,
+    )
 
 
 def merge_segments(segs: Sequence[Segment], dim: int) -> tuple[np.ndarray, ...]:
@@ -260,7 +368,7 @@ def merge_segments(segs: Sequence[Segment], dim: int) -> tuple[np.ndarray, ...]:
         # destination of posting p of dim d: merged start of d + placed[d] + (p - start_d)
         dest = np.repeat(post_indptr[:-1] + placed - s.post_indptr[:-1], lens)
         dest += np.arange(s.nnz, dtype=np.int64)
-        post_rows[dest] = s.post_rows + np.int32(row_off)
+        post_rows[dest] = global_rows(s.post_blocks, s.post_rows, s.block_size) + row_off
         post_vals[dest] = s.post_vals
         placed += lens
         row_off += s.count
@@ -270,7 +378,7 @@ def merge_segments(segs: Sequence[Segment], dim: int) -> tuple[np.ndarray, ...]:
         row_indptr[pos + 1 : pos + s.count + 1] = s.row_indptr[1:] + at
         pos += s.count
         at += s.nnz
-    row_dims = np.concatenate([s.row_dims for s in segs]).astype(np.int32, copy=False)
+    row_dims = np.concatenate([s.row_dims.astype(np.int32, copy=False) for s in segs])
     row_vals = np.concatenate([s.row_vals for s in segs]).astype(np.float32, copy=False)
     return post_indptr, post_rows, post_vals, row_indptr, row_dims, row_vals
 
