@@ -154,6 +154,19 @@ def test_collection_format_versions(col: Path, version: Any, message: str) -> No
         open_collection(col)
 
 
+def test_a_folder_that_holds_a_collection_names_it(tmp_path: Path) -> None:
+    """`sparsemm up` writes PHOTOS/.sparsemm/collection: the photo folder and the output
+    folder are not collections, and the error names the one inside them."""
+    photos = tmp_path / "photos"
+    inner = photos / ".sparsemm" / "collection"
+    write_collection(inner, **collection_version(1, 30))
+    for given in (photos, photos / ".sparsemm"):
+        with pytest.raises(SparsemmError, match=f"did you mean {re.escape(str(inner))}"):
+            open_collection(given)
+    with pytest.raises(SparsemmError, match="create one with `sparsemm up PHOTOS`"):
+        open_collection(tmp_path)
+
+
 def test_malformed_manifest_fields(col: Path) -> None:
     rewrite_manifest(col, encoder={"name": "x", "dim": "16"})
     with pytest.raises(SparsemmError, match="malformed"):

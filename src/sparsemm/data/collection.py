@@ -219,6 +219,15 @@ def check_manifest(manifest: Any, where: str, fmt: str, version: int, min_versio
         )
 
 
+def _hint(folder: Path) -> str:
+    """What to do about a folder that is not a collection: name the collection inside it
+    when it is `sparsemm up`'s output folder or a photo folder `sparsemm up` ran on."""
+    for inner in (folder / "collection", folder / ".sparsemm" / "collection"):
+        if (inner / "manifest.json").is_file():
+            return f"did you mean {inner}?"
+    return "create one with `sparsemm up PHOTOS` or `sparsemm encode`"
+
+
 def open_collection(path: str | Path, verify: bool = True) -> Collection:
     """Open a collection folder; raise SparsemmError if it is missing, damaged or from an
     incompatible sparsemm.
@@ -230,8 +239,7 @@ def open_collection(path: str | Path, verify: bool = True) -> Collection:
     root = find_dir(Path(path))
     if not (root / "manifest.json").is_file():
         raise SparsemmError(
-            f"{root} is not a sparsemm collection (no manifest.json); create one with "
-            "`sparsemm encode`"
+            f"{root} is not a sparsemm collection (no manifest.json); {_hint(root)}"
         )
     manifest = read_json(root / "manifest.json")
     check_manifest(manifest, f"{root}/manifest.json", FORMAT, VERSION, MIN_VERSION)
