@@ -443,6 +443,7 @@ def _serve_child(collection: str, toy: bool, workers: int, batch_texts: bool) ->
         warm=True,
         workers=workers,
         batch_texts=batch_texts,
+        settle_heap=True,
     )
     sock = bound_socket()
     print(sock.getsockname()[1], flush=True)

@@ -6,10 +6,13 @@ concurrent steps; the full figures come from ``benchmarks/load.py --abuse``)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import socket
 import threading
 import time
+import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -258,3 +261,38 @@ def test_running_server_picks_up_a_reindex(tmp_path: Path) -> None:
         assert "changed on disk and cannot be opened" in r.json()["error"]
         manifest.write_bytes(good)
         assert client.get("/api/search", params={"q": "dog"}).status_code == 200
+
+
+@pytest.fixture()
+def unfreeze() -> Iterator[None]:
+    yield
+    gc.unfreeze()  # settle_heap is process-wide: give the other tests a normal collector
+
+
+def test_a_settled_server_frees_the_version_a_reindex_replaced(
+    tmp_path: Path, unfreeze: None
+) -> None:
+    """`sparsemm serve` freezes what it loaded out of the garbage collector's full passes;
+    a re-index swaps in a new searcher, and the replaced one must not stay frozen forever."""
+    col = make_collection(tmp_path)
+    sr = make_sr(tmp_path)
+    build_index(col, sr)
+    app = create_app(searcher=Searcher(col, encoder=WebKeywordEncoder()), settle_heap=True)
+    service = app.state.service
+    assert gc.get_freeze_count() > 0
+    service.check_every = service.resettle_after = 0.0
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        assert client.get("/api/search", params={"q": "dog but not cat"}).status_code == 200
+        searcher = service.searcher
+        searcher.own_cycle = searcher  # only the cyclic collector can free it
+        old = weakref.ref(searcher)
+        build_index(col, sr, top_k=2)
+        assert client.get("/api/search", params={"q": "dog but not cat"}).status_code == 200
+        assert service.searcher is not searcher
+        # a request still on the old version (here: this reference) defers the re-settle
+        assert client.get("/api/search", params={"q": "dog"}).status_code == 200
+        assert gc.get_freeze_count() == 0 and old() is not None
+        del searcher
+        assert client.get("/api/search", params={"q": "dog"}).status_code == 200
+        assert old() is None  # collected by the re-settle, with no gc.collect() here
+        assert gc.get_freeze_count() > 0

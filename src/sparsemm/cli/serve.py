@@ -145,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         cors_origins=list(args.cors_origin),
         warm=True,
         workers=threads,
+        settle_heap=True,
     )
     shown = f"[{args.host}]" if ":" in args.host else args.host
     log.info("serving %s at http://%s:%d/ (Ctrl+C to stop)", args.collection, shown, args.port)

@@ -107,6 +107,7 @@ def create_app(
     warm: bool = False,
     workers: int = DEFAULT_WORKERS,
     batch_texts: bool = True,
+    settle_heap: bool = False,
 ) -> FastAPI:
     """The FastAPI app serving the search page and JSON API over one indexed collection.
 
@@ -116,7 +117,9 @@ def create_app(
     ``warm`` loads the text encoder and strategy context now instead of at the first query.
     ``workers``: searches answered at once (see :class:`SearchService`). ``batch_texts``:
     the query texts of concurrent searches share encoder passes
-    (:meth:`Searcher.batch_text_encoding`).
+    (:meth:`Searcher.batch_text_encoding`). ``settle_heap``: freeze what is loaded out of
+    the garbage collector's full passes (:meth:`SearchService.settle_heap`; process-wide,
+    for a server process: ``sparsemm serve`` sets it).
     Raises SparsemmError when the collection has no index or it does not match.
     """
     if searcher is None:
@@ -129,6 +132,8 @@ def create_app(
         _ = searcher.context
         _ = searcher.text_context
     service = SearchService(searcher, workers=workers)
+    if settle_heap:
+        service.settle_heap()
 
     app = FastAPI(
         title="sparsemm",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import hashlib
 import json
 import logging
@@ -13,6 +14,7 @@ import math
 import re
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ from sparsemm.query.parse import MAX_QUERY_CHARS, Query, parse_query
 from sparsemm.query.searcher import INDEX_DIR, Concept, ExcludedCheck, Hit, Searcher
 from sparsemm.query.strategies import HardFilter, available_strategies
 from sparsemm.web.images import ImageStore, ThumbCache
+from sparsemm.web.lanes import FairSemaphore
 from sparsemm.web.schemas import (
     MAX_K,
     MAX_OFFSET,
@@ -64,6 +67,9 @@ HEAVY_TERMS = 8  # a query with more include + exclude terms than this is costly
 MAX_WAITING = 256
 QUEUE_TIMEOUT = 10.0
 RELOAD_CHECK_SECONDS = 1.0  # how often a request stats the manifests for a re-index
+# After a reload, a settled server re-settles its heap once the replaced version's last
+# requests are done (they finish within QUEUE_TIMEOUT plus a search); checked this often.
+RESETTLE_SECONDS = 15.0
 MAX_DIM_ITEMS = 100
 
 
@@ -209,9 +215,10 @@ class SearchService:
     Concurrency: searches run on the server's threads at once (the strategy caches are
     thread-safe LRU caches), at most ``workers`` at a time and at most ``heavy_workers`` of
     them costly (more than :data:`HEAVY_TERMS` terms; a quarter by default), so slow queries
-    cannot take every lane; a request that waits longer than ``queue_timeout`` seconds for a
-    lane, or finds ``max_waiting`` requests already waiting, is refused with
-    :class:`ServerBusy` (503).
+    cannot take every lane; lanes go to waiting requests in arrival order
+    (:class:`~sparsemm.web.lanes.FairSemaphore`); a request that waits longer than
+    ``queue_timeout`` seconds for a lane, or finds ``max_waiting`` requests already
+    waiting, is refused with :class:`ServerBusy` (503).
 
     Re-index: at most once every ``check_every`` seconds a request stats the collection's and
     index's manifests; when a writer committed a new version, a new Searcher is opened and
@@ -237,9 +244,9 @@ class SearchService:
         images = images if images is not None else ImageStore.from_collection(searcher.collection)
         self._current = self._served(searcher, images, gen, digest, _stamp(root))
         self._pinned = threading.local()  # the version a request in this thread started on
-        self._lanes = threading.BoundedSemaphore(workers)
+        self._lanes = FairSemaphore(workers)
         heavy = max(1, workers // 4) if heavy_workers is None else heavy_workers
-        self._heavy_lanes = threading.BoundedSemaphore(max(1, min(heavy, workers)))
+        self._heavy_lanes = FairSemaphore(max(1, min(heavy, workers)))
         self.workers, self.max_waiting, self.queue_timeout = workers, max_waiting, queue_timeout
         self.heavy_terms = HEAVY_TERMS
         self._waiting = 0
@@ -248,6 +255,10 @@ class SearchService:
         self.check_every = check_every
         self._checked = time.monotonic()
         self._reload_error: str | None = None
+        self._settling = False  # settle_heap was asked for: keep the heap settled
+        self._settle_at: float | None = None  # when to try again (after a reload)
+        self._replaced: list[weakref.ref[Searcher]] = []  # versions a reload swapped out
+        self.resettle_after = RESETTLE_SECONDS
         self.thumbs = ThumbCache()
         self._requests = 0
 
@@ -317,6 +328,10 @@ class SearchService:
                 images = ImageStore.from_collection(new.collection)
                 self._current = self._served(new, images, gen, digest, _stamp(root))
                 self._reload_error = None
+                if self._settling:  # the heap is settled again once old is gone
+                    gc.unfreeze()
+                    self._replaced.append(weakref.ref(old.searcher))
+                    self._settle_at = time.monotonic() + self.resettle_after
                 log.info("the index of %s changed (generation %d, %s): reopened", root, gen, digest)
             except (SparsemmError, OSError, ValueError, KeyError) as exc:
                 self._reload_error = (
@@ -327,6 +342,36 @@ class SearchService:
         finally:
             self._reload_lock.release()
 
+    def settle_heap(self) -> None:
+        """Collect once, then freeze every object alive now (:func:`gc.freeze`), for a
+        server that has loaded what it serves. A collection's item records are hundreds of
+        thousands of Python objects, and every full pass of the cyclic garbage collector
+        walked them all with every thread stopped: 0.4 s at 100k items, a dozen times in
+        30 s under load (measured in docs/results.md, "Session 10"). Frozen objects are
+        still freed when their last reference goes. A reload unfreezes the heap; once no
+        request uses the replaced version any more, it is collected and the heap is frozen
+        again (so a version kept alive only by a reference cycle is not kept forever).
+        Process-wide, so only for a server process."""
+        self._settling = True
+        gc.unfreeze()
+        gc.collect()
+        if any(ref() is not None for ref in self._replaced):
+            self._settle_at = time.monotonic() + self.resettle_after  # still in use
+            return
+        self._replaced.clear()
+        self._settle_at = None
+        gc.freeze()
+
+    def _settle_if_due(self) -> None:
+        due = self._settle_at
+        if due is None or time.monotonic() < due or not self._reload_lock.acquire(blocking=False):
+            return
+        try:
+            if self._settle_at is not None:
+                self.settle_heap()
+        finally:
+            self._reload_lock.release()
+
     @contextlib.contextmanager
     def pinned(self) -> Iterator[_Served]:
         """Serve one request from one version: refresh, then pin the current version to
@@ -334,6 +379,7 @@ class SearchService:
         self.refresh()
         if self._reload_error is not None:
             raise IndexUnavailable(self._reload_error)
+        self._settle_if_due()
         prev = getattr(self._pinned, "state", None)
         self._pinned.state = state = self._current
         try:
@@ -351,7 +397,7 @@ class SearchService:
                     f"the server is busy ({self._waiting} searches waiting); retry shortly"
                 )
             self._waiting += 1
-        held: list[threading.BoundedSemaphore] = []
+        held: list[FairSemaphore] = []
         try:
             deadline = time.monotonic() + self.queue_timeout
             for sem in (self._heavy_lanes, self._lanes) if heavy else (self._lanes,):
