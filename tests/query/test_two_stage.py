@@ -90,11 +90,12 @@ def _queries(rng: np.random.Generator, m: int) -> list[Query]:
     return out
 
 
-@pytest.mark.parametrize(("seed", "fetch"), [(0, 4096), (1, 4096), (2, 40)])
-def test_random_codes_equal_brute_force(tmp_path: Path, seed: int, fetch: int) -> None:
+@pytest.mark.parametrize(("seed", "fetch"), [(0, 4096), (1, 4096), (2, 40), (3, None)])
+def test_random_codes_equal_brute_force(tmp_path: Path, seed: int, fetch: int | None) -> None:
     """Certified results are exactly the brute-force top k (rows and scores), at every
     offset, with pools far smaller than the collection; the pool grows within the rows
-    each search fetched, and a list is searched again past them (fetch = 40)."""
+    each search fetched, and a list is searched again past them (fetch = 40, and the
+    default: the first pool on an index this small)."""
     _codes, index, full, rng = _random_world(tmp_path, seed=seed)
     text = sub_context(full, sp.csr_matrix((0, D), dtype=np.float32))  # no items at all
     certified = researched = scanned = 0
@@ -107,14 +108,14 @@ def test_random_codes_equal_brute_force(tmp_path: Path, seed: int, fetch: int) -
                 assert res.searches == 0 and res.certified
                 scanned += 1
             else:
-                assert 1 <= res.searches <= (2 if fetch > 3000 else 2 * res.rounds)
+                assert 1 <= res.searches <= (2 if (fetch or 0) > 3000 else 2 * res.rounds)
                 assert res.candidates < 3000
             researched += res.searches > 2
             assert np.array_equal(res.scores, want_scores)
             certified += res.certified
             assert res.certified or res.candidates >= 32
     assert certified == 80
-    assert (researched > 0) == (fetch < 3000)
+    assert (researched > 0) == ((fetch or 0) < 3000)
     assert scanned < 40
 
 

@@ -30,11 +30,12 @@ Every log term is <= 0 and log sigma(z) <= min(0, z), so with P(x) = A(x) + delt
    lists and r their residuals (P's with its bias). When the k-th best rescored candidate
    beats ``bound`` (by a float32 margin) the result is provably the brute-force top k.
    Otherwise ``n`` grows fourfold, up to ``max_candidates``, read from the rows each list's
-   search already returned (``fetch`` of them, 1% of the items up to 4,096: at 1M items a
-   search costs about the same for 256 rows as for 4,096, so most queries search each list
-   once); a result that is still not certified is returned with ``certified=False``
-   (counted by ``benchmarks/two_stage.py``). A pool that would pass a quarter of the items
-   is not grown: the query is ranked by the exact scan below, which costs less.
+   search already returned (``fetch`` of them: the first pool size, or from 512k items the
+   second, 1,024; a larger heap slows every search, a smaller one sends more queries to a
+   second search); a result that is still not certified is returned with
+   ``certified=False`` (counted by ``benchmarks/two_stage.py``). A pool that would pass a
+   quarter of the items is not grown: the query is ranked by the exact scan below, which
+   costs less.
 
 Queries this cannot bound are ranked by scanning the index's row store in chunks (never
 every code at once): exclusion-only queries (ranked by absence), detectors fitted at
@@ -62,11 +63,15 @@ from sparsemm.query.strategies import ExclusionContext, Hybrid, Strategy, top_ro
 # at most ||w|| for a unit code, so its rounding error stays below ~256 * 6e-8 * ||w||.
 _MARGIN = 2e-5
 SCAN_ROWS = 65536  # rows per chunk when a query is ranked by scanning the row store
-# Rows an index search fetches at most by default (1% of the items below that, but at least
-# the second pool size): at 1M items a search for 4,096 rows costs what one for 256 does (the
-# posting scan dominates); at 100k the larger heap shows (5.6 ms for 256 rows, 6.5 ms for
-# 1,024, 9.8 ms for 4,096).
-FETCH_MAX = 4096
+# Rows an index search fetches by default: the largest pool size (the first pool times a
+# power of 4) within 1 / FETCH_SHARE of the items and FETCH_MAX. The heap of a larger fetch
+# costs every search; a smaller one sends the queries whose pool outgrows it to a second
+# search. Measured (docs/results.md, "Session 10", served_rank alone, one core): at 100k
+# items 256 rows beat 1,024 (COCO label pairs p50 3.09 / 3.73 ms, collages 0.99 / 1.54 ms);
+# at 1M, 1,024 beat 4,096 (COCO 26.7 / 29.3 ms) and 512 (mean 40.2 / 47.4 ms: more second
+# searches).
+FETCH_MAX = 1024
+FETCH_SHARE = 500
 # A pool that would grow past 1 / SCAN_SHARE of the items is replaced by the exact scan.
 SCAN_SHARE = 4
 
@@ -233,8 +238,8 @@ def served_rank(
     and model detectors; its own items are not read. ``candidates``: the first pool per
     list, grown fourfold up to ``max_candidates`` until the result is certified; ``fetch``:
     rows each index search returns, so the pool grows within them before a list is searched
-    again, once, for the largest pool (None: 1% of the items, at least the second pool size
-    and at most :data:`FETCH_MAX`).
+    again, once, for the largest pool (None: the largest pool size within 0.2% of the items and
+    :data:`FETCH_MAX`, at least the first pool).
     ``nonnegative``: whether the source's
     codes have no negative value (None: ask the source, ``source.nonnegative``; a source
     that cannot tell is scanned)."""
@@ -256,8 +261,10 @@ def served_rank(
     norms = float(np.linalg.norm(va)) + (float(np.linalg.norm(vp)) if vp is not None else 0.0)
     margin = _MARGIN * (1.0 + norms)
     n = max(candidates, want)
-    if fetch is None:  # 1% of the items, at least the second pool size
-        fetch = min(FETCH_MAX, max(4 * n, len(source) // 100))
+    if fetch is None:  # a pool size (n, 4n, ...), so a grown pool ends where a fetch does
+        fetch = n
+        while fetch * 4 <= min(FETCH_MAX, len(source) // FETCH_SHARE):
+            fetch *= 4
     fetch = max(fetch, n)
     # past the fetched rows a list is searched once more, for the largest pool that is not
     # scanned instead
