@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+import sparsemm.web.lanes as lanes
 from sparsemm.web.lanes import FairSemaphore
 
 
@@ -67,3 +68,29 @@ def test_a_timed_out_waiter_leaves_the_queue() -> None:
     assert sem.acquire(timeout=0)  # the freed slot was not handed to the gone waiter
     with pytest.raises(ValueError, match="at least one slot"):
         FairSemaphore(0)
+
+
+@pytest.mark.parametrize("granted_meanwhile", [False, True])
+def test_an_interrupted_waiter_does_not_take_the_slot_with_it(
+    monkeypatch: pytest.MonkeyPatch, granted_meanwhile: bool
+) -> None:
+    """An exception in the wait (Ctrl+C, a signal handler) leaves no dead waiter that a
+    release would hand the slot to; a slot granted just before it is passed on."""
+    sem = FairSemaphore(1)
+    assert sem.acquire()
+
+    class Interrupted(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            if granted_meanwhile:
+                sem.release()  # the holder lets go: the slot is handed to this waiter
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(lanes, "Event", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sem.acquire(timeout=float("inf"))  # an unbounded timeout is clamped, not refused
+    monkeypatch.undo()
+    assert sem.waiting == 0
+    if not granted_meanwhile:
+        sem.release()
+    assert sem.acquire(timeout=0)  # the one slot is free again
+    assert not sem.acquire(timeout=0)

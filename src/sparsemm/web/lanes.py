@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from threading import Event
 
 
 class FairSemaphore:
@@ -27,17 +28,27 @@ class FairSemaphore:
             raise ValueError("a semaphore needs at least one slot")
         self._bound = self._free = value
         self._lock = threading.Lock()
-        self._waiters: collections.deque[threading.Event] = collections.deque()
+        self._waiters: collections.deque[Event] = collections.deque()
 
     def acquire(self, timeout: float | None = None) -> bool:
         with self._lock:
             if self._free > 0 and not self._waiters:
                 self._free -= 1
                 return True
-            granted = threading.Event()
+            granted = Event()
             self._waiters.append(granted)
-        if granted.wait(timeout):
-            return True
+        if timeout is not None:
+            timeout = min(max(timeout, 0.0), threading.TIMEOUT_MAX)
+        try:
+            if granted.wait(timeout):
+                return True
+        except BaseException:  # interrupted while waiting: the slot must not go with it
+            with self._lock:
+                if granted.is_set():
+                    self._release_locked()  # granted meanwhile: pass it on
+                else:
+                    self._waiters.remove(granted)
+            raise
         with self._lock:
             if granted.is_set():  # handed over between the timeout and this lock
                 return True
@@ -46,12 +57,15 @@ class FairSemaphore:
 
     def release(self) -> None:
         with self._lock:
-            if self._waiters:
-                self._waiters.popleft().set()  # the slot passes on without being freed
-            elif self._free < self._bound:
-                self._free += 1
-            else:
-                raise ValueError("FairSemaphore released more often than acquired")
+            self._release_locked()
+
+    def _release_locked(self) -> None:
+        if self._waiters:
+            self._waiters.popleft().set()  # the slot passes on without being freed
+        elif self._free < self._bound:
+            self._free += 1
+        else:
+            raise ValueError("FairSemaphore released more often than acquired")
 
     @property
     def waiting(self) -> int:

@@ -351,12 +351,19 @@ class SearchService:
         still freed when their last reference goes. A reload unfreezes the heap; once no
         request uses the replaced version any more, it is collected and the heap is frozen
         again (so a version kept alive only by a reference cycle is not kept forever).
+        What requests in flight hold at that moment is frozen with the rest: if some of it
+        becomes cyclic garbage, it waits for the next reload (bounded, once per reload).
         Process-wide, so only for a server process."""
+        with self._reload_lock:
+            self._settle()
+
+    def _settle(self) -> None:  # with _reload_lock held
         self._settling = True
         gc.unfreeze()
         gc.collect()
         if any(ref() is not None for ref in self._replaced):
-            self._settle_at = time.monotonic() + self.resettle_after  # still in use
+            log.debug("a replaced index version is still in use; settling the heap later")
+            self._settle_at = time.monotonic() + self.resettle_after
             return
         self._replaced.clear()
         self._settle_at = None
@@ -366,9 +373,9 @@ class SearchService:
         due = self._settle_at
         if due is None or time.monotonic() < due or not self._reload_lock.acquire(blocking=False):
             return
-        try:
-            if self._settle_at is not None:
-                self.settle_heap()
+        try:  # checked again under the lock: a reload may have just moved it
+            if self._settle_at is not None and time.monotonic() >= self._settle_at:
+                self._settle()
         finally:
             self._reload_lock.release()
 
