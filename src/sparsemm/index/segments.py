@@ -166,15 +166,13 @@ class Segment:
     def nbytes(self) -> int:
         return sum(int(a.nbytes) for a in self.stored)
 
-    def list_rows(self, d: int, lo: int | None = None, hi: int | None = None) -> np.ndarray:
-        """Segment rows (int64) of posting list d's postings [lo, hi) (default: all of it)."""
-        a = int(self.post_indptr[d]) if lo is None else lo
-        z = int(self.post_indptr[d + 1]) if hi is None else hi
-        bounds = np.clip(self.post_blocks[d], a, z)
+    def list_rows(self, d: int) -> np.ndarray:
+        """Segment rows (int64) of posting list d's postings."""
+        bounds = self.post_blocks[d]
         base = np.repeat(
             np.arange(len(bounds) - 1, dtype=np.int64) * self.block_size, np.diff(bounds)
         )
-        return base + self.post_rows[a:z]
+        return base + self.post_rows[bounds[0] : bounds[-1]]
 
     def dense_lists(self) -> tuple[np.ndarray, np.ndarray]:
         """(slot (dim,) int32, dense (n_long, count) f32) of the long posting lists, built
