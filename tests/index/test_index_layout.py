@@ -175,3 +175,30 @@ def test_damaged_block_pointers_are_refused(tmp_path: Path, small_blocks: int) -
         (root / "manifest.json").write_text(json.dumps(manifest))
         with pytest.raises(SparsemmError, match="does not match the manifest"):
             InvertedIndex.open(root)
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_excluded_query_dims_search_like_brute_force(
+    tmp_path: Path, small_blocks: int, signed: bool
+) -> None:
+    """Excluding some of the query's own dims ("sports but not basketball"): such a list is
+    walked once, banning rows above the threshold and adding the rest. Thresholds that ban
+    a whole list (every value above) and part of one (values 0.25-2.0 around 0.6), heaps
+    that fill within the first block and ones that do not, pruning on and off."""
+    rng = np.random.default_rng(11)
+    codes = random_codes(rng, 700, DIM, max_nnz=8, signed=signed)
+    index = InvertedIndex.build(tmp_path / "ix", codes, _ids(700))
+    for t, q in enumerate(_queries(rng, 60)):
+        dims = np.flatnonzero(q)
+        banned = rng.choice(dims, size=min(len(dims), 1 + t % 2), replace=False).tolist()
+        if t % 3 == 0:
+            banned.append(int(rng.integers(DIM)))  # and one that may not be in the query
+        threshold = (0.0, 0.6, 1.2)[t % 3]
+        exclude = Exclusion(dims=banned, threshold=threshold)
+        k = int(rng.choice([1, 10, 40]))
+        rows, scores = reference_search(codes, q, k, exclude, None)
+        for pruning in (False, True):
+            index.pruning = pruning
+            hit = index.search(q, k, exclude=exclude)
+            np.testing.assert_array_equal(hit.rows, rows)
+            np.testing.assert_array_equal(hit.scores, scores.astype(np.float32))

@@ -352,6 +352,9 @@ def score_segment(
     qdims/qw: query dims and weights (penalty terms folded in as negative weights). edims:
     filter-excluded dims.
     acc (B,) f32 and flags (B,) u8 (bit 1 touched, bit 2 banned) are zero on entry and exit.
+    In a dense block scan with a full heap, a banned row gets acc = -inf instead of a ban
+    bit, and a query list whose dim is also filter-excluded ("sports but not basketball"
+    shares dims between the two) is walked once, banning and adding.
     Rows are visited in ascending order block by block, so in a dense block scan a row can
     only enter a full heap with a strictly higher score than the root (ties keep lower rows).
     Unsigned loop/index variables spare numba's negative-index wraparound checks.
@@ -405,6 +408,19 @@ def score_segment(
         # sum in the accumulator and the exact score): 8x margin over both.
         slack = (nq + 2) * mag * 2.0**-21 + 1e-30
     skip = np.zeros(nq, np.bool_)
+    # an excluded dim whose every posting is banned (segment minimum > ethr), and for each
+    # query list the excluded dim it shares (-1: none): such a list is walked once, setting
+    # rows banned instead of adding to them (see ban_acc)
+    every = np.zeros(ne, np.bool_)
+    for i in range(ne):
+        every[i] = dmin.shape[0] > 0 and np.float64(dmin[edims[i]]) > ethr
+    q_ex = np.full(nq, -1, np.int64)
+    for j in range(nq):
+        for i in range(ne):
+            if qdims[j] == edims[i]:
+                q_ex[j] = i
+                break
+    e_done = np.zeros(ne, np.bool_)
     for b0 in range(0, count, blk):
         b1 = min(b0 + blk, count)
         nb = uint64(b1 - b0)
@@ -422,6 +438,11 @@ def score_segment(
             bound_ne = prefix[n_ne]
         for i in range(nq):
             skip[order[i]] = i < n_ne
+        # With a full heap in a dense scan, a banned row's accumulator is set to -inf, which
+        # no addition lifts and no check admits (a row enters only with acc > the root's
+        # score): no ban bits to set, read or clear. Otherwise ban bits in flags.
+        ban_acc = ne > 0 and not track and size == k
+        e_done[:] = False
         nt = 0
         for j in range(nq):
             w = qw[j]
@@ -447,6 +468,20 @@ def score_segment(
                         touched[nt] = r
                         nt += 1
                     acc[r] += w * vals[p]
+            elif ban_acc and q_ex[j] >= 0:
+                # this list's dim is also excluded: ban and add in one walk
+                e_done[q_ex[j]] = True
+                if every[q_ex[j]]:
+                    for p in range(uint64(p0), uint64(p1)):
+                        acc[uint64(rows[p] - b0)] = neg_inf
+                else:
+                    for p in range(uint64(p0), uint64(p1)):
+                        r = uint64(rows[p] - b0)
+                        v = vals[p]
+                        if v > ethr:
+                            acc[r] = neg_inf
+                        else:
+                            acc[r] += w * v
             else:
                 for p in range(uint64(p0), uint64(p1)):
                     acc[uint64(rows[p] - b0)] += w * vals[p]
@@ -454,9 +489,19 @@ def score_segment(
             p0 = cur_e[j]
             p1 = lower_bound(rows, p0, end_e[j], b1)
             blk_e[j] = p1
-            for p in range(uint64(p0), uint64(p1)):
-                if vals[p] > ethr:
-                    flags[uint64(rows[p] - b0)] |= 2
+            if e_done[j]:
+                continue
+            if ban_acc and every[j]:
+                for p in range(uint64(p0), uint64(p1)):
+                    acc[uint64(rows[p] - b0)] = neg_inf
+            elif ban_acc:
+                for p in range(uint64(p0), uint64(p1)):
+                    if vals[p] > ethr:
+                        acc[uint64(rows[p] - b0)] = neg_inf
+            else:
+                for p in range(uint64(p0), uint64(p1)):
+                    if vals[p] > ethr:
+                        flags[uint64(rows[p] - b0)] |= 2
         if track:
             for t in range(nt):
                 r = uint64(touched[t])
@@ -513,7 +558,7 @@ def score_segment(
                             thr = hs[0]
                             if n_ne == 0:
                                 pre = thr
-            if ne > 0:
+            if ne > 0 and not ban_acc:
                 for r in range(nb):  # only ban bits are set here; a memset beats re-walking
                     flags[r] = 0
         for j in range(ne):
