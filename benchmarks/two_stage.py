@@ -101,7 +101,7 @@ def main() -> None:
         s._codes = None
         print(f"synthetic {args.scale} items built and indexed in {time.perf_counter() - t0:.0f} s")
     index = s.index
-    index.warm()
+    index.warm(quantized=True)
     full = ExclusionContext(
         items_codes=codes,
         text_encoder=text.text_encoder,

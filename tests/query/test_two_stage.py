@@ -119,6 +119,39 @@ def test_random_codes_equal_brute_force(tmp_path: Path, seed: int, fetch: int | 
     assert scanned < 40
 
 
+def test_quantised_lists_fall_back_to_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The candidate lists come from ``search_quantized``; when only its err keeps a result
+    from being certified and a larger pool would need a new search, the lists are searched
+    again exactly at the same size. A larger err is still a valid bound, so one inflated
+    here makes that happen often, and results still equal brute force."""
+    _codes, index, full, rng = _random_world(tmp_path, seed=4)
+    text = sub_context(full, sp.csr_matrix((0, D), dtype=np.float32))
+    quantized = InvertedIndex.search_quantized
+    calls = {"quantized": 0, "exact": 0}
+
+    def loose(self: InvertedIndex, query: object, k: int = 10) -> tuple[object, float]:
+        calls["quantized"] += 1
+        hits, err = quantized(self, query, k=k)
+        return hits, err * 40 + 1e-3
+
+    exact = InvertedIndex.search
+
+    def counted(self: InvertedIndex, *args: object, **kwargs: object) -> object:
+        calls["exact"] += 1
+        return exact(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(InvertedIndex, "search_quantized", loose)
+    monkeypatch.setattr(InvertedIndex, "search", counted)
+    for q in _queries(rng, 30):
+        want_rows, want_scores = rank_query(full, q, "hybrid", k=10)
+        res = served_rank(index, text, q, k=10, candidates=32, fetch=32)
+        assert res.rows.tolist() == want_rows.tolist(), q
+        assert np.array_equal(res.scores, want_scores)
+    assert calls["quantized"] > 0 and calls["exact"] > 0
+
+
 def test_proxy_bounds_every_item(tmp_path: Path) -> None:
     """s(x) <= min(A(x), P(x)) for every item: the inequality the certificate rests on."""
     codes, _, full, rng = _random_world(tmp_path, n=500)

@@ -480,10 +480,11 @@ class InvertedIndex:
         manifest, segments = _read_index(root)
         return cls(root, manifest, segments, block_rows=block_rows)
 
-    def warm(self, approx: float | None = None) -> None:
+    def warm(self, approx: float | None = None, quantized: bool = False) -> None:
         """Fault every page of the mapped arrays in now (one read per 4 KiB page) and build
         the in-memory dense rows of the long posting lists (and, with ``approx``, the
-        truncated lists of approximate search with that share).
+        truncated lists of approximate search with that share; with ``quantized``, the
+        one-byte impacts of :meth:`search_quantized`).
 
         Otherwise a fresh process pays page faults on the first queries that touch each
         posting list; a long-running service or a latency benchmark calls this after open.
@@ -495,6 +496,8 @@ class InvertedIndex:
                     np.add.reduce(arr.reshape(-1)[::step], dtype=np.float64)
             s.dense_lists()
             s.dim_bounds()
+            if quantized and self.nonnegative:
+                s.impact_lists()
             a = _check_approx(approx)
             if a is not None:
                 s.approx_lists(a)
@@ -909,6 +912,67 @@ class InvertedIndex:
         if a is not None:
             return self._search_one(dims, w, k, plan, mask, a)
         return self._search_one(dims, w, k, plan, mask, with_ids=with_ids)
+
+    def search_quantized(self, query: QueryLike, k: int = 10) -> tuple[SearchResult, float]:
+        """(hits, err): the top ``k`` rows by an approximation of the inner product with
+        ``query`` whose every posting value is read as one byte (``Segment.impact_lists``),
+        and a bound ``err`` such that every item's approximate score is within err of its
+        exact one. Hits carry approximate scores and no ids; ranking rule as in
+        :meth:`search`, on the approximate scores. So an item outside the hits scores
+        exactly at most the k-th approximate score + err: what candidate generation under
+        a certificate needs (the served path, :mod:`sparsemm.query.two_stage`). A posting
+        costs 3 bytes of memory traffic here against 6 in :meth:`search`, which is what a
+        search over many long lists waits on. An index holding a negative value is searched
+        exactly instead (err 0)."""
+        k = check_k(k)
+        dims, w = as_query(query, self._dim)
+        if not self.nonnegative:
+            return self._search_one(dims, w, k, _NO_PLAN, None, with_ids=False), 0.0
+        k = min(k, self._count)
+        hs = np.empty(k, np.float32)
+        hr = np.empty(k, np.int64)
+        size = 0
+        err = 0.0
+        acc, flags, touched = self._workspace()
+        for s in self._segments:
+            imp, scale, slot, dense = s.impact_lists()
+            dmax, dmin = s.dim_bounds()
+            sw = scale[dims]
+            # |x - impact * scale| <= scale / 2 on each posting: an item's error is at most
+            # half the sum of |w_j| scale_j (widened by 2^-10 for the float32 rounding of
+            # the products and the quantisation)
+            seg_err = 0.5 * float(np.abs(w.astype(np.float64)) @ sw.astype(np.float64))
+            err = max(err, seg_err * (1.0 + 2.0**-10))
+            size = score_blocks(
+                s.post_blocks,
+                s.block_size,
+                s.post_rows,
+                imp,
+                s.start,
+                s.count,
+                dims,
+                (w * sw).astype(np.float32),
+                _EMPTY_I64,
+                0.0,
+                _NO_MASK,
+                False,
+                acc,
+                flags,
+                touched,
+                hs,
+                hr,
+                size,
+                slot,
+                dense,
+                False,
+                dmax,
+                dmin,
+                s.row_indptr,
+                s.row_dims,
+                s.row_vals,
+            )
+        heap_sort(hs, hr, size)
+        return SearchResult(rows=hr[:size], ids=[], scores=hs[:size]), err
 
     def search_batch(
         self,

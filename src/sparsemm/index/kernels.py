@@ -116,8 +116,8 @@ def build_dense(
     count: int,
     min_len: int,
 ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - numba
-    """slot (dim,) int32 (-1: none) and dense (n_dense, count) f32: the posting lists of
-    >= min_len postings as dense value rows (0 where a row is absent). ``blocks`` (dim,
+    """slot (dim,) int32 (-1: none) and dense (n_dense, count) of vals' dtype: the posting
+    lists of >= min_len postings as dense value rows (0 where a row is absent). ``blocks`` (dim,
     nb + 1): list d's postings of row block b are [blocks[d, b], blocks[d, b + 1]), their
     rows local to that block (row b * bsize + rows[p])."""
     dim = blocks.shape[0]
@@ -128,7 +128,7 @@ def build_dense(
         if blocks[d, nb] - blocks[d, 0] >= min_len:
             slot[d] = nd
             nd += 1
-    dense = np.zeros((nd, count), np.float32)
+    dense = np.zeros((nd, count), vals.dtype)
     for d in range(dim):
         sd = slot[d]
         if sd >= 0:
@@ -137,6 +137,27 @@ def build_dense(
                 for p in range(blocks[d, b], blocks[d, b + 1]):
                     dense[sd, base + np.int64(rows[p])] = vals[p]
     return slot, dense
+
+
+@njit(cache=True, nogil=True)
+def quantize_lists(
+    indptr: np.ndarray, vals: np.ndarray, scale: np.ndarray
+) -> np.ndarray:  # pragma: no cover - numba
+    """(nnz,) uint8 impacts of non-negative posting values: round(v / scale[d]) for the
+    postings [indptr[d], indptr[d + 1]) of list d, so |v - impact * scale[d]| <= scale[d] / 2
+    (``scale[d]`` = the list's largest value / 255, > 0 for a list with postings)."""
+    dim = indptr.shape[0] - 1
+    out = np.empty(vals.shape[0], np.uint8)
+    for d in range(dim):
+        if not scale[d] > 0:  # an empty list, or only zeros: impacts 0, error 0
+            for p in range(indptr[d], indptr[d + 1]):
+                out[p] = 0
+            continue
+        inv = 1.0 / np.float64(scale[d])
+        for p in range(indptr[d], indptr[d + 1]):
+            q = np.float64(vals[p]) * inv + 0.5
+            out[p] = np.uint8(min(max(q, 0.0), 255.0))
+    return out
 
 
 @njit(cache=True, nogil=True)

@@ -21,18 +21,25 @@ Every log term is <= 0 and log sigma(z) <= min(0, z), so with P(x) = A(x) + delt
    weights (the excluded terms' codes in A, a detector's negative weights in P) need not
    be read, which makes each index search cheaper. A query vector is then cut to its
    ``proxy_dims`` largest weights; the dropped weights add at most their L2 norm to any
-   unit non-negative code (Cauchy-Schwarz), which is added to that list's bound.
+   unit non-negative code (Cauchy-Schwarz), which is added to that list's bound. From an
+   :class:`~sparsemm.index.inverted.InvertedIndex` the lists come from
+   ``search_quantized``: each posting value read as one byte, every item's score within a
+   returned ``err`` of its exact one, so err is added to the list's bound too. Such a
+   search reads 3 bytes a posting instead of 6, and a query of a hundred dims over a
+   million items reads tens of millions of postings: memory traffic is what it waits on.
 2. **Rescoring.** The candidates' codes are read from the index's memory-mapped row store and
    scored by the full strategy (the same ``score_query`` as brute force, including the "no
    concept in common" rule), in a context of just those rows.
 3. **Certificate.** An item outside both lists scores at most
    ``bound = min(a_n + r_A, p_n + r_P)``, where a_n and p_n are the n-th scores of the two
-   lists and r their residuals (P's with its bias). When the k-th best rescored candidate
-   beats ``bound`` (by a float32 margin) the result is provably the brute-force top k.
-   Otherwise ``n`` grows fourfold, up to ``max_candidates``, read from the rows each list's
-   search already returned (``fetch`` of them: the first pool size, or from 512k items the
-   second, 1,024; a larger heap slows every search, a smaller one sends more queries to a
-   second search); a result that is still not certified is returned with
+   lists and r their residuals (P's with its bias; each with its search's err). When the
+   k-th best rescored candidate beats ``bound`` (by a float32 margin) the result is
+   provably the brute-force top k. When only the err stands in the way and a larger pool
+   would need a new search, the quantised lists are searched again exactly at the same
+   size. Otherwise ``n`` grows fourfold, up to ``max_candidates``, read from the rows each
+   list's search already returned (``fetch`` of them: the first pool size, or from 512k
+   items the second, 1,024; a larger heap slows every search, a smaller one sends more
+   queries to a second search); a result that is still not certified is returned with
    ``certified=False`` (counted by ``benchmarks/two_stage.py``). A pool that would pass a
    quarter of the items is not grown: the query is ranked by the exact scan below, which
    costs less.
@@ -178,6 +185,9 @@ class _ProxyList:
         self.rows = np.zeros(0, np.int64)
         self.scores = np.zeros(0, np.float64)
         self.asked = 0  # k of the last search (0: not searched yet)
+        self.err = 0.0  # most an item's score in the search differs from its exact one
+        self.used_err = 0.0  # the err in the bound top() last returned
+        self.quantized = True  # searches an InvertedIndex with search_quantized
         self.searches = 0
 
     def top(self, source: CodeSource, n: int, fetch: int, cap: int) -> tuple[np.ndarray, float]:
@@ -193,18 +203,33 @@ class _ProxyList:
             return rows, (-np.inf if n >= total else self.extra)
         if self.asked < n and len(self.rows) >= self.asked:  # the fetched rows run out
             self.asked = max(n, cap if self.searches else fetch)
-            if isinstance(source, InvertedIndex):  # rows are all the served path reads
-                res = source.search((self.dims, self.w), k=self.asked, with_ids=False)
-            else:
-                res = source.search((self.dims, self.w), k=self.asked)
-            self.rows = np.asarray(res.rows, dtype=np.int64)
-            self.scores = np.asarray(res.scores, dtype=np.float64)
-            self.searches += 1
+            self._search(source)
+        self.used_err = 0.0
         if len(self.rows) >= total and n >= len(self.rows):
             return self.rows, -np.inf
         if len(self.rows) < n:  # the source had no more rows with a positive score
             return self.rows, self.extra
-        return self.rows[:n], float(self.scores[n - 1]) + self.extra
+        self.used_err = self.err
+        return self.rows[:n], float(self.scores[n - 1]) + self.extra + self.err
+
+    def _search(self, source: CodeSource) -> None:
+        if isinstance(source, InvertedIndex) and self.quantized:
+            # one byte per posting value: scores within err of the exact ones, so the bound
+            # adds err (rows are all the served path reads)
+            res, self.err = source.search_quantized((self.dims, self.w), k=self.asked)
+        elif isinstance(source, InvertedIndex):
+            res, self.err = source.search((self.dims, self.w), k=self.asked, with_ids=False), 0.0
+        else:
+            res, self.err = source.search((self.dims, self.w), k=self.asked), 0.0
+        self.rows = np.asarray(res.rows, dtype=np.int64)
+        self.scores = np.asarray(res.scores, dtype=np.float64)
+        self.searches += 1
+
+    def exact(self, source: CodeSource) -> None:
+        """Search again, exactly, for the same rows: when only the quantised search's err
+        kept the last bound from certifying the result."""
+        self.quantized = False
+        self._search(source)
 
 
 def _rescore(
@@ -278,9 +303,11 @@ def served_rank(
         # result, the second index search is skipped (on the collages A alone certifies 88
         # of 90 label pairs at 100k items: the detector logits make P's bound loose).
         bound = np.inf
+        bound_exact = np.inf  # the same without the quantised searches' err
         for plist in lists:
             rows, list_bound = plist.top(source, n, fetch, cap)
             bound = min(bound, list_bound)
+            bound_exact = min(bound_exact, list_bound - plist.used_err)
             new = np.setdiff1d(rows, cand)  # sorted, unique
             if len(new):
                 cand, scores = _merge(
@@ -291,6 +318,23 @@ def served_rank(
             certified = bool(bound == -np.inf or kth > bound + margin)
             if certified:
                 break
+        err_lists = [p for p in lists if p.used_err > 0 and p.quantized]
+        grow = min(n * 4, max_candidates)
+        if (
+            not certified
+            and err_lists
+            and kth > bound_exact + margin
+            and any(grow > p.asked for p in err_lists)
+        ):
+            # The err alone stood in the way, and a larger pool would need a new search: the
+            # same pool from exact searches costs less (no larger search, 4x fewer rows to
+            # rescore). A quantised n-th score is within err of the exact one, so this is a
+            # guess; a result still not certified grows its pool as usual. A larger pool
+            # within the rows already fetched is only rescoring, so that one grows.
+            for plist in err_lists:
+                plist.exact(source)
+            rounds -= 1
+            continue
         if certified or n >= max_candidates or n >= len(source):
             top = top[offset:]
             searches = sum(p.searches for p in lists)

@@ -1,0 +1,94 @@
+"""``InvertedIndex.search_quantized``: posting values read as one byte each, with a bound.
+
+Every item's approximate score lies within ``err`` of its exact one, the hits are the top k
+by approximate score (ranking rule: higher score, then lower row), and so no item outside
+the hits scores more than the k-th approximate score + err: what the served path's
+certificate relies on. Checked against exact brute force over several segments, row blocks,
+long lists (kept as dense rows) and short ones, sparse and dense queries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from index_testlib import random_codes
+
+from sparsemm.index import InvertedIndex
+from sparsemm.index import segments as segmod
+
+DIM = 40
+EMPTY = 39  # a dim no item has
+
+
+def _ids(n: int, start: int = 0) -> list[str]:
+    return [f"id{i}" for i in range(start, start + n)]
+
+
+def _check(index: InvertedIndex, codes: sp.csr_matrix, rng: np.random.Generator) -> None:
+    n = codes.shape[0]
+    for t in range(30):
+        q = np.zeros(DIM, np.float32)
+        m = int(rng.integers(1, 3)) if t % 3 == 0 else int(rng.integers(5, DIM))
+        dims = rng.choice(DIM, size=m, replace=False)
+        q[dims] = rng.random(m).astype(np.float32) * 3 + np.float32(0.01)
+        q[EMPTY] = 5.0
+        k = int(rng.choice([1, 10, 100, n + 5]))
+        hits, err = index.search_quantized(q, k=k)
+        exact = codes.astype(np.float64) @ q.astype(np.float64)
+        assert len(hits.rows) == min(k, n) and hits.ids == []
+        # a byte per value: half a step (the list's max / 255) per query weight, and
+        # nothing for a list without postings (dim EMPTY)
+        dmax = np.asarray(abs(codes).max(axis=0).todense()).ravel()
+        step = float(np.abs(q) @ (dmax / 255.0)) / 2
+        assert step <= err <= step * 1.001
+        assert np.abs(exact[hits.rows] - hits.scores).max() <= err
+        order = np.lexsort((hits.rows, -hits.scores.astype(np.float64)))
+        np.testing.assert_array_equal(order, np.arange(len(hits.rows)))  # ranking rule
+        outside = np.setdiff1d(np.arange(n), hits.rows)
+        if outside.size:
+            assert exact[outside].max() <= float(hits.scores[-1]) + err
+        # the hits hold the exact top k except for items within 2 err of the k-th score
+        true_top = np.lexsort((np.arange(n), -exact))[: len(hits.rows)]
+        missed = np.setdiff1d(true_top, hits.rows)
+        if missed.size:
+            assert exact[missed].min() >= 0
+            assert exact[missed].max() <= float(hits.scores[-1]) + err
+
+
+@pytest.fixture()
+def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(segmod, "BLOCK_SHIFT", 6)
+    monkeypatch.setattr(segmod, "ROW_BLOCK", 64)
+
+
+def test_bound_holds_across_segments_and_blocks(tmp_path: Path, small_blocks: None) -> None:
+    rng = np.random.default_rng(7)
+    codes = random_codes(rng, 1500, DIM, max_nnz=12, dyadic=False).tolil()
+    codes[:, 5] = 0.75  # a list covering every row: kept as a dense row of impacts
+    codes[::3, 6] = 1e-4  # tiny values next to a large one share a scale
+    codes[7, 6] = 9.0
+    codes[:, EMPTY] = 0
+    codes = codes.tocsr()
+    index = InvertedIndex.create(tmp_path / "ix", DIM)
+    for lo, hi in [(0, 1400), (1400, 1420), (1420, 1500)]:
+        index.add(codes[lo:hi], _ids(hi - lo, lo))
+    index = InvertedIndex.open(tmp_path / "ix")
+    assert len(index._segments) >= 2
+    index.warm(quantized=True)
+    assert all(s._impacts is not None for s in index._segments)
+    _check(index, codes, rng)
+
+
+def test_negative_values_are_searched_exactly(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    codes = random_codes(rng, 600, DIM, max_nnz=8, signed=True)
+    index = InvertedIndex.build(tmp_path / "ix", codes, _ids(600))
+    q = np.zeros(DIM, np.float32)
+    q[[1, 4, 9]] = [1.0, 0.5, 2.0]
+    hits, err = index.search_quantized(q, k=20)
+    exact = index.search(q, k=20)
+    assert err == 0.0
+    np.testing.assert_array_equal(hits.rows, exact.rows)
+    np.testing.assert_array_equal(hits.scores, exact.scores)
