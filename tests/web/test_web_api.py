@@ -237,6 +237,19 @@ def test_host_check_and_cors(web_app, web_collection: Path) -> None:
         assert "access-control-allow-origin" not in resp.headers
 
 
+def test_warm_app_builds_the_served_paths_memory(web_collection: Path) -> None:
+    """``warm`` (as ``sparsemm serve`` runs it) builds the index's one-byte impacts of the
+    served path's candidate searches before the first query; a cold app leaves them to
+    the first query that needs them."""
+    for warm in (True, False):
+        searcher = Searcher(web_collection, encoder=WebKeywordEncoder())
+        app = create_app(searcher=searcher, warm=warm)
+        segs = searcher.index._segments
+        assert segs and all((s._impacts is not None) == warm for s in segs)
+        with TestClient(app, base_url="http://127.0.0.1") as c:
+            assert c.get("/api/search", params={"q": "dog but not cat"}).status_code == 200
+
+
 def test_create_app_needs_an_index(tmp_path: Path) -> None:
     col = make_collection(tmp_path)
     with pytest.raises(SparsemmError, match="no index"):

@@ -480,20 +480,23 @@ class InvertedIndex:
         manifest, segments = _read_index(root)
         return cls(root, manifest, segments, block_rows=block_rows)
 
-    def warm(self, approx: float | None = None, quantized: bool = False) -> None:
-        """Fault every page of the mapped arrays in now (one read per 4 KiB page) and build
-        the in-memory dense rows of the long posting lists (and, with ``approx``, the
-        truncated lists of approximate search with that share; with ``quantized``, the
-        one-byte impacts of :meth:`search_quantized`).
+    def warm(
+        self, approx: float | None = None, quantized: bool = False, pages: bool = True
+    ) -> None:
+        """Fault every page of the mapped arrays in now (one read per 4 KiB page; not with
+        ``pages=False``) and build the in-memory dense rows of the long posting lists (and,
+        with ``approx``, the truncated lists of approximate search with that share; with
+        ``quantized``, the one-byte impacts of :meth:`search_quantized`).
 
         Otherwise a fresh process pays page faults on the first queries that touch each
         posting list; a long-running service or a latency benchmark calls this after open.
         """
         for s in self._segments:
-            for arr in s.stored:
-                if arr.size:
-                    step = max(1, 4096 // arr.itemsize)
-                    np.add.reduce(arr.reshape(-1)[::step], dtype=np.float64)
+            if pages:
+                for arr in s.stored:
+                    if arr.size:
+                        step = max(1, 4096 // arr.itemsize)
+                        np.add.reduce(arr.reshape(-1)[::step], dtype=np.float64)
             s.dense_lists()
             s.dim_bounds()
             if quantized and self.nonnegative:
