@@ -150,6 +150,19 @@ def test_quantised_lists_fall_back_to_exact(
         assert res.rows.tolist() == want_rows.tolist(), q
         assert np.array_equal(res.scores, want_scores)
     assert calls["quantized"] > 0 and calls["exact"] > 0
+    # a pool that cannot grow (max_candidates reached) still gets its exact search: as
+    # many certified results as with exact lists from the start
+    certified = {}
+    for name, fn in (
+        ("loose", loose),
+        ("exact", lambda self, query, k=10: (exact(self, query, k=k), 0.0)),
+    ):
+        monkeypatch.setattr(InvertedIndex, "search_quantized", fn)
+        certified[name] = sum(
+            served_rank(index, text, q, k=10, candidates=32, max_candidates=32, fetch=32).certified
+            for q in _queries(np.random.default_rng(9), 30)
+        )
+    assert certified["loose"] == certified["exact"] > 0
 
 
 def test_proxy_bounds_every_item(tmp_path: Path) -> None:

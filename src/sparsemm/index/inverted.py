@@ -938,14 +938,10 @@ class InvertedIndex:
         err = 0.0
         acc, flags, touched = self._workspace()
         for s in self._segments:
-            imp, scale, slot, dense = s.impact_lists()
+            imp, scale, qerr, slot, dense = s.impact_lists()
             dmax, dmin = s.dim_bounds()
             sw = scale[dims]
-            # |x - impact * scale| <= scale / 2 on each posting: an item's error is at most
-            # half the sum of |w_j| scale_j (widened by 2^-10 for the float32 rounding of
-            # the products and the quantisation)
-            seg_err = 0.5 * float(np.abs(w.astype(np.float64)) @ sw.astype(np.float64))
-            err = max(err, seg_err * (1.0 + 2.0**-10))
+            err = max(err, impact_err(w, qerr[dims], dmax[dims]))
             size = score_blocks(
                 s.post_blocks,
                 s.block_size,
@@ -1033,6 +1029,17 @@ def _check_approx(approx: Any) -> float | None:
     if not 0.0 < float(approx) <= 1.0:
         raise SparsemmError(f"approx must lie in (0, 1], got {approx!r}")
     return float(approx)
+
+
+def impact_err(w: np.ndarray, qerr: np.ndarray, dmax: np.ndarray) -> float:
+    """The most an item's score from one-byte impacts (``Segment.impact_lists``) can differ
+    from its exact inner product, for query weights ``w`` on dims whose impacts are within
+    ``qerr`` of their values (measured) and whose largest value is ``dmax``: the sum of
+    |w_j| qerr_j, plus the float32 rounding of the scaled weights, the products and a sum
+    of len(w) terms (each under 2^-24 relative; 4x margin on len(w) + 2 of them)."""
+    aw = np.abs(w.astype(np.float64))
+    mag = float(aw @ (dmax.astype(np.float64) + qerr))
+    return float(aw @ qerr) + (len(w) + 2) * mag * 2.0**-22
 
 
 def check_k(k: Any) -> int:

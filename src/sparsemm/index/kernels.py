@@ -142,22 +142,26 @@ def build_dense(
 @njit(cache=True, nogil=True)
 def quantize_lists(
     indptr: np.ndarray, vals: np.ndarray, scale: np.ndarray
-) -> np.ndarray:  # pragma: no cover - numba
-    """(nnz,) uint8 impacts of non-negative posting values: round(v / scale[d]) for the
-    postings [indptr[d], indptr[d + 1]) of list d, so |v - impact * scale[d]| <= scale[d] / 2
-    (``scale[d]`` = the list's largest value / 255, > 0 for a list with postings)."""
+) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """(impacts (nnz,) uint8, err (dim,) f64) of non-negative posting values: impact =
+    round(v / scale[d]) clamped to [0, 255] for the postings [indptr[d], indptr[d + 1]) of
+    list d (``scale[d]``: the list's largest value / 255; 0 reads every value as 0), and
+    err[d], the largest |v - impact * scale[d]| of the list, measured (about scale[d] / 2;
+    more where the float32 scale rounded or underflowed)."""
     dim = indptr.shape[0] - 1
     out = np.empty(vals.shape[0], np.uint8)
+    err = np.zeros(dim, np.float64)
     for d in range(dim):
-        if not scale[d] > 0:  # an empty list, or only zeros: impacts 0, error 0
-            for p in range(indptr[d], indptr[d + 1]):
-                out[p] = 0
-            continue
-        inv = 1.0 / np.float64(scale[d])
+        sd = np.float64(scale[d])
+        inv = 1.0 / sd if sd > 0 else 0.0
+        e = 0.0
         for p in range(indptr[d], indptr[d + 1]):
-            q = np.float64(vals[p]) * inv + 0.5
-            out[p] = np.uint8(min(max(q, 0.0), 255.0))
-    return out
+            v = np.float64(vals[p])
+            q = np.uint8(min(max(v * inv + 0.5, 0.0), 255.0))
+            out[p] = q
+            e = max(e, abs(v - np.float64(q) * sd))
+        err[d] = e
+    return out, err
 
 
 @njit(cache=True, nogil=True)

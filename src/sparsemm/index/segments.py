@@ -163,7 +163,7 @@ class Segment:
     _approx: dict[float, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
-    _impacts: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = field(
+    _impacts: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = field(
         default=None, init=False, repr=False, compare=False
     )
 
@@ -206,23 +206,23 @@ class Segment:
             self._bounds = dim_bounds(self.post_indptr, self.post_vals)
         return self._bounds
 
-    def impact_lists(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(impacts (nnz,) uint8, scale (dim,) f32, slot (dim,) int32, dense (n_long,
-        count) uint8): the posting values quantised to one byte each (``quantize_lists``;
-        value ~ impact * scale[d], within scale[d] / 2) and the long lists' dense rows of
-        impacts, for searches that bound scores rather than compute them
-        (``InvertedIndex.search_quantized``). Built on first use, held in memory (1 byte per
-        posting, 1 byte per row per list of at least 1 / IMPACT_DENSE_RATIO of the rows);
-        only for a segment without negative values."""
+    def impact_lists(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(impacts (nnz,) uint8, scale (dim,) f32, err (dim,) f64, slot (dim,) int32, dense
+        (n_long, count) uint8): the posting values quantised to one byte each
+        (``quantize_lists``: value ~ impact * scale[d], within err[d], measured) and the
+        long lists' dense rows of impacts, for searches that bound scores rather than
+        compute them (``InvertedIndex.search_quantized``). Built on first use, held in
+        memory (1 byte per posting, 1 byte per row per list of at least
+        1 / IMPACT_DENSE_RATIO of the rows); only for a segment without negative values."""
         if self._impacts is None:
             # 0 for an empty list: it adds nothing, and no error, to any score
             scale = (self.dim_bounds()[0] / np.float32(255.0)).astype(np.float32)
-            imp = quantize_lists(self.post_indptr, self.post_vals, scale)
+            imp, err = quantize_lists(self.post_indptr, self.post_vals, scale)
             min_len = max(1, -(-self.count // IMPACT_DENSE_RATIO))
             slot, dense = build_dense(
                 self.post_blocks, self.post_rows, imp, self.block_size, self.count, min_len
             )
-            self._impacts = (imp, scale, slot, dense)
+            self._impacts = (imp, scale, err, slot, dense)
         return self._impacts
 
     def approx_lists(self, keep: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -320,17 +320,19 @@ def served_rank(
                 break
         err_lists = [p for p in lists if p.used_err > 0 and p.quantized]
         grow = min(n * 4, max_candidates)
+        last = n >= max_candidates or n >= len(source)  # the pool cannot grow
         if (
             not certified
             and err_lists
             and kth > bound_exact + margin
-            and any(grow > p.asked for p in err_lists)
+            and (last or any(grow > p.asked for p in err_lists))
         ):
-            # The err alone stood in the way, and a larger pool would need a new search: the
-            # same pool from exact searches costs less (no larger search, 4x fewer rows to
-            # rescore). A quantised n-th score is within err of the exact one, so this is a
-            # guess; a result still not certified grows its pool as usual. A larger pool
-            # within the rows already fetched is only rescoring, so that one grows.
+            # The err alone stood in the way, and a larger pool would need a new search (or
+            # there is none): the same pool from exact searches costs less (no larger
+            # search, 4x fewer rows to rescore). A quantised n-th score is within err of
+            # the exact one, so this is a guess; a result still not certified grows its
+            # pool as usual. A larger pool within the rows already fetched is only
+            # rescoring, so that one grows.
             for plist in err_lists:
                 plist.exact(source)
             rounds -= 1
