@@ -15,6 +15,7 @@ from sparsemm.errors import SparsemmError
 from sparsemm.index import InvertedIndex
 from sparsemm.linalg import normalize_rows
 from sparsemm.models.detectors import ConceptDetectors
+from sparsemm.query import two_stage
 from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.rank import build_strategy, rank_query
 from sparsemm.query.searcher import Searcher, build_index
@@ -163,6 +164,35 @@ def test_quantised_lists_fall_back_to_exact(
             for q in _queries(np.random.default_rng(9), 30)
         )
     assert certified["loose"] == certified["exact"] > 0
+
+
+def test_second_list_waits_while_the_first_pool_can_grow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The P list's first search comes only once A's pool cannot grow within the rows A
+    fetched (pools 32 -> 128 -> 512 within a fetch of 512: not before the pool is 512),
+    and results still equal brute force."""
+    _codes, index, full, rng = _random_world(tmp_path, seed=6)
+    text = sub_context(full, sp.csr_matrix((0, D), dtype=np.float32))
+    first_searches: list[tuple[int, int]] = []
+    top = two_stage._ProxyList.top
+
+    def spy(self: two_stage._ProxyList, source: object, n: int, fetch: int, cap: int) -> object:
+        if not self.searches:
+            first_searches.append((id(self), n))
+        return top(self, source, n, fetch, cap)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(two_stage._ProxyList, "top", spy)
+    second = 0
+    for q in _queries(rng, 40):
+        first_searches.clear()
+        want_rows, _ = rank_query(full, q, "hybrid", k=10)
+        res = served_rank(index, text, q, k=10, candidates=32, fetch=512)
+        assert res.rows.tolist() == want_rows.tolist(), q
+        if len(first_searches) == 2:
+            second += 1
+            assert first_searches[0][1] == 32 and first_searches[1][1] >= 512
+    assert second > 0
 
 
 def test_proxy_bounds_every_item(tmp_path: Path) -> None:
