@@ -491,6 +491,7 @@ class InvertedIndex:
         Otherwise a fresh process pays page faults on the first queries that touch each
         posting list; a long-running service or a latency benchmark calls this after open.
         """
+        quantized = quantized and self.nonnegative
         for s in self._segments:
             if pages:
                 for arr in s.stored:
@@ -499,7 +500,7 @@ class InvertedIndex:
                         np.add.reduce(arr.reshape(-1)[::step], dtype=np.float64)
             s.dense_lists()
             s.dim_bounds()
-            if quantized and self.nonnegative:
+            if quantized:
                 s.impact_lists()
             a = _check_approx(approx)
             if a is not None:
@@ -763,26 +764,51 @@ class InvertedIndex:
             w = np.concatenate([w, plan.extra_w])
         if approx is not None:
             return self._search_approx(dims, w, k, plan, mask, approx)
+        rows, scores, _ = self._scan(dims, w, k, plan, mask)
+        all_ids = self._all_ids
+        ids = [all_ids[r] for r in rows.tolist()] if with_ids else []
+        return SearchResult(rows=rows, ids=ids, scores=scores)
+
+    def _scan(
+        self,
+        dims: np.ndarray,
+        w: np.ndarray,
+        k: int,
+        plan: Plan,
+        mask: np.ndarray | None,
+        quantized: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """(rows, scores, err): the top k rows by the inner product, best first, through
+        every segment's posting lists; with ``quantized``, by the one-byte impacts
+        (``Segment.impact_lists``, no pruning, no filter exclusion: the caller checks the
+        index holds no negative value), scores within err of the exact ones (else 0)."""
         k = min(k, self._count)
         hs = np.empty(k, np.float32)
         hr = np.empty(k, np.int64)
         size = 0
+        err = 0.0
         if k > 0:
             acc, flags, touched = self._workspace()
             use_mask = mask is not None
             m = mask if mask is not None else _NO_MASK
             for s in self._segments:
-                slot, dense = s.dense_lists()
                 dmax, dmin = s.dim_bounds()
+                if quantized:
+                    vals, scale, qerr, slot, dense = s.impact_lists()
+                    sw = (w * scale[dims]).astype(np.float32)
+                    err = max(err, impact_err(w, qerr[dims], dmax[dims]))
+                else:
+                    vals, sw = s.post_vals, w
+                    slot, dense = s.dense_lists()
                 size = score_blocks(
                     s.post_blocks,
                     s.block_size,
                     s.post_rows,
-                    s.post_vals,
+                    vals,
                     s.start,
                     s.count,
                     dims,
-                    w,
+                    sw,
                     plan.ban_dims,
                     plan.threshold,
                     m,
@@ -795,7 +821,7 @@ class InvertedIndex:
                     size,
                     slot,
                     dense,
-                    self.pruning and k <= PRUNE_MAX_K,
+                    self.pruning and k <= PRUNE_MAX_K and not quantized,
                     dmax,
                     dmin,
                     s.row_indptr,
@@ -803,10 +829,7 @@ class InvertedIndex:
                     s.row_vals,
                 )
         heap_sort(hs, hr, size)
-        rows, scores = hr[:size], hs[:size]
-        all_ids = self._all_ids
-        ids = [all_ids[r] for r in rows.tolist()] if with_ids else []
-        return SearchResult(rows=rows, ids=ids, scores=scores)
+        return hr[:size], hs[:size], err
 
     def _search_approx(
         self,
@@ -931,47 +954,8 @@ class InvertedIndex:
         dims, w = as_query(query, self._dim)
         if not self.nonnegative:
             return self._search_one(dims, w, k, _NO_PLAN, None, with_ids=False), 0.0
-        k = min(k, self._count)
-        hs = np.empty(k, np.float32)
-        hr = np.empty(k, np.int64)
-        size = 0
-        err = 0.0
-        acc, flags, touched = self._workspace()
-        for s in self._segments:
-            imp, scale, qerr, slot, dense = s.impact_lists()
-            dmax, dmin = s.dim_bounds()
-            sw = scale[dims]
-            err = max(err, impact_err(w, qerr[dims], dmax[dims]))
-            size = score_blocks(
-                s.post_blocks,
-                s.block_size,
-                s.post_rows,
-                imp,
-                s.start,
-                s.count,
-                dims,
-                (w * sw).astype(np.float32),
-                _EMPTY_I64,
-                0.0,
-                _NO_MASK,
-                False,
-                acc,
-                flags,
-                touched,
-                hs,
-                hr,
-                size,
-                slot,
-                dense,
-                False,
-                dmax,
-                dmin,
-                s.row_indptr,
-                s.row_dims,
-                s.row_vals,
-            )
-        heap_sort(hs, hr, size)
-        return SearchResult(rows=hr[:size], ids=[], scores=hs[:size]), err
+        rows, scores, err = self._scan(dims, w, k, _NO_PLAN, None, quantized=True)
+        return SearchResult(rows=rows, ids=[], scores=scores), err
 
     def search_batch(
         self,
