@@ -110,7 +110,10 @@ def main() -> None:
     )
     full._emb, full._code = text._emb, text._code
     n = len(index)
-    print(f"{n} items, {codes.nnz / n:.1f} non-zeros per item, index {index.nbytes / n:.0f} B/item")
+    print(
+        f"{n} items, {codes.nnz / n:.1f} non-zeros per item, index {index.nbytes / n:.0f} B/item,"
+        f" one-byte impacts in memory {index.impact_nbytes / 1e6:.0f} MB"
+    )
     pairs = [f"{a} but not {b}" for a, b in itertools.permutations(labels, 2)]
     texts = {"label pairs": [pairs[i] for i in rng.permutation(len(pairs))[: args.queries]]}
     if args.sentences:

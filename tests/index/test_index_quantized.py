@@ -130,3 +130,15 @@ def test_bound_covers_float32_rounding(tmp_path: Path) -> None:
     codes[0], codes[1] = 1.0, x
     dev, err = _deviation(tmp_path, codes, np.arange(nq), np.array(w, np.float32))
     assert 0.4 < dev <= err
+
+
+def test_impact_memory_is_reported(tmp_path: Path) -> None:
+    codes = random_codes(np.random.default_rng(2), 300, DIM, max_nnz=6)
+    index = InvertedIndex.build(tmp_path / "ix", codes, _ids(300))
+    assert index.impact_nbytes == 0
+    index.warm(quantized=True)
+    (seg,) = index._segments
+    parts = seg.impact_lists()
+    assert index.impact_nbytes == sum(a.nbytes for a in parts)
+    imp = parts[0]
+    assert imp.nbytes == codes.nnz

@@ -549,6 +549,12 @@ class InvertedIndex:
         return sum(s.nbytes for s in self._segments)
 
     @property
+    def impact_nbytes(self) -> int:
+        """Bytes of memory held by the one-byte impacts of :meth:`search_quantized` and
+        their dense rows (0 for segments where they are not built yet)."""
+        return sum(sum(int(a.nbytes) for a in s._impacts) for s in self._segments if s._impacts)
+
+    @property
     def nonnegative(self) -> bool:
         """True when no stored value is negative (each segment's per-dim minimum, computed
         once per segment): what the served path's candidate bounds assume
