@@ -1,11 +1,17 @@
-"""Shared helpers for the inverted-index tests: random codes and a naive reference search."""
+"""Shared helpers for the inverted-index tests: random codes, a naive reference search, and
+rewriting an index in an older segment layout."""
 
 from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 
-from sparsemm.index import Exclusion
+from sparsemm.index import Exclusion, InvertedIndex
+from sparsemm.index import segments as segmod
 
 # Dyadic values (k / 4) keep every score exact in float32, so ties are real ties and the
 # index must reproduce the reference ranking exactly, tie rule included.
@@ -60,3 +66,39 @@ def reference_search(
     order = np.lexsort((rows, -scores[rows]))
     top = rows[order][:k]
     return top, scores[top]
+
+
+def write_old_layout(root: Path, layout: int) -> None:
+    """Rewrite every segment of ``root`` in the v1 or v2 layout, as sparsemm wrote it before
+    v2 or v3 (posting values as float32, from the row store's exact values)."""
+    manifest = json.loads((root / "manifest.json").read_text())
+    index = InvertedIndex.open(root)
+    for meta, seg in zip(manifest["segments"], index._segments, strict=True):
+        folder = root / meta["name"]
+        csc = sp.csr_matrix(
+            (seg.row_vals, seg.row_dims, seg.row_indptr), shape=(seg.count, index.dim)
+        ).tocsc()
+        csc.sort_indices()
+        old: dict[str, np.ndarray] = {}
+        if layout == 1:
+            old["post_indptr"] = csc.indptr.astype(np.int64)
+            old["post_rows"] = csc.indices.astype(np.int32)
+        else:
+            old["post_blocks"] = np.array(seg.post_blocks)
+            old["post_rows"] = np.array(seg.post_rows)
+        old["post_vals"] = csc.data.astype(np.float32)
+        old["row_indptr"] = np.array(seg.row_indptr)
+        old["row_dims"] = np.array(seg.row_dims, np.int32 if layout == 1 else np.uint16)
+        old["row_vals"] = np.array(seg.row_vals)
+        for name in ("post_blocks", "post_imps", "list_stats"):
+            if name not in old:
+                (folder / f"{name}.npy").unlink(missing_ok=True)
+        for name, arr in old.items():  # new files: the open index still maps the old ones
+            np.save(folder / f"{name}.tmp.npy", arr)
+            (folder / f"{name}.tmp.npy").replace(folder / f"{name}.npy")
+        meta["sha256"] = {
+            fname: hashlib.sha256((folder / fname).read_bytes()).hexdigest()
+            for fname in segmod.SEG_FILES[layout]
+        }
+    manifest["version"] = layout
+    (root / "manifest.json").write_text(json.dumps(manifest))

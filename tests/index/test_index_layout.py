@@ -1,6 +1,7 @@
-"""The v2 segment layout (posting rows local to 65536-row blocks, as uint16) searches like
-brute force across block boundaries, and indexes written in the v1 layout (int32 rows and
-dims, one posting list per dim) still open, search, grow and compact."""
+"""The v2 and v3 segment layouts (posting rows local to 65536-row blocks, as uint16; v3 with
+one-byte impacts as posting values) search like brute force across block boundaries, and
+indexes written in the v1 layout (int32 rows and dims, one posting list per dim) or the v2
+layout (float32 posting values) still open, search, grow and compact."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from index_testlib import random_codes, reference_search
+from index_testlib import random_codes, reference_search, write_old_layout
 
 from sparsemm.errors import SparsemmError
 from sparsemm.index import Exclusion, InvertedIndex
@@ -69,12 +70,13 @@ def small_blocks(monkeypatch: pytest.MonkeyPatch) -> int:
     return 32
 
 
+@pytest.mark.parametrize("signed", [True, False])
 @pytest.mark.parametrize("block_rows", [8, 32, 100])
 def test_many_row_blocks_search_like_brute_force(
-    tmp_path: Path, small_blocks: int, block_rows: int
+    tmp_path: Path, small_blocks: int, block_rows: int, signed: bool
 ) -> None:
     rng = np.random.default_rng(block_rows)
-    codes = random_codes(rng, 1000, DIM, max_nnz=6, signed=True)
+    codes = random_codes(rng, 1000, DIM, max_nnz=6, signed=signed)
     codes = codes.tolil()
     codes[:, 3] = 1.0  # a list covering every row: scored as a dense value row
     codes = codes.tocsr()
@@ -86,7 +88,8 @@ def test_many_row_blocks_search_like_brute_force(
     _check_against_brute_force(index, codes, rng)
     index.compact()
     (seg,) = index._segments
-    assert seg.layout == 2 and seg.post_blocks.shape == (DIM, -(-1000 // small_blocks) + 1)
+    assert seg.layout == (2 if signed else 3)
+    assert seg.post_blocks.shape == (DIM, -(-1000 // small_blocks) + 1)
     _check_against_brute_force(InvertedIndex.open(tmp_path / "ix"), codes, rng)
 
 
@@ -98,53 +101,31 @@ def test_real_row_blocks_across_65536_rows(tmp_path: Path) -> None:
     (seg,) = index._segments
     assert seg.post_blocks.shape == (DIM, 4)
     assert seg.post_rows.dtype == np.uint16 and seg.row_dims.dtype == np.uint16
-    assert index.nbytes == 12 * codes.nnz + 8 * (n + 1) + 8 * DIM * 4
+    assert seg.layout == 3 and seg.post_vals.dtype == np.uint8
+    # 2 + 1 bytes a posting, 2 + 4 a row-store entry, the row and block pointers, the stats
+    assert index.nbytes == 9 * codes.nnz + 8 * (n + 1) + 8 * DIM * 4 + 3 * 8 * DIM
     _check_against_brute_force(InvertedIndex.open(tmp_path / "ix"), codes, rng, queries=8)
 
 
-def _write_v1(root: Path) -> None:
-    """Rewrite every segment of ``root`` in the v1 layout, as sparsemm wrote it before v2."""
-    manifest = json.loads((root / "manifest.json").read_text())
-    index = InvertedIndex.open(root)
-    for meta, seg in zip(manifest["segments"], index._segments, strict=True):
-        folder = root / meta["name"]
-        v1 = {
-            "post_indptr": np.asarray(seg.post_indptr, np.int64),
-            "post_rows": np.concatenate([seg.list_rows(d) for d in range(DIM)]).astype(np.int32),
-            "post_vals": np.array(seg.post_vals),
-            "row_indptr": np.array(seg.row_indptr),
-            "row_dims": np.array(seg.row_dims, np.int32),
-            "row_vals": np.array(seg.row_vals),
-        }
-        (folder / "post_blocks.npy").unlink()
-        digests = {}
-        for name, arr in v1.items():  # new files: the open index still maps the old ones
-            np.save(folder / f"{name}.tmp.npy", arr)
-            (folder / f"{name}.tmp.npy").replace(folder / f"{name}.npy")
-        for fname in segmod.SEG_FILES_V1:
-            digests[fname] = hashlib.sha256((folder / fname).read_bytes()).hexdigest()
-        meta["sha256"] = digests
-    manifest["version"] = 1
-    (root / "manifest.json").write_text(json.dumps(manifest))
-
-
-def test_v1_indexes_open_search_grow_and_compact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", [1, 2])
+def test_older_indexes_open_search_grow_and_compact(tmp_path: Path, layout: int) -> None:
     rng = np.random.default_rng(5)
     codes = random_codes(rng, 900, DIM, max_nnz=5)
     root = tmp_path / "ix"
     index = InvertedIndex.create(root, DIM)
     index.add(codes[:600], _ids(600))
     index.add(codes[600:700], _ids(100, 600))
-    _write_v1(root)
+    write_old_layout(root, layout)
     old = InvertedIndex.open(root)
-    assert [s.layout for s in old._segments] == [1, 1]
-    assert all(s.post_rows.dtype == np.int32 for s in old._segments)
+    assert [s.layout for s in old._segments] == [layout, layout]
+    assert all(s.post_vals.dtype == np.float32 for s in old._segments)
     _check_against_brute_force(old, codes[:700], rng)
-    old.add(codes[700:], _ids(200, 700))  # a new v2 segment beside (or merged with) v1 ones
-    assert json.loads((root / "manifest.json").read_text())["version"] == 2
+    old.add(codes[700:], _ids(200, 700))  # a new v3 segment beside (or merged with) old ones
+    assert json.loads((root / "manifest.json").read_text())["version"] == 3
+    assert old._segments[-1].layout == 3
     _check_against_brute_force(InvertedIndex.open(root), codes, rng)
     old.compact()
-    assert [s.layout for s in old._segments] == [2]
+    assert [s.layout for s in old._segments] == [3]
     _check_against_brute_force(InvertedIndex.open(root), codes, rng)
 
 
@@ -202,3 +183,60 @@ def test_excluded_query_dims_search_like_brute_force(
             hit = index.search(q, k, exclude=exclude)
             np.testing.assert_array_equal(hit.rows, rows)
             np.testing.assert_array_equal(hit.scores, scores.astype(np.float32))
+
+
+def test_v3_impacts_search_bit_identical_to_v2_values(tmp_path: Path) -> None:
+    """On values that do not sum exactly (uniform, not dyadic), a v3 index (candidates from
+    impacts, rescored from the row store) returns the rows and float32 scores of the same
+    codes in v2 (float32 posting values): the rescoring adds in the accumulator's order."""
+    rng = np.random.default_rng(11)
+    codes = random_codes(rng, 3000, DIM, max_nnz=8, dyadic=False)
+    codes = codes.tolil()
+    codes[::2, 5] = 0.75  # a list of half the rows: a dense row in either layout
+    codes = codes.tocsr()
+    roots = {3: tmp_path / "v3", 2: tmp_path / "v2"}
+    for root in roots.values():
+        InvertedIndex.build(root, codes, _ids(3000))
+    write_old_layout(roots[2], 2)
+    v3, v2 = InvertedIndex.open(roots[3]), InvertedIndex.open(roots[2])
+    assert v3._segments[0].layout == 3 and v2._segments[0].layout == 2
+    for t, q in enumerate(_queries(rng, 60)):
+        k = int(rng.choice([1, 10, 100]))
+        exclude = None
+        if t % 3 == 1:
+            dims = rng.choice(DIM, size=2, replace=False).tolist()
+            exclude = Exclusion(dims=dims, threshold=float(rng.choice([0.0, 0.3])))
+        elif t % 3 == 2:
+            exclude = Exclusion(dims=[int(rng.integers(DIM))], mode="penalty", penalty=0.5)
+        for pruning in (False, True):
+            v3.pruning = v2.pruning = pruning
+            a = v3.search(q, k, exclude=exclude)
+            b = v2.search(q, k, exclude=exclude)
+            np.testing.assert_array_equal(a.rows, b.rows)
+            np.testing.assert_array_equal(a.scores, b.scores)
+
+
+@pytest.mark.parametrize("layout", [2, 3])
+def test_subnormal_values_and_thresholds_filter_like_brute_force(
+    tmp_path: Path, layout: int
+) -> None:
+    """A filter threshold is compared in float64 with the float32 values (1e-39 as float32
+    is just above 1e-39), and impacts of subnormal values decide nothing by themselves."""
+    rng = np.random.default_rng(21)
+    n = 500
+    codes = sp.random(n, DIM, density=0.4, format="csr", dtype=np.float32, random_state=21)
+    codes.data = rng.choice(np.array([1e-40, 1e-39, 0.5, 1.0], np.float32), codes.nnz)
+    root = tmp_path / "ix"
+    InvertedIndex.build(root, codes, _ids(n))
+    if layout == 2:
+        write_old_layout(root, 2)
+    index = InvertedIndex.open(root)
+    assert index._segments[0].layout == layout
+    for t, q in enumerate(_queries(rng, 40)):
+        q = np.abs(q)
+        dims = rng.choice(DIM, size=3, replace=False).tolist()
+        exclude = Exclusion(dims=dims, threshold=[0.0, 1e-39, 1e-40][t % 3])
+        rows, scores = reference_search(codes, q, 10, exclude, None)
+        hit = index.search(q, 10, exclude=exclude)
+        np.testing.assert_array_equal(hit.rows, rows)
+        np.testing.assert_array_equal(hit.scores, scores.astype(np.float32))

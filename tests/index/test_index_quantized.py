@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from index_testlib import random_codes
+from index_testlib import random_codes, write_old_layout
 
 from sparsemm.index import InvertedIndex
 from sparsemm.index import segments as segmod
@@ -63,7 +63,10 @@ def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(segmod, "ROW_BLOCK", 64)
 
 
-def test_bound_holds_across_segments_and_blocks(tmp_path: Path, small_blocks: None) -> None:
+@pytest.mark.parametrize("layout", [2, 3])
+def test_bound_holds_across_segments_and_blocks(
+    tmp_path: Path, small_blocks: None, layout: int
+) -> None:
     rng = np.random.default_rng(7)
     codes = random_codes(rng, 1500, DIM, max_nnz=12, dyadic=False).tolil()
     codes[:, 5] = 0.75  # a list covering every row: kept as a dense row of impacts
@@ -74,8 +77,11 @@ def test_bound_holds_across_segments_and_blocks(tmp_path: Path, small_blocks: No
     index = InvertedIndex.create(tmp_path / "ix", DIM)
     for lo, hi in [(0, 1400), (1400, 1420), (1420, 1500)]:
         index.add(codes[lo:hi], _ids(hi - lo, lo))
+    if layout == 2:  # impacts built in memory from float32 values, not read from disk
+        write_old_layout(tmp_path / "ix", 2)
     index = InvertedIndex.open(tmp_path / "ix")
     assert len(index._segments) >= 2
+    assert all(s.layout == layout for s in index._segments)
     index.warm(quantized=True)
     assert all(s._impacts is not None for s in index._segments)
     _check(index, codes, rng)
@@ -139,6 +145,12 @@ def test_impact_memory_is_reported(tmp_path: Path) -> None:
     index.warm(quantized=True)
     (seg,) = index._segments
     parts = seg.impact_lists()
-    assert index.impact_nbytes == sum(a.nbytes for a in parts)
+    # a v3 segment maps its impacts from disk: only the per-list arrays and dense rows count
+    assert seg.layout == 3 and index.impact_nbytes == sum(a.nbytes for a in parts[1:])
     imp = parts[0]
     assert imp.nbytes == codes.nnz
+    write_old_layout(tmp_path / "ix", 2)  # float32 posting values: impacts built in memory
+    index = InvertedIndex.open(tmp_path / "ix")
+    assert index.impact_nbytes == 0
+    index.warm(quantized=True)
+    assert index.impact_nbytes == sum(a.nbytes for a in index._segments[0].impact_lists())

@@ -71,7 +71,7 @@ def test_round_trip(tmp_path: Path) -> None:
     assert opened.row_of(["item-3", "item-0"]).tolist() == [3, 0]
     assert opened.row_of("item-9").tolist() == [9]
     manifest = json.loads((tmp_path / "ix" / "manifest.json").read_text())
-    assert manifest["format"] == "sparsemm.index" and manifest["version"] == 2
+    assert manifest["format"] == "sparsemm.index" and manifest["version"] == 3
     assert manifest["dim"] == DIM and manifest["count"] == 120
     assert manifest["nnz"] == codes.nnz == opened.nnz
     seg = tmp_path / "ix" / manifest["segments"][0]["name"]
@@ -358,9 +358,9 @@ def test_open_rejects_non_indexes_and_damage(tmp_path: Path) -> None:
         InvertedIndex.open(root)
     np.save(seg / "post_rows.npy", good_rows)
     assert len(InvertedIndex.open(root)) == 5
-    np.save(seg / "post_vals.npy", np.zeros(3, np.float32))
+    np.save(seg / "post_imps.npy", np.zeros(3, np.uint8))
     with pytest.raises(SparsemmError, match="does not match"):
         InvertedIndex.open(root)
-    (seg / "post_vals.npy").unlink()
+    (seg / "post_imps.npy").unlink()
     with pytest.raises(SparsemmError, match="missing"):
         InvertedIndex.open(root)

@@ -32,7 +32,7 @@ def _segment(root: Path) -> Path:
 
 
 def _poke(path: Path, every: int, value: float) -> None:
-    """Set every ``every``-th value of a float32 .npy file to ``value``, in place."""
+    """Set every ``every``-th value of a .npy file to ``value``, in place."""
     arr = np.load(path, mmap_mode="r+")
     arr[::every] = value
     arr.flush()
@@ -59,13 +59,19 @@ def test_index_segments_carry_checksums_and_a_changed_value_is_refused(index_roo
     manifest = json.loads((index_root / "manifest.json").read_text())
     (seg,) = manifest["segments"]
     assert sorted(seg["sha256"]) == sorted(
-        [f"{a}.npy" for a in ("post_blocks", "post_rows", "post_vals")]
+        [f"{a}.npy" for a in ("post_blocks", "post_rows", "post_imps", "list_stats")]
         + [f"{a}.npy" for a in ("row_indptr", "row_dims", "row_vals")]
         + ["ids.json"]
     )
-    # the issue's probe: every 997th posting value set to a huge but finite 1e38
-    _poke(_segment(index_root) / "post_vals.npy", 997, 1e38)
-    with pytest.raises(SparsemmError, match=r"post_vals\.npy does not match its checksum"):
+    # the issue's probe: every 997th value set to a huge but finite 1e38
+    _poke(_segment(index_root) / "row_vals.npy", 997, 1e38)
+    with pytest.raises(SparsemmError, match=r"row_vals\.npy does not match its checksum"):
+        InvertedIndex.open(index_root)
+
+
+def test_index_changed_impact_is_refused(index_root: Path) -> None:
+    _poke(_segment(index_root) / "post_imps.npy", 997, 255)
+    with pytest.raises(SparsemmError, match=r"post_imps\.npy does not match its checksum"):
         InvertedIndex.open(index_root)
 
 
@@ -73,9 +79,19 @@ def test_index_segments_carry_checksums_and_a_changed_value_is_refused(index_roo
 def test_index_nan_values_are_refused_even_with_a_forged_checksum(
     index_root: Path, value: float
 ) -> None:
-    _poke(_segment(index_root) / "post_vals.npy", 997, value)
+    _poke(_segment(index_root) / "row_vals.npy", 997, value)
     _forge_segment_checksums(index_root)
-    with pytest.raises(SparsemmError, match=r"post_vals\.npy holds NaN or inf values"):
+    with pytest.raises(SparsemmError, match=r"row_vals\.npy holds NaN or inf values"):
+        InvertedIndex.open(index_root)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -1.0])
+def test_index_bad_list_stats_are_refused_even_with_a_forged_checksum(
+    index_root: Path, value: float
+) -> None:
+    _poke(_segment(index_root) / "list_stats.npy", 7, value)
+    _forge_segment_checksums(index_root)
+    with pytest.raises(SparsemmError, match=r"does not match the manifest"):
         InvertedIndex.open(index_root)
 
 
@@ -100,7 +116,7 @@ def test_index_adds_and_merges_record_checksums(index_root: Path) -> None:
     codes, ids = index_version(2, 3000)
     index.add(codes, ids)  # merged with the first segment
     manifest = json.loads((index_root / "manifest.json").read_text())
-    assert all(len(seg["sha256"]) == 7 for seg in manifest["segments"])
+    assert all(len(seg["sha256"]) == 8 for seg in manifest["segments"])
     assert len(InvertedIndex.open(index_root)) == 6000
 
 
@@ -114,9 +130,9 @@ def _toy(tmp_path: Path) -> tuple[Path, Path]:
 def test_cli_search_on_a_damaged_index_is_one_error_line(tmp_path: Path, cli: Any) -> None:
     col, _ = _toy(tmp_path)
     assert cli("search", str(col), "dog", "--engine", "index").code == 0
-    _poke(_segment(col / "index") / "post_vals.npy", 3, 1e38)
+    _poke(_segment(col / "index") / "row_vals.npy", 3, 1e38)
     cli("search", str(col), "dog", "--engine", "index").one_line_error(
-        "post_vals.npy does not match its checksum", "rebuild the index"
+        "row_vals.npy does not match its checksum", "rebuild the index"
     )
 
 

@@ -4,7 +4,7 @@ Items are sparse codes ``(n, dim)`` float32 (any sign) with a parallel list of s
 Search is exact top-k by inner product, computed over the query's dimensions only, with
 optional exclusion of dimensions (hard filter or score penalty) and an optional row subset.
 
-On disk (format ``sparsemm.index``, version 2) an index is a folder::
+On disk (format ``sparsemm.index``, version 3) an index is a folder::
 
     manifest.json          format, version, dim, count, nnz, meta, next_segment,
                            segments: [{"name", "count", "nnz", "sha256"}, ...] in row
@@ -14,14 +14,22 @@ On disk (format ``sparsemm.index``, version 2) an index is a folder::
         post_blocks.npy    (dim, B + 1) int64  B = ceil(count / 65536) row blocks: the
                            postings of dim d in block b are [blocks[d, b], blocks[d, b+1])
         post_rows.npy      (nnz,) uint16     row within its 65536-row block, ascending
-        post_vals.npy      (nnz,) float32
-        row_indptr.npy     (count + 1,) int64  row-major copy (explanations, merges)
+        post_imps.npy      (nnz,) uint8      one-byte impact: value ~ impact * max_d / 255
+        list_stats.npy     (3, dim) float64  per list: largest value max_d, smallest value,
+                           and the largest |value - impact * max_d / 255|, measured
+        row_indptr.npy     (count + 1,) int64  row-major store of the exact values (rescoring,
+                           explanations, merges)
         row_dims.npy       (nnz,) uint16       ascending within each row (int32 if dim > 65536)
         row_vals.npy       (nnz,) float32
         ids.json           list of ``count`` ids
 
-12 bytes per non-zero (version 1 segments, still read and searched, hold post_indptr
-(dim + 1,) and int32 rows and dims: 16 bytes; new and merged segments are written as v2).
+9 bytes per non-zero: 3 per posting, 6 per row-store entry. A search reads the impacts to
+find candidates, bounds each item's error, and rescores the candidates exactly from the row
+store, so results are those of float32 posting values. Segments holding a negative value
+are written in the v2 layout instead (``post_vals.npy`` (nnz,) float32 in place of the
+impacts and stats: 12 bytes per non-zero); v2 and v1 segments (post_indptr (dim + 1,),
+int32 rows and dims: 16 bytes) are still read and searched, and merges rewrite them (as v3
+when no value is negative).
 
 Write protocol: ``add`` takes the writer lock, writes a brand-new segment folder (every file
 written to a temp name, fsynced, renamed), then swaps ``manifest.json`` atomically. The
@@ -119,7 +127,8 @@ from sparsemm.io import (
 logger = logging.getLogger(__name__)
 
 FORMAT = "sparsemm.index"
-VERSION = 2  # 2: block-local uint16 posting rows (segments.ARRAYS_V2); 1 is still read
+VERSION = 3  # 3: one-byte impacts in the posting lists (segments.ARRAYS_V3); 2: block-local
+# uint16 posting rows (segments.ARRAYS_V2); both, and 1, are read
 # Rows per accumulator block: 64k float32 = 256 KiB, stays in a 512 KiB L2 while it is filled
 # and scanned. Measured against 32k (one process, queries alternated, one core): 1M items
 # 2.31 -> 2.10 ms plain, 2.69 -> 2.37 ms with exclusions; 100k 0.28 -> 0.21 ms; Zipf-skewed
@@ -551,8 +560,13 @@ class InvertedIndex:
     @property
     def impact_nbytes(self) -> int:
         """Bytes of memory held by the one-byte impacts of :meth:`search_quantized` and
-        their dense rows (0 for segments where they are not built yet)."""
-        return sum(sum(int(a.nbytes) for a in s._impacts) for s in self._segments if s._impacts)
+        their dense rows (0 for segments where they are not built yet; for a v3 segment,
+        which maps its impacts from disk, only the dense rows and per-list arrays)."""
+        total = 0
+        for s in self._segments:
+            if s._impacts:
+                total += sum(int(a.nbytes) for a in s._impacts[int(s.quantized) :])
+        return total
 
     @property
     def nonnegative(self) -> bool:
@@ -681,19 +695,13 @@ class InvertedIndex:
     def _merge_tail(self, m: int) -> None:
         """Merge the last ``m`` segments into one new segment and commit it."""
         segs = self._segments[-m:]
-        arrays = merge_segments(segs, self._dim)
+        (row_indptr, row_dims, row_vals), post = merge_segments(segs, self._dim)
         ids = [i for s in segs for i in s.ids]
         name = self._new_segment_name()
         digests = write_segment(
-            self._root / name,
-            self._dim,
-            arrays[3],
-            arrays[4],
-            arrays[5],
-            ids,
-            post=(arrays[0], arrays[1], arrays[2]),
+            self._root / name, self._dim, row_indptr, row_dims, row_vals, ids, post=post
         )
-        meta = {"name": name, "count": len(ids), "nnz": int(arrays[0][-1]), "sha256": digests}
+        meta = {"name": name, "count": len(ids), "nnz": int(row_indptr[-1]), "sha256": digests}
         self._commit([*self._manifest["segments"][:-m], meta])
         logger.info("index %s: merged %d segments into %s", self._root, m, name)
 
@@ -722,9 +730,7 @@ class InvertedIndex:
         out = np.zeros(self._count, np.bool_)
         for s in self._segments:
             for d in np.asarray(dims, np.int64).tolist():
-                lo, hi = int(s.post_indptr[d]), int(s.post_indptr[d + 1])
-                vals = np.asarray(s.post_vals[lo:hi], np.float64)  # compared as the kernel does
-                out[s.start + s.list_rows(d)[vals > threshold]] = True
+                out[s.start + s.rows_above(d, threshold)] = True
         return out
 
     # ----- search ---------------------------------------------------------------------------
@@ -787,7 +793,10 @@ class InvertedIndex:
         """(rows, scores, err): the top k rows by the inner product, best first, through
         every segment's posting lists; with ``quantized``, by the one-byte impacts
         (``Segment.impact_lists``, no pruning, no filter exclusion: the caller checks the
-        index holds no negative value), scores within err of the exact ones (else 0)."""
+        index holds no negative value), scores within err of the exact ones (else 0).
+        Without ``quantized``, a v3 segment's impacts find the candidates and the kernel
+        rescores them exactly from the row store (``score_segment``), so the result is
+        the exact one either way."""
         k = min(k, self._count)
         hs = np.empty(k, np.float32)
         hr = np.empty(k, np.int64)
@@ -799,13 +808,22 @@ class InvertedIndex:
             m = mask if mask is not None else _NO_MASK
             for s in self._segments:
                 dmax, dmin = s.dim_bounds()
-                if quantized:
+                seg_err, ethr_e, recheck = 0.0, _NO_ETHR, False
+                if quantized or s.quantized:
                     vals, scale, qerr, slot, dense = s.impact_lists()
                     sw = (w * scale[dims]).astype(np.float32)
-                    err = max(err, impact_err(w, qerr[dims], dmax[dims]))
+                    e = impact_err(w, qerr[dims], dmax[dims])
+                    if quantized:
+                        err = max(err, e)
+                    else:
+                        seg_err = e
+                        ethr_e = impact_thresholds(plan, scale, qerr)
+                        recheck = plan.ban_dims.size > 0
                 else:
                     vals, sw = s.post_vals, w
                     slot, dense = s.dense_lists()
+                    if plan.ban_dims.size:
+                        ethr_e = np.full(plan.ban_dims.size, plan.threshold, np.float64)
                 size = score_blocks(
                     s.post_blocks,
                     s.block_size,
@@ -817,6 +835,7 @@ class InvertedIndex:
                     sw,
                     plan.ban_dims,
                     plan.threshold,
+                    ethr_e,
                     m,
                     use_mask,
                     acc,
@@ -833,6 +852,9 @@ class InvertedIndex:
                     s.row_indptr,
                     s.row_dims,
                     s.row_vals,
+                    w,
+                    seg_err,
+                    recheck,
                 )
         heap_sort(hs, hr, size)
         return hr[:size], hs[:size], err
@@ -849,7 +871,10 @@ class InvertedIndex:
         """Approximate top-k: candidates from truncated posting lists (each list's ``keep``
         share of largest |values|, in the spirit of Seismic's static pruning), then every
         candidate rescored exactly from the row store and filtered; hits carry exact scores
-        and follow the ranking rule among the candidates, but a true hit may be missed."""
+        and follow the ranking rule among the candidates, but a true hit may be missed.
+        The filter-excluded dims' truncated lists already keep their banned rows out of the
+        candidates (those a v3 segment's impacts decide), so a query whose best items are
+        mostly excluded still fills its pool with allowed ones."""
         pool = min(self._count, max(APPROX_POOL_MIN, APPROX_POOL_FACTOR * k))
         hs = np.empty(pool, np.float32)
         hr = np.empty(pool, np.int64)
@@ -859,6 +884,10 @@ class InvertedIndex:
         for s in self._segments:
             t_blocks, t_rows, t_vals = s.approx_lists(keep)
             no_slot = np.full(self._dim, -1, np.int32)
+            ethr_e = np.full(plan.ban_dims.size, plan.threshold, np.float64)
+            if s.quantized:  # values read off impacts: within qerr of the exact ones
+                ethr_e += s.impact_lists()[2][plan.ban_dims]
+            ethr_e = np.where(s.quantized, ethr_e + np.abs(ethr_e) * 1e-6, ethr_e)
             size = score_blocks(
                 t_blocks,
                 max(s.count, 1),
@@ -868,8 +897,9 @@ class InvertedIndex:
                 s.count,
                 dims,
                 w,
-                _EMPTY_I64,
-                0.0,
+                plan.ban_dims,
+                plan.threshold,
+                ethr_e,
                 m,
                 mask is not None,
                 acc,
@@ -886,6 +916,9 @@ class InvertedIndex:
                 s.row_indptr,
                 s.row_dims,
                 s.row_vals,
+                w,
+                0.0,
+                False,
             )
         cand = hr[:size]
         scores = np.empty(size, np.float32)
@@ -1008,6 +1041,7 @@ class InvertedIndex:
 
 
 _NO_MASK = np.zeros(1, np.bool_)
+_NO_ETHR = np.zeros(0, np.float64)
 _NO_DENSE = np.zeros((0, 1), np.float32)
 
 
@@ -1030,6 +1064,18 @@ def impact_err(w: np.ndarray, qerr: np.ndarray, dmax: np.ndarray) -> float:
     aw = np.abs(w.astype(np.float64))
     mag = float(aw @ (dmax.astype(np.float64) + qerr))
     return float(aw @ qerr) + (len(w) + 2) * mag * 2.0**-22
+
+
+def impact_thresholds(plan: Plan, scale: np.ndarray, qerr: np.ndarray) -> np.ndarray:
+    """(ne,) f64: for each filter-excluded dim d, a threshold on its impacts above which a
+    value is certainly > plan.threshold (impact * scale[d] - qerr[d] > threshold, rounded
+    up); the postings at or below it are left to the exact check of each candidate. A list
+    of zero scale gets +inf (nothing decided by impacts)."""
+    d = plan.ban_dims
+    sc = scale[d].astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = (plan.threshold + qerr[d]) / sc
+    return np.where(sc > 0, t + np.abs(t) * 1e-9 + 1e-300, np.inf)
 
 
 def check_k(k: Any) -> int:

@@ -233,6 +233,42 @@ def row_score(
 
 
 @njit(cache=True, nogil=True)
+def row_banned(
+    row_indptr: np.ndarray,
+    row_dims: np.ndarray,
+    row_vals: np.ndarray,
+    r: Any,
+    edims: np.ndarray,
+    ethr: float,
+) -> bool:  # pragma: no cover - numba
+    """Segment row r holds a value > ethr on one of the dims ``edims`` (row store, exact)."""
+    lo0 = row_indptr[r]
+    hi0 = row_indptr[r + 1]
+    for j in range(edims.shape[0]):
+        d = edims[j]
+        p = lower_bound(row_dims, lo0, hi0, d)
+        if p < hi0 and row_dims[p] == d and row_vals[p] > ethr:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def row_values(
+    row_indptr: np.ndarray, row_dims: np.ndarray, row_vals: np.ndarray, rows: np.ndarray, d: int
+) -> np.ndarray:  # pragma: no cover - numba
+    """(len(rows),) f32: each segment row's value on dim d from the row store (0 if absent)."""
+    out = np.zeros(rows.shape[0], np.float32)
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        lo0 = row_indptr[r]
+        hi0 = row_indptr[r + 1]
+        p = lower_bound(row_dims, lo0, hi0, d)
+        if p < hi0 and row_dims[p] == d:
+            out[i] = row_vals[p]
+    return out
+
+
+@njit(cache=True, nogil=True)
 def truncate_lists(
     blocks: np.ndarray, rows: np.ndarray, vals: np.ndarray, bsize: int, keep: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
@@ -339,6 +375,12 @@ def dim_bounds(
 
 
 @njit(cache=True, nogil=True)
+def cut_below(c64: float) -> Any:  # pragma: no cover - numba
+    """A float32 a little below the float64 ``c64`` (candidate cuts err on the low side)."""
+    return np.nextafter(np.float32(c64 - abs(c64) * 1e-6), np.float32(-np.inf))
+
+
+@njit(cache=True, nogil=True)
 def score_segment(
     lo_ptr: np.ndarray,
     hi_ptr: np.ndarray,
@@ -350,6 +392,7 @@ def score_segment(
     qw: np.ndarray,
     edims: np.ndarray,
     ethr: float,
+    ethr_e: np.ndarray,
     mask: np.ndarray,
     use_mask: bool,
     acc: np.ndarray,
@@ -366,6 +409,9 @@ def score_segment(
     row_indptr: np.ndarray,
     row_dims: np.ndarray,
     row_vals: np.ndarray,
+    rw: np.ndarray,
+    err: float,
+    recheck: bool,
 ) -> int:  # pragma: no cover - numba
     """Score one segment's rows into the running top-k heap (hs, hr, size); return size.
 
@@ -392,6 +438,16 @@ def score_segment(
     >= t - that sum - slack, and each such candidate is rescored exactly from the row store
     (row_*), adding w_j * x_rj in query order as the accumulator would, so scores and
     ranking are bit-identical to the plain scan.
+
+    Stored values read approximately (one-byte impacts of a v3 segment, ``qw`` then being
+    the weights times each list's scale): ``err`` > 0 bounds how far any row's accumulated
+    score can be from its exact one, so a row is a candidate when its accumulated score is
+    within err (plus any pruned bounds and slack) of the root, and every candidate is
+    rescored exactly from the row store with the exact weights ``rw`` (for exact values
+    ``rw`` is ``qw`` and err 0). ``ethr_e`` (ne,): the stored-value threshold above which a
+    posting of excluded list i is certainly banned (``ethr`` for exact values); with
+    ``recheck`` a candidate is also checked exactly against the excluded dims in the row
+    store, for the postings that threshold could not decide.
     """
     blk = acc.shape[0]
     k = hs.shape[0]
@@ -413,6 +469,8 @@ def score_segment(
     sparse = postings * SPARSE_RATIO < count
     neg_inf = np.float32(-np.inf)
     chunk = uint64(256)
+    # approximate stored values: candidates are rescored (and rechecked) from the row store
+    approx = err > 0.0 or recheck
     # max-score bounds: lists sorted by bound ascending, prefix sums of the bounds (float64)
     order = np.arange(nq)
     prefix = np.zeros(nq + 1, np.float64)
@@ -422,7 +480,7 @@ def score_segment(
         mag = 0.0
         for j in range(nq):
             d = qdims[j]
-            w = np.float64(qw[j])
+            w = np.float64(rw[j])
             hi = w * np.float64(dmax[d]) if w > 0 else w * np.float64(dmin[d])
             ub[j] = max(hi, 0.0)
             mag += abs(w) * max(abs(np.float64(dmax[d])), abs(np.float64(dmin[d])))
@@ -500,10 +558,11 @@ def score_segment(
                     for p in range(uint64(p0), uint64(p1)):
                         acc[uint64(rows[p] - b0)] = neg_inf
                 else:
+                    te = ethr_e[q_ex[j]]
                     for p in range(uint64(p0), uint64(p1)):
                         r = uint64(rows[p] - b0)
                         v = vals[p]
-                        if v > ethr:
+                        if v > te:
                             acc[r] = neg_inf
                         else:
                             acc[r] += w * v
@@ -516,16 +575,20 @@ def score_segment(
             blk_e[j] = p1
             if e_done[j]:
                 continue
+            te = ethr_e[j]
             if ban_acc and every[j]:
                 for p in range(uint64(p0), uint64(p1)):
                     acc[uint64(rows[p] - b0)] = neg_inf
             elif ban_acc:
                 for p in range(uint64(p0), uint64(p1)):
-                    if vals[p] > ethr:
+                    if vals[p] > te:
                         acc[uint64(rows[p] - b0)] = neg_inf
+            elif every[j]:
+                for p in range(uint64(p0), uint64(p1)):
+                    flags[uint64(rows[p] - b0)] |= 2
             else:
                 for p in range(uint64(p0), uint64(p1)):
-                    if vals[p] > ethr:
+                    if vals[p] > te:
                         flags[uint64(rows[p] - b0)] |= 2
         if track:
             for t in range(nt):
@@ -535,10 +598,20 @@ def score_segment(
                 f = flags[r]
                 flags[r] = f & 2
                 g = base + np.int64(r)
-                if size == k and not better(s, g, hs[0], hr[0]):
+                if approx:
+                    if size == k and np.float64(s) + err < np.float64(hs[0]):
+                        continue
+                elif size == k and not better(s, g, hs[0], hr[0]):
                     continue
                 if (f & 2) != 0 or (use_mask and not mask[g]):
                     continue
+                if approx:
+                    lr = b0 + np.int64(r)
+                    if recheck and row_banned(row_indptr, row_dims, row_vals, lr, edims, ethr):
+                        continue
+                    s = row_score(row_indptr, row_dims, row_vals, lr, qdims, rw)
+                    if size == k and not better(s, g, hs[0], hr[0]):
+                        continue
                 size = heap_push(hs, hr, size, s, g)
             for j in range(ne):
                 for p in range(uint64(cur_e[j]), uint64(blk_e[j])):
@@ -546,12 +619,13 @@ def score_segment(
         else:
             thr = hs[0] if size == k else neg_inf
             # rows enter the per-row check when acc > pre: the root's score, or with skipped
-            # lists (n_ne > 0) the candidate cut root - bound_ne - slack (kept a little low
-            # in f32), candidates then being rescored exactly from the row store
+            # lists (n_ne > 0) or approximate values (err > 0) the candidate cut root -
+            # bound_ne - err - slack (kept a little low in f32), candidates then being
+            # rescored exactly from the row store
+            rescore = approx or n_ne > 0
             pre = thr
-            if n_ne > 0:
-                c64 = np.float64(hs[0]) - slack - bound_ne
-                pre = np.nextafter(np.float32(c64 - abs(c64) * 1e-6), neg_inf)
+            if rescore and size == k:
+                pre = cut_below(np.float64(thr) - slack - bound_ne - err)
             # One pass over the block: each 256-row chunk is checked and then reset while it
             # is still in L1 (a separate memset pass would stream the block through L2 again).
             for c0 in range(uint64(0), nb, chunk):
@@ -572,17 +646,21 @@ def score_segment(
                         g = base + np.int64(r)
                         if (flags[r] & 2) != 0 or (use_mask and not mask[g]):
                             continue
-                        if n_ne > 0:
-                            s = row_score(
-                                row_indptr, row_dims, row_vals, b0 + np.int64(r), qdims, qw
-                            )
+                        if rescore:
+                            lr = b0 + np.int64(r)
+                            if recheck and row_banned(
+                                row_indptr, row_dims, row_vals, lr, edims, ethr
+                            ):
+                                continue
+                            s = row_score(row_indptr, row_dims, row_vals, lr, qdims, rw)
                             if not s > thr:
                                 continue
                         size = heap_push(hs, hr, size, s, g)
                         if size == k:
                             thr = hs[0]
-                            if n_ne == 0:
-                                pre = thr
+                            pre = thr
+                            if rescore:
+                                pre = cut_below(np.float64(thr) - slack - bound_ne - err)
             if ne > 0 and not ban_acc:
                 for r in range(nb):  # only ban bits are set here; a memset beats re-walking
                     flags[r] = 0
@@ -603,6 +681,7 @@ def score_blocks(
     qw: np.ndarray,
     edims: np.ndarray,
     ethr: float,
+    ethr_e: np.ndarray,
     mask: np.ndarray,
     use_mask: bool,
     acc: np.ndarray,
@@ -619,6 +698,9 @@ def score_blocks(
     row_indptr: np.ndarray,
     row_dims: np.ndarray,
     row_vals: np.ndarray,
+    rw: np.ndarray,
+    err: float,
+    recheck: bool,
 ) -> int:  # pragma: no cover - numba
     """Score a segment of ``count`` rows at ``offset`` into the heap, one row block at a
     time (``blocks`` (dim, nb + 1), rows local to blocks of ``bsize``; see ``build_dense``):
@@ -641,6 +723,7 @@ def score_blocks(
             qw,
             edims,
             ethr,
+            ethr_e,
             mask,
             use_mask,
             acc,
@@ -657,6 +740,9 @@ def score_blocks(
             row_indptr[b0:],
             row_dims,
             row_vals,
+            rw,
+            err,
+            recheck,
         )
     return size
 

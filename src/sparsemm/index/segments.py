@@ -30,6 +30,7 @@ from sparsemm.index.kernels import (
     dim_bounds,
     global_rows,
     quantize_lists,
+    row_values,
     truncate_lists,
     valid_layout,
 )
@@ -55,10 +56,25 @@ LOCK_FILE = ".lock"
 # post_blocks (dim, blocks + 1) int64, and the row store's dims as uint16 when dim <= 65536:
 # 12 bytes per non-zero instead of 16. v1 (int32 rows and dims, post_indptr) is still read;
 # in memory it is one row block covering the segment.
+# v3 (written since index format 3 for segments without negative values) stores each posting
+# value as a one-byte impact (post_imps, value ~ impact * list max / 255) instead of float32,
+# with each list's largest and smallest value and its measured quantisation error in
+# list_stats (3, dim) float64; the exact float32 values live once, in the row store, and a
+# search rescores its candidates from there: 9 bytes per non-zero instead of 12.
 BLOCK_SHIFT = 16
 ROW_BLOCK = 1 << BLOCK_SHIFT
 ARRAYS_V1 = ("post_indptr", "post_rows", "post_vals", "row_indptr", "row_dims", "row_vals")
 ARRAYS_V2 = ("post_blocks", "post_rows", "post_vals", "row_indptr", "row_dims", "row_vals")
+ARRAYS_V3 = (
+    "post_blocks",
+    "post_rows",
+    "post_imps",
+    "list_stats",
+    "row_indptr",
+    "row_dims",
+    "row_vals",
+)
+ARRAYS = {1: ARRAYS_V1, 2: ARRAYS_V2, 3: ARRAYS_V3}
 
 # A posting list holding at least 1 / DENSE_RATIO of a segment's rows is also kept in memory
 # as a dense value row (4 bytes per row, 0 where absent), built on first search: scoring it is
@@ -74,17 +90,18 @@ DENSE_RATIO = 2
 IMPACT_DENSE_RATIO = 4
 
 
-SEG_FILES_V1 = (*(f"{a}.npy" for a in ARRAYS_V1), "ids.json")
-SEG_FILES_V2 = (*(f"{a}.npy" for a in ARRAYS_V2), "ids.json")
+SEG_FILES = {v: (*(f"{a}.npy" for a in arrays), "ids.json") for v, arrays in ARRAYS.items()}
 _WARNED_UNCHECKED: set[str] = set()
 
 
 def segment_layout(folder: Path, digests: Any) -> int:
-    """The layout (1 or 2) of a segment: from the files its checksums name, else (a segment
-    from before the checksums) from the files in its folder."""
+    """The layout (1, 2 or 3) of a segment: from the files its checksums name, else (a
+    segment from before the checksums) from the files in its folder."""
     if isinstance(digests, dict):
-        return 2 if "post_blocks.npy" in digests else 1
-    return 2 if (folder / "post_blocks.npy").exists() else 1
+        names = set(digests)
+    else:
+        names = {f for f in ("post_imps.npy", "post_blocks.npy") if (folder / f).exists()}
+    return 3 if "post_imps.npy" in names else 2 if "post_blocks.npy" in names else 1
 
 
 def verify_segment_files(root: Path, folder: Path, digests: Any) -> None:
@@ -101,7 +118,7 @@ def verify_segment_files(root: Path, folder: Path, digests: Any) -> None:
                 folder.name,
             )
         return
-    files = SEG_FILES_V2 if segment_layout(folder, digests) == 2 else SEG_FILES_V1
+    files = SEG_FILES[segment_layout(folder, digests)]
     if not isinstance(digests, dict) or set(digests) != set(files):
         raise SparsemmError(
             f"index {root}: the manifest's checksums of segment {folder.name} are malformed; "
@@ -137,7 +154,9 @@ class Segment:
     segment) is post_rows/post_vals[post_blocks[d, b] : post_blocks[d, b + 1]], its rows
     local to the block; the whole list is [post_indptr[d], post_indptr[d + 1]). A v1 segment
     is one block (block_size covers it, post_blocks derived from its post_indptr); a v2
-    segment stores post_blocks and derives post_indptr.
+    segment stores post_blocks and derives post_indptr. ``post_vals`` holds the float32
+    values (v1, v2) or, in a v3 segment, the one-byte impacts (file post_imps.npy), read
+    with ``list_stats`` (see ``impact_lists``); the row store always holds exact values.
     """
 
     name: str
@@ -154,6 +173,7 @@ class Segment:
     row_dims: np.ndarray
     row_vals: np.ndarray
     ids: list[str]
+    list_stats: np.ndarray | None = None
     _dense: tuple[np.ndarray, np.ndarray] | None = field(
         default=None, init=False, repr=False, compare=False
     )
@@ -170,7 +190,13 @@ class Segment:
     @property
     def stored(self) -> tuple[np.ndarray, ...]:
         """The arrays of the segment's files (the memory maps)."""
-        return tuple(getattr(self, a) for a in (ARRAYS_V2 if self.layout == 2 else ARRAYS_V1))
+        names = ("post_vals" if a == "post_imps" else a for a in ARRAYS[self.layout])
+        return tuple(getattr(self, a) for a in names)
+
+    @property
+    def quantized(self) -> bool:
+        """Posting values are stored as one-byte impacts (v3); exact values in the row store."""
+        return self.layout == 3
 
     @property
     def nbytes(self) -> int:
@@ -186,7 +212,9 @@ class Segment:
 
     def dense_lists(self) -> tuple[np.ndarray, np.ndarray]:
         """(slot (dim,) int32, dense (n_long, count) f32) of the long posting lists, built
-        on first use (DENSE_RATIO)."""
+        on first use (DENSE_RATIO); for a v3 segment, those of its impacts (uint8)."""
+        if self.quantized:
+            return self.impact_lists()[3:]
         if self._dense is None:
             min_len = max(1, -(-self.count // DENSE_RATIO))
             self._dense = build_dense(
@@ -203,7 +231,13 @@ class Segment:
         """(dmax, dmin) (dim,) f32: each dim's largest / smallest posting value (max-score
         pruning bounds), computed on first use (O(nnz), 8 bytes per dim in memory)."""
         if self._bounds is None:
-            self._bounds = dim_bounds(self.post_indptr, self.post_vals)
+            if self.list_stats is not None:
+                self._bounds = (
+                    self.list_stats[0].astype(np.float32),
+                    self.list_stats[1].astype(np.float32),
+                )
+            else:
+                self._bounds = dim_bounds(self.post_indptr, self.post_vals)
         return self._bounds
 
     def impact_lists(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -213,11 +247,15 @@ class Segment:
         long lists' dense rows of impacts, for searches that bound scores rather than
         compute them (``InvertedIndex.search_quantized``). Built on first use, held in
         memory (1 byte per posting, 1 byte per row per list of at least
-        1 / IMPACT_DENSE_RATIO of the rows); only for a segment without negative values."""
+        1 / IMPACT_DENSE_RATIO of the rows); only for a segment without negative values. A
+        v3 segment stores the impacts (its ``post_vals``) and their errors; only the dense
+        rows are built."""
         if self._impacts is None:
-            # 0 for an empty list: it adds nothing, and no error, to any score
-            scale = (self.dim_bounds()[0] / np.float32(255.0)).astype(np.float32)
-            imp, err = quantize_lists(self.post_indptr, self.post_vals, scale)
+            scale = impact_scale(self.dim_bounds()[0])
+            if self.list_stats is not None:
+                imp, err = self.post_vals, self.list_stats[2]
+            else:
+                imp, err = quantize_lists(self.post_indptr, self.post_vals, scale)
             min_len = max(1, -(-self.count // IMPACT_DENSE_RATIO))
             slot, dense = build_dense(
                 self.post_blocks, self.post_rows, imp, self.block_size, self.count, min_len
@@ -233,9 +271,31 @@ class Segment:
             ptr, rows, vals = truncate_lists(
                 self.post_blocks, self.post_rows, self.post_vals, self.block_size, keep
             )
+            if self.quantized:  # impacts read as values (candidates are rescored exactly)
+                scale = self.impact_lists()[1]
+                vals = (vals * np.repeat(scale, np.diff(ptr))).astype(np.float32)
             got = (one_block(ptr), rows, vals)
             self._approx[keep] = got
         return got
+
+    def rows_above(self, d: int, threshold: float) -> np.ndarray:
+        """Segment rows (int64) whose value on dim d is > threshold, from list d (v3: the
+        impacts narrow the rows down, the row store decides)."""
+        lo, hi = int(self.post_indptr[d]), int(self.post_indptr[d + 1])
+        rows = self.list_rows(d)
+        vals = np.asarray(self.post_vals[lo:hi], np.float64)  # compared as the kernel does
+        if not self.quantized:
+            return rows[vals > threshold]
+        _imp, scale, qerr = self.impact_lists()[:3]
+        rows = rows[vals * np.float64(scale[d]) + qerr[d] >= threshold]
+        exact = row_values(self.row_indptr, self.row_dims, self.row_vals, rows, d)
+        return rows[np.asarray(exact, np.float64) > threshold]
+
+
+def impact_scale(dmax: np.ndarray) -> np.ndarray:
+    """(dim,) f32: each list's impact step, its largest value / 255 (0 for an empty list: it
+    adds nothing, and no error, to any score)."""
+    return (np.asarray(dmax, np.float32) / np.float32(255.0)).astype(np.float32)
 
 
 def one_block(indptr: np.ndarray) -> np.ndarray:
@@ -252,10 +312,12 @@ def write_segment(
     ids: list[str],
     post: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, str]:
-    """Write a v2 segment folder from its row-major arrays (posting lists, as (indptr,
-    segment rows, vals), built if not given); return the SHA-256 of each file (the
-    manifest's ``sha256`` entry of the segment)."""
+    """Write a segment folder from its row-major arrays (posting lists, as (indptr, segment
+    rows, vals), built if not given): v3 (one-byte impacts in the posting lists) when no
+    value is negative, else v2. Return the SHA-256 of each file (the manifest's ``sha256``
+    entry of the segment)."""
     count = len(row_indptr) - 1
+    row_vals = np.asarray(row_vals).astype(np.float32, copy=False)
     if post is None:
         csc = sp.csr_matrix((row_vals, row_dims, row_indptr), shape=(count, dim)).tocsc()
         csc.sort_indices()  # posting lists ascending by row
@@ -263,27 +325,35 @@ def write_segment(
     nb = max(1, -(-count // ROW_BLOCK))
     indptr = post[0].astype(np.int64, copy=False)
     rows = np.asarray(post[1])
+    vals = np.asarray(post[2]).astype(np.float32, copy=False)
     folder.mkdir(parents=True)
     arrays: dict[str, np.ndarray] = {
         "post_blocks": block_pointers(indptr, rows, nb, BLOCK_SHIFT),
         "post_rows": (rows & (ROW_BLOCK - 1)).astype(np.uint16),
-        "post_vals": post[2].astype(np.float32, copy=False),
-        "row_indptr": row_indptr.astype(np.int64, copy=False),
-        "row_dims": row_dims.astype(dims_dtype(dim), copy=False),
-        "row_vals": row_vals.astype(np.float32, copy=False),
     }
+    layout = 3 if not (row_vals < 0).any() else 2
+    if layout == 3:
+        dmax, dmin = dim_bounds(indptr, vals)
+        imp, err = quantize_lists(indptr, vals, impact_scale(dmax))
+        arrays["post_imps"] = imp
+        arrays["list_stats"] = np.stack([dmax, dmin, err]).astype(np.float64)
+    else:
+        arrays["post_vals"] = vals
+    arrays["row_indptr"] = row_indptr.astype(np.int64, copy=False)
+    arrays["row_dims"] = row_dims.astype(dims_dtype(dim), copy=False)
+    arrays["row_vals"] = row_vals
     for name, arr in arrays.items():
         save_npy(folder / f"{name}.npy", arr)
     write_json(folder / "ids.json", ids)
     fsync_dir(folder)
-    digests = {fname: sha256_file(folder / fname) for fname in SEG_FILES_V2}
+    digests = {fname: sha256_file(folder / fname) for fname in SEG_FILES[layout]}
     with VERIFIED_LOCK:  # just written and hashed: opening it need not hash again
         VERIFIED.update(file_key(folder / f, d) for f, d in digests.items())
     return digests
 
 
 def dims_dtype(dim: int) -> type[np.integer[Any]]:
-    """The row store's dim type in a v2 segment: uint16 when every dim fits, else int32."""
+    """The row store's dim type in a v2 or v3 segment: uint16 when every dim fits, else int32."""
     return np.uint16 if dim <= 1 << 16 else np.int32
 
 
@@ -315,14 +385,14 @@ def load_segment(root: Path, meta: dict[str, Any], start: int, dim: int) -> Segm
     arrs = {}
     rows_t: Any
     dims_t: Any
-    for name in ARRAYS_V2 if layout == 2 else ARRAYS_V1:
+    for name in ARRAYS[layout]:
         # plain read-only ndarray view of the memory map
         arrs[name] = np.asarray(
             read_segment_file(folder / f"{name}.npy", lambda p: load_npy(p, mmap=True))
         )
     ids = read_segment_file(folder / "ids.json", read_json)
     count, nnz = int(meta["count"]), int(meta["nnz"])
-    if layout == 2:
+    if layout >= 2:
         nb = max(1, -(-count // ROW_BLOCK))
         bsize = ROW_BLOCK
         rows_t, dims_t = np.uint16, dims_dtype(dim)
@@ -331,6 +401,13 @@ def load_segment(root: Path, meta: dict[str, Any], start: int, dim: int) -> Segm
         bsize = max(count, 1)
         rows_t, dims_t = np.int32, np.int32
         ok = arrs["post_indptr"].shape == (dim + 1,) and arrs["post_indptr"].dtype == np.int64
+    if layout == 3:
+        stats = arrs.pop("list_stats")
+        arrs["post_vals"] = arrs.pop("post_imps")
+        ok = ok and valid_stats(stats, dim) and arrs["post_vals"].dtype == np.uint8
+    else:
+        stats = None
+        ok = ok and arrs["post_vals"].dtype == np.float32
     ok = (
         ok
         and arrs["row_indptr"].shape == (count + 1,)
@@ -338,7 +415,7 @@ def load_segment(root: Path, meta: dict[str, Any], start: int, dim: int) -> Segm
         and arrs["row_indptr"].dtype == np.int64
         and arrs["post_rows"].dtype == rows_t
         and arrs["row_dims"].dtype == dims_t
-        and all(arrs[a].dtype == np.float32 for a in ("post_vals", "row_vals"))
+        and arrs["row_vals"].dtype == np.float32
         and isinstance(ids, list)
         and len(ids) == count
         and all(type(i) is str for i in ids)
@@ -359,10 +436,10 @@ def load_segment(root: Path, meta: dict[str, Any], start: int, dim: int) -> Segm
             f"index {root}: segment {folder.name} does not match the manifest (corrupt or "
             "modified); rebuild the index"
         )
-    if layout == 2:
+    if layout >= 2:
         blocks = arrs["post_blocks"]
         arrs["post_indptr"] = np.append(blocks[:, 0], blocks[-1, -1])
-    for name in ("post_vals", "row_vals"):
+    for name in ("post_vals", "row_vals") if layout < 3 else ("row_vals",):
         if not all_finite(arrs[name]):
             raise SparsemmError(
                 f"index {root}: {folder.name}/{name}.npy holds NaN or inf values (damaged or "
@@ -376,12 +453,31 @@ def load_segment(root: Path, meta: dict[str, Any], start: int, dim: int) -> Segm
         layout=layout,
         block_size=bsize,
         ids=ids,
+        list_stats=stats,
         **arrs,
     )
 
 
-def merge_segments(segs: Sequence[Segment], dim: int) -> tuple[np.ndarray, ...]:
-    """Concatenate adjacent segments: (post_indptr, post_rows, post_vals, row_*) arrays."""
+def valid_stats(stats: np.ndarray, dim: int) -> bool:
+    """A v3 segment's list_stats: (3, dim) float64 of finite (max, min, err), 0 <= min <=
+    max (or both 0: an empty list), err >= 0."""
+    if stats.shape != (3, dim) or stats.dtype != np.float64 or not np.isfinite(stats).all():
+        return False
+    dmax, dmin, err = stats
+    return bool((dmin >= 0).all() and (dmax >= dmin).all() and (err >= 0).all())
+
+
+def merge_segments(
+    segs: Sequence[Segment], dim: int
+) -> tuple[
+    tuple[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray] | None
+]:
+    """Concatenate adjacent segments: ((row_indptr, row_dims, row_vals), (post_indptr,
+    post_rows, post_vals) or None when some segment stores impacts, not values: the writer
+    then builds the posting lists from the row store)."""
+    rows = _merge_rows(segs)
+    if any(s.quantized for s in segs):
+        return rows, None
     post_indptr = np.zeros(dim + 1, np.int64)
     for s in segs:
         post_indptr += s.post_indptr
@@ -399,6 +495,11 @@ def merge_segments(segs: Sequence[Segment], dim: int) -> tuple[np.ndarray, ...]:
         post_vals[dest] = s.post_vals
         placed += lens
         row_off += s.count
+    return rows, (post_indptr, post_rows, post_vals)
+
+
+def _merge_rows(segs: Sequence[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    row_off = sum(s.count for s in segs)
     row_indptr = np.zeros(row_off + 1, np.int64)
     pos, at = 0, 0
     for s in segs:
@@ -407,7 +508,7 @@ def merge_segments(segs: Sequence[Segment], dim: int) -> tuple[np.ndarray, ...]:
         at += s.nnz
     row_dims = np.concatenate([s.row_dims.astype(np.int32, copy=False) for s in segs])
     row_vals = np.concatenate([s.row_vals for s in segs]).astype(np.float32, copy=False)
-    return post_indptr, post_rows, post_vals, row_indptr, row_dims, row_vals
+    return row_indptr, row_dims, row_vals
 
 
 @contextlib.contextmanager
