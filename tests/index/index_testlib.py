@@ -12,6 +12,7 @@ import scipy.sparse as sp
 
 from sparsemm.index import Exclusion, InvertedIndex
 from sparsemm.index import segments as segmod
+from sparsemm.index.kernels import block_pointers, decode_rows
 
 # Dyadic values (k / 4) keep every score exact in float32, so ties are real ties and the
 # index must reproduce the reference ranking exactly, tie rule included.
@@ -75,21 +76,24 @@ def write_old_layout(root: Path, layout: int) -> None:
     index = InvertedIndex.open(root)
     for meta, seg in zip(manifest["segments"], index._segments, strict=True):
         folder = root / meta["name"]
-        csc = sp.csr_matrix(
-            (seg.row_vals, seg.row_dims, seg.row_indptr), shape=(seg.count, index.dim)
-        ).tocsc()
+        indptr, dims, vals = decode_rows(seg.row_indptr, seg.row_dims, seg.row_vals)
+        csc = sp.csr_matrix((vals, dims, indptr), shape=(seg.count, index.dim)).tocsc()
         csc.sort_indices()
         old: dict[str, np.ndarray] = {}
         if layout == 1:
             old["post_indptr"] = csc.indptr.astype(np.int64)
             old["post_rows"] = csc.indices.astype(np.int32)
         else:
-            old["post_blocks"] = np.array(seg.post_blocks)
-            old["post_rows"] = np.array(seg.post_rows)
+            nb = max(1, -(-seg.count // segmod.ROW_BLOCK))
+            rows = csc.indices.astype(np.int64)
+            old["post_blocks"] = block_pointers(
+                csc.indptr.astype(np.int64), rows, nb, segmod.BLOCK_SHIFT
+            )
+            old["post_rows"] = (rows & (segmod.ROW_BLOCK - 1)).astype(np.uint16)
         old["post_vals"] = csc.data.astype(np.float32)
-        old["row_indptr"] = np.array(seg.row_indptr)
-        old["row_dims"] = np.array(seg.row_dims, np.int32 if layout == 1 else np.uint16)
-        old["row_vals"] = np.array(seg.row_vals)
+        old["row_indptr"] = indptr
+        old["row_dims"] = dims.astype(np.int32 if layout == 1 else np.uint16)
+        old["row_vals"] = vals
         for name in ("post_blocks", "post_imps", "list_stats"):
             if name not in old:
                 (folder / f"{name}.npy").unlink(missing_ok=True)

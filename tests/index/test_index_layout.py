@@ -100,10 +100,16 @@ def test_real_row_blocks_across_65536_rows(tmp_path: Path) -> None:
     index = InvertedIndex.build(tmp_path / "ix", codes, _ids(n))
     (seg,) = index._segments
     assert seg.post_blocks.shape == (DIM, 4)
-    assert seg.post_rows.dtype == np.uint16 and seg.row_dims.dtype == np.uint16
+    assert seg.post_rows.dtype == np.uint8 and seg.row_dims.dtype == np.uint8
     assert seg.layout == 3 and seg.post_vals.dtype == np.uint8
-    # 2 + 1 bytes a posting, 2 + 4 a row-store entry, the row and block pointers, the stats
-    assert index.nbytes == 9 * codes.nnz + 8 * (n + 1) + 8 * DIM * 4 + 3 * 8 * DIM
+    entries = len(seg.post_rows)  # postings plus fillers (gaps over 255 rows)
+    assert (
+        codes.nnz <= entries < 1.01 * codes.nnz and entries == codes.nnz + seg.list_stats[3].sum()
+    )
+    # 1 + 1 bytes a posting, 1 + 4 a row-store entry (24 dims: no filler), the row and block
+    # pointers, the stats
+    nbytes = 2 * entries + 5 * codes.nnz + 8 * (n + 1) + 8 * DIM * 4 + 4 * 8 * DIM
+    assert index.nbytes == nbytes
     _check_against_brute_force(InvertedIndex.open(tmp_path / "ix"), codes, rng, queries=8)
 
 
@@ -240,3 +246,65 @@ def test_subnormal_values_and_thresholds_filter_like_brute_force(
         hit = index.search(q, 10, exclude=exclude)
         np.testing.assert_array_equal(hit.rows, rows)
         np.testing.assert_array_equal(hit.scores, scores.astype(np.float32))
+
+
+def _wide_codes(rng: np.random.Generator, n: int, dim: int) -> sp.csr_matrix:
+    """Rows mostly on the first 200 dims with a few far ones: a delta-coded row store with
+    filler entries (gaps over 255), and many empty posting lists."""
+    per_row = rng.integers(0, 25, n)
+    rows = np.repeat(np.arange(n), per_row)
+    near = rng.random(rows.size) < 0.97
+    cols = np.where(near, rng.integers(0, 200, rows.size), rng.integers(0, dim, rows.size))
+    vals = rng.choice(DYADIC_WIDE, size=rows.size)
+    codes = sp.csr_matrix((vals, (rows, cols)), shape=(n, dim), dtype=np.float32)
+    codes.sum_duplicates()
+    return codes
+
+
+DYADIC_WIDE = np.array([0.25, 0.5, 1.0, 2.0], np.float32)
+
+
+def test_delta_coded_row_store_with_fillers_round_trips_and_searches(tmp_path: Path) -> None:
+    dim = 1500
+    rng = np.random.default_rng(31)
+    codes = _wide_codes(rng, 1200, dim)
+    index = InvertedIndex.create(tmp_path / "ix", dim)
+    for lo, hi in [(0, 700), (700, 1000), (1000, 1200)]:  # merges decode and re-encode
+        index.add(codes[lo:hi], _ids(hi - lo, lo))
+    index = InvertedIndex.open(tmp_path / "ix")
+    for seg in index._segments:
+        assert seg.row_dims.dtype == np.uint8
+        assert len(seg.row_dims) > seg.nnz  # fillers
+    assert (index.codes(np.arange(1200)) != codes).nnz == 0
+    assert (index.codes([5, 1100, 5]) != codes[[5, 1100, 5]]).nnz == 0
+    for t in range(40):
+        q = np.zeros(dim, np.float32)
+        dims = np.unique(np.r_[rng.integers(0, 200, 8), rng.integers(0, dim, 2)])
+        q[dims] = rng.choice(DYADIC_WIDE, size=dims.size)
+        exclude = None
+        if t % 2:
+            exclude = Exclusion(dims=[int(dims[0]), int(rng.integers(200, dim))])
+        rows, scores = reference_search(codes, q, 10, exclude, None)
+        for pruning in (False, True):
+            index.pruning = pruning
+            hit = index.search(q, 10, exclude=exclude)
+            np.testing.assert_array_equal(hit.rows, rows)
+            np.testing.assert_array_equal(hit.scores, scores.astype(np.float32))
+        # many lists are empty: the approximate mode's truncated lists must still tile
+        full = index.search(q, 10, exclude=exclude, approx=1.0)
+        np.testing.assert_array_equal(full.rows, rows)
+
+
+def test_wide_sparse_rows_keep_absolute_row_dims(tmp_path: Path) -> None:
+    """30,000 dims and 20 values a row: fillers would outnumber the bytes saved."""
+    n, dim = 300, 30_000
+    codes = sp.random(n, dim, density=20 / dim, format="csr", dtype=np.float32, random_state=32)
+    index = InvertedIndex.build(tmp_path / "ix", codes, _ids(n))
+    assert index._segments[0].row_dims.dtype == np.uint16
+    assert (index.codes(np.arange(n)) != codes).nnz == 0
+    q = np.zeros(dim, np.float32)
+    q[codes[7].indices] = 1.0
+    rows, scores = reference_search(codes, q, 5, None, None)
+    hit = index.search(q, 5)
+    np.testing.assert_array_equal(hit.rows, rows)
+    np.testing.assert_allclose(hit.scores, scores, rtol=1e-6)

@@ -76,7 +76,7 @@ def test_round_trip(tmp_path: Path) -> None:
     assert manifest["nnz"] == codes.nnz == opened.nnz
     seg = tmp_path / "ix" / manifest["segments"][0]["name"]
     post_rows = np.load(seg / "post_rows.npy", mmap_mode="r", allow_pickle=False)
-    assert post_rows.dtype == np.uint16 and post_rows.shape == (codes.nnz,)
+    assert post_rows.dtype == np.uint8 and post_rows.shape == (codes.nnz,)  # gaps, no filler
 
 
 def test_inputs_are_canonicalised_and_not_mutated(tmp_path: Path) -> None:
@@ -349,11 +349,13 @@ def test_open_rejects_non_indexes_and_damage(tmp_path: Path) -> None:
     seg = root / manifest["segments"][0]["name"]
     good_rows = np.load(seg / "post_rows.npy")
     bad_rows = good_rows.copy()
-    bad_rows[0] = 60_000  # same shape and dtype, out of range: must not reach the kernels
+    assert good_rows.dtype == np.uint8  # gap-coded
+    bad_rows[0] = 250  # same shape and dtype, a row out of range: must not reach the kernels
     np.save(seg / "post_rows.npy", bad_rows)
     with pytest.raises(SparsemmError, match="does not match"):
         InvertedIndex.open(root)
-    np.save(seg / "post_rows.npy", good_rows[::-1].copy())  # lists no longer ascending
+    bad_rows[0] = 0  # a gap of 0: a list no longer ascending
+    np.save(seg / "post_rows.npy", bad_rows)
     with pytest.raises(SparsemmError, match="does not match"):
         InvertedIndex.open(root)
     np.save(seg / "post_rows.npy", good_rows)

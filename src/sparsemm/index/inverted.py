@@ -107,6 +107,7 @@ from sparsemm.index.kernels import (
     copy_runs,
     heap_sort,
     rescore_rows,
+    run_nnz,
     score_blocks,
 )
 from sparsemm.index.segments import (
@@ -615,15 +616,17 @@ class InvertedIndex:
             raise SparsemmError(f"rows must lie in [0, {self._count}), got {r.min()}..{r.max()}")
         seg_of = np.searchsorted(self._starts, r, side="right") - 1
         starts = np.zeros(len(r), np.int64)  # where each row's run begins in its segment
-        lens = np.zeros(len(r), np.int64)
+        lens = np.zeros(len(r), np.int64)  # its entries in the row store
+        nnz = np.zeros(len(r), np.int64)  # its values (a delta-coded run has fillers too)
         for si in np.unique(seg_of):
             s = self._segments[si]
             sel = seg_of == si
             local = r[sel] - s.start
             starts[sel] = s.row_indptr[local]
             lens[sel] = s.row_indptr[local + 1] - starts[sel]
+            nnz[sel] = run_nnz(s.row_dims, starts[sel], lens[sel])
         indptr = np.zeros(len(r) + 1, np.int64)
-        np.cumsum(lens, out=indptr[1:])
+        np.cumsum(nnz, out=indptr[1:])
         dims = np.empty(int(indptr[-1]), np.int32)
         vals = np.empty(int(indptr[-1]), np.float32)
         for si in np.unique(seg_of):
@@ -736,9 +739,10 @@ class InvertedIndex:
     # ----- search ---------------------------------------------------------------------------
 
     def _workspace(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # gap-coded posting rows are read a whole row block at a time (kernels.block_end)
+        b = max([self._block] + [s.block_size for s in self._segments if s.post_rows.itemsize == 1])
         ws = getattr(self._local, "ws", None)
-        if ws is None:
-            b = self._block
+        if ws is None or len(ws[0]) != b:
             ws = (np.zeros(b, np.float32), np.zeros(b, np.uint8), np.zeros(b, np.int64))
             self._local.ws = ws
         return ws
@@ -849,6 +853,7 @@ class InvertedIndex:
                     self.pruning and k <= PRUNE_MAX_K and not quantized,
                     dmax,
                     dmin,
+                    s.fills,
                     s.row_indptr,
                     s.row_dims,
                     s.row_vals,
@@ -873,8 +878,9 @@ class InvertedIndex:
         candidate rescored exactly from the row store and filtered; hits carry exact scores
         and follow the ranking rule among the candidates, but a true hit may be missed.
         The filter-excluded dims' truncated lists already keep their banned rows out of the
-        candidates (those a v3 segment's impacts decide), so a query whose best items are
-        mostly excluded still fills its pool with allowed ones."""
+        candidates, so a query whose best items are mostly excluded still fills its pool
+        with allowed ones. The truncated lists hold exact values (from the row store for a
+        v3 segment)."""
         pool = min(self._count, max(APPROX_POOL_MIN, APPROX_POOL_FACTOR * k))
         hs = np.empty(pool, np.float32)
         hr = np.empty(pool, np.int64)
@@ -885,9 +891,6 @@ class InvertedIndex:
             t_blocks, t_rows, t_vals = s.approx_lists(keep)
             no_slot = np.full(self._dim, -1, np.int32)
             ethr_e = np.full(plan.ban_dims.size, plan.threshold, np.float64)
-            if s.quantized:  # values read off impacts: within qerr of the exact ones
-                ethr_e += s.impact_lists()[2][plan.ban_dims]
-            ethr_e = np.where(s.quantized, ethr_e + np.abs(ethr_e) * 1e-6, ethr_e)
             size = score_blocks(
                 t_blocks,
                 max(s.count, 1),
@@ -913,6 +916,7 @@ class InvertedIndex:
                 False,
                 _EMPTY_F32,
                 _EMPTY_F32,
+                _NO_FILLS,
                 s.row_indptr,
                 s.row_dims,
                 s.row_vals,
@@ -1042,6 +1046,7 @@ class InvertedIndex:
 
 _NO_MASK = np.zeros(1, np.bool_)
 _NO_ETHR = np.zeros(0, np.float64)
+_NO_FILLS = np.zeros(0, np.bool_)
 _NO_DENSE = np.zeros((0, 1), np.float32)
 
 

@@ -29,6 +29,32 @@ def better(s1: float, r1: Any, s2: float, r2: Any) -> bool:  # pragma: no cover 
     return s1 > s2 or (s1 == s2 and r1 < r2)
 
 
+# Posting rows stored as uint8 are gap-coded within each list's row block: row = previous
+# row + gap (the first counted from -1), a gap over 255 taking filler postings of gap 255 and
+# value 0 (segments.post_gaps_pay). A filler adds w * 0 to a row that is not in the list,
+# which leaves its score unchanged, and is never above a filter threshold (>= 0); only a
+# list without fillers may be banned wholesale ("every").
+NO_ROW: Any = np.uint64(2**64 - 1)  # -1: the first gap counts from it (uint64 wraps)
+
+
+@njit(inline="always")
+def next_row(rows: np.ndarray, p: Any, r: Any, b0: Any) -> Any:  # pragma: no cover - numba
+    """Accumulator index of posting p: gap-coded rows (uint8) add to the previous one ``r``
+    (NO_ROW before a block's first posting); absolute block-local rows minus ``b0``."""
+    if rows.itemsize == 1:
+        return r + uint64(rows[p])
+    return uint64(np.int64(rows[p]) - b0)
+
+
+@njit(inline="always")
+def block_end(rows: np.ndarray, lo: Any, hi: Any, b1: Any) -> Any:  # pragma: no cover - numba
+    """End of the postings in [lo, hi) below row b1: all of them for gap-coded rows (whose
+    accumulator block always covers their row block), else a binary search."""
+    if rows.itemsize == 1:
+        return hi
+    return lower_bound(rows, lo, hi, b1)
+
+
 @njit(cache=True, nogil=True)
 def heap_push(
     hs: np.ndarray, hr: np.ndarray, size: int, s: float, r: Any
@@ -119,7 +145,8 @@ def build_dense(
     """slot (dim,) int32 (-1: none) and dense (n_dense, count) of vals' dtype: the posting
     lists of >= min_len postings as dense value rows (0 where a row is absent). ``blocks`` (dim,
     nb + 1): list d's postings of row block b are [blocks[d, b], blocks[d, b + 1]), their
-    rows local to that block (row b * bsize + rows[p])."""
+    rows local to that block (row b * bsize + rows[p]; gap-coded if uint8, see
+    ``next_row``)."""
     dim = blocks.shape[0]
     nb = blocks.shape[1] - 1
     slot = np.full(dim, -1, np.int32)
@@ -134,8 +161,11 @@ def build_dense(
         if sd >= 0:
             for b in range(nb):
                 base = b * bsize
+                r = NO_ROW
                 for p in range(blocks[d, b], blocks[d, b + 1]):
-                    dense[sd, base + np.int64(rows[p])] = vals[p]
+                    r = next_row(rows, p, r, 0)
+                    if vals[p] != 0:  # a filler is 0 and its row is not in the list
+                        dense[sd, base + np.int64(r)] = vals[p]
     return slot, dense
 
 
@@ -185,16 +215,67 @@ def block_pointers(
 
 @njit(cache=True, nogil=True)
 def global_rows(blocks: np.ndarray, rows: np.ndarray, bsize: int) -> np.ndarray:  # pragma: no cover
-    """(nnz,) int64: the segment row of every posting (block start + block-local row)."""
+    """(nnz,) int64: the segment row of every posting (block start + block-local row; for
+    gap-coded rows, fillers included)."""
     dim = blocks.shape[0]
     nb = blocks.shape[1] - 1
     out = np.empty(rows.shape[0], np.int64)
     for d in range(dim):
         for b in range(nb):
             base = b * bsize
+            r = NO_ROW
             for p in range(blocks[d, b], blocks[d, b + 1]):
-                out[p] = base + np.int64(rows[p])
+                r = next_row(rows, p, r, 0)
+                out[p] = base + np.int64(r)
     return out
+
+
+@njit(cache=True, nogil=True)
+def encode_gaps(
+    blocks: np.ndarray, rows: np.ndarray, vals: np.ndarray, fillers: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """Gap-coded posting lists (blocks, uint8 gaps, vals with 0 for fillers, fillers per
+    dim) of block-local ascending ``rows`` (``next_row``); ``fillers``: ``count_gap_fillers``."""
+    dim = blocks.shape[0]
+    nb = blocks.shape[1] - 1
+    out_blocks = np.empty_like(blocks)
+    out_rows = np.empty(rows.shape[0] + fillers, np.uint8)
+    out_vals = np.zeros(rows.shape[0] + fillers, vals.dtype)
+    per_dim = np.zeros(dim, np.int64)
+    q = 0
+    for d in range(dim):
+        for b in range(nb):
+            out_blocks[d, b] = q
+            prev = np.int64(-1)
+            for p in range(blocks[d, b], blocks[d, b + 1]):
+                g = np.int64(rows[p]) - prev
+                while g > 255:
+                    out_rows[q] = 255
+                    q += 1
+                    g -= 255
+                    per_dim[d] += 1
+                out_rows[q] = g
+                out_vals[q] = vals[p]
+                q += 1
+                prev = np.int64(rows[p])
+        out_blocks[d, nb] = q
+    return out_blocks, out_rows, out_vals, per_dim
+
+
+@njit(cache=True, nogil=True)
+def count_gap_fillers(blocks: np.ndarray, rows: np.ndarray) -> int:  # pragma: no cover - numba
+    """Filler postings gap-coded lists of these block-local rows need (gaps over 255)."""
+    dim = blocks.shape[0]
+    nb = blocks.shape[1] - 1
+    total = np.int64(0)
+    for d in range(dim):
+        for b in range(nb):
+            prev = np.int64(-1)
+            for p in range(blocks[d, b], blocks[d, b + 1]):
+                g = np.int64(rows[p]) - prev
+                total += (g - 1) // 255
+                prev = np.int64(rows[p])
+    return int(total)
 
 
 @njit(cache=True, nogil=True)
@@ -209,6 +290,20 @@ def lower_bound(rows: np.ndarray, lo: int, hi: int, x: int) -> int:  # pragma: n
     return lo
 
 
+# A row store whose dims are uint8 holds each row's dims as deltas (dims ascending; the first
+# counted from -1), delta 0 being a filler entry (value 0.0) that advances the dim by 255:
+# 1 byte a dim instead of 2 where a row's dims are close (segments.row_store_encoding).
+FILLER_STEP = 255
+
+
+@njit(cache=True, nogil=True)
+def query_order(qdims: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sorted dims, their query positions, a (nq,) f32 scratch row) for ``row_score`` on a
+    delta-coded row store."""
+    spos = np.argsort(qdims, kind="mergesort")
+    return qdims[spos], spos, np.zeros(qdims.shape[0], np.float32)
+
+
 @njit(cache=True, nogil=True)
 def row_score(
     row_indptr: np.ndarray,
@@ -217,13 +312,39 @@ def row_score(
     r: Any,
     qdims: np.ndarray,
     qw: np.ndarray,
+    qo: tuple[np.ndarray, np.ndarray, np.ndarray],
 ) -> Any:  # pragma: no cover - numba
     """Score of segment row r from the row store: sum of qw[j] * x[r, qdims[j]] in query
     order in float32, the same operations the block accumulator performs (absent dims add
-    +-0, which leaves a sum unchanged)."""
+    +-0, which leaves a sum unchanged). ``qo``: ``query_order(qdims)``, used when the row
+    store is delta-coded (uint8 dims): the row is decoded once, its values placed by query
+    position, then summed in query order."""
     lo0 = row_indptr[r]
     hi0 = row_indptr[r + 1]
     s = np.float32(0.0)
+    if row_dims.itemsize == 1:
+        sdims, spos, tmp = qo
+        nq = sdims.shape[0]
+        tmp[:] = 0.0
+        i = 0
+        d = np.int64(-1)
+        for p in range(lo0, hi0):
+            b = np.int64(row_dims[p])
+            if b == 0:
+                d += FILLER_STEP
+                continue
+            d += b
+            while i < nq and sdims[i] < d:
+                i += 1
+            if i == nq:
+                break
+            t = i
+            while t < nq and sdims[t] == d:
+                tmp[spos[t]] = row_vals[p]
+                t += 1
+        for j in range(nq):
+            s += qw[j] * tmp[j]
+        return s
     for j in range(qdims.shape[0]):
         d = qdims[j]
         p = lower_bound(row_dims, lo0, hi0, d)
@@ -244,6 +365,19 @@ def row_banned(
     """Segment row r holds a value > ethr on one of the dims ``edims`` (row store, exact)."""
     lo0 = row_indptr[r]
     hi0 = row_indptr[r + 1]
+    if row_dims.itemsize == 1:
+        d = np.int64(-1)
+        for p in range(lo0, hi0):
+            b = np.int64(row_dims[p])
+            if b == 0:
+                d += FILLER_STEP
+                continue
+            d += b
+            if row_vals[p] > ethr:
+                for j in range(edims.shape[0]):
+                    if edims[j] == d:
+                        return True
+        return False
     for j in range(edims.shape[0]):
         d = edims[j]
         p = lower_bound(row_dims, lo0, hi0, d)
@@ -258,14 +392,87 @@ def row_values(
 ) -> np.ndarray:  # pragma: no cover - numba
     """(len(rows),) f32: each segment row's value on dim d from the row store (0 if absent)."""
     out = np.zeros(rows.shape[0], np.float32)
+    qd = np.full(1, d, np.int64)
+    one = np.ones(1, np.float32)
+    qo = query_order(qd)
     for i in range(rows.shape[0]):
-        r = rows[i]
-        lo0 = row_indptr[r]
-        hi0 = row_indptr[r + 1]
-        p = lower_bound(row_dims, lo0, hi0, d)
-        if p < hi0 and row_dims[p] == d:
-            out[i] = row_vals[p]
+        out[i] = row_score(row_indptr, row_dims, row_vals, rows[i], qd, one, qo)
     return out
+
+
+@njit(cache=True, nogil=True)
+def decode_rows(
+    row_indptr: np.ndarray, row_dims: np.ndarray, row_vals: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """(indptr, dims int32, vals) of a row store as plain CSR (fillers of a delta-coded one
+    dropped, dims absolute)."""
+    n = row_indptr.shape[0] - 1
+    delta = row_dims.itemsize == 1
+    indptr = np.zeros(n + 1, np.int64)
+    for r in range(n):
+        c = 0
+        for p in range(row_indptr[r], row_indptr[r + 1]):
+            c += (not delta) or row_dims[p] != 0
+        indptr[r + 1] = indptr[r] + c
+    dims = np.empty(indptr[n], np.int32)
+    vals = np.empty(indptr[n], np.float32)
+    for r in range(n):
+        q = indptr[r]
+        d = np.int64(-1)
+        for p in range(row_indptr[r], row_indptr[r + 1]):
+            if delta:
+                b = np.int64(row_dims[p])
+                if b == 0:
+                    d += FILLER_STEP
+                    continue
+                d += b
+            else:
+                d = np.int64(row_dims[p])
+            dims[q] = d
+            vals[q] = row_vals[p]
+            q += 1
+    return indptr, dims, vals
+
+
+@njit(cache=True, nogil=True)
+def encode_deltas(
+    indptr: np.ndarray, dims: np.ndarray, vals: np.ndarray, fillers: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """The delta-coded row store (indptr, uint8 dims, vals) of CSR rows (dims ascending in
+    each row) that need ``fillers`` filler entries in all (``count_fillers``)."""
+    n = indptr.shape[0] - 1
+    out_ptr = np.zeros(n + 1, np.int64)
+    out_dims = np.empty(dims.shape[0] + fillers, np.uint8)
+    out_vals = np.zeros(dims.shape[0] + fillers, np.float32)
+    q = 0
+    for r in range(n):
+        prev = np.int64(-1)
+        for p in range(indptr[r], indptr[r + 1]):
+            g = np.int64(dims[p]) - prev
+            while g > FILLER_STEP:
+                out_dims[q] = 0
+                q += 1
+                g -= FILLER_STEP
+            out_dims[q] = g
+            out_vals[q] = vals[p]
+            q += 1
+            prev = np.int64(dims[p])
+        out_ptr[r + 1] = q
+    return out_ptr, out_dims, out_vals
+
+
+@njit(cache=True, nogil=True)
+def count_fillers(indptr: np.ndarray, dims: np.ndarray) -> int:  # pragma: no cover - numba
+    """Filler entries a delta-coded row store of these CSR rows needs (gaps over 255)."""
+    n = indptr.shape[0] - 1
+    total = np.int64(0)
+    for r in range(n):
+        prev = np.int64(-1)
+        for p in range(indptr[r], indptr[r + 1]):
+            g = np.int64(dims[p]) - prev
+            total += (g - 1) // FILLER_STEP
+            prev = np.int64(dims[p])
+    return int(total)
 
 
 @njit(cache=True, nogil=True)
@@ -283,6 +490,7 @@ def truncate_lists(
         lo, hi = blocks[d, 0], blocks[d, nb]
         n = hi - lo
         if n == 0:
+            out_ptr[d + 1] = out_ptr[d]
             continue
         m = min(n, max(1, int(np.ceil(keep * n))))
         a = np.sort(np.abs(vals[lo:hi]))
@@ -321,14 +529,11 @@ def rescore_rows(
     n = local.shape[0]
     scores = np.empty(n, np.float32)
     keep = np.ones(n, np.bool_)
+    qo = query_order(qdims)
     for i in range(n):
         r = local[i]
-        scores[i] = row_score(row_indptr, row_dims, row_vals, r, qdims, qw)
-        for p in range(row_indptr[r], row_indptr[r + 1]):
-            d = row_dims[p]
-            for j in range(edims.shape[0]):
-                if d == edims[j] and row_vals[p] > ethr:
-                    keep[i] = False
+        scores[i] = row_score(row_indptr, row_dims, row_vals, r, qdims, qw, qo)
+        keep[i] = not row_banned(row_indptr, row_dims, row_vals, r, edims, ethr)
     return scores, keep
 
 
@@ -343,13 +548,43 @@ def copy_runs(
     out_vals: np.ndarray,
 ) -> None:  # pragma: no cover - numba
     """Copy run i (``lens[i]`` entries of src_* from ``starts[i]``) to out_* at ``dst[i]``:
-    the row store's codes of selected rows gathered into one CSR matrix."""
+    the row store's codes of selected rows gathered into one CSR matrix (a delta-coded run
+    decoded, its fillers dropped: see ``run_nnz``)."""
+    delta = src_dims.itemsize == 1
     for i in range(starts.shape[0]):
         a = starts[i]
         b = dst[i]
-        for t in range(lens[i]):
-            out_dims[b + t] = src_dims[a + t]
-            out_vals[b + t] = src_vals[a + t]
+        if delta:
+            d = np.int64(-1)
+            for t in range(lens[i]):
+                g = np.int64(src_dims[a + t])
+                if g == 0:
+                    d += FILLER_STEP
+                    continue
+                d += g
+                out_dims[b] = d
+                out_vals[b] = src_vals[a + t]
+                b += 1
+        else:
+            for t in range(lens[i]):
+                out_dims[b + t] = src_dims[a + t]
+                out_vals[b + t] = src_vals[a + t]
+
+
+@njit(cache=True, nogil=True)
+def run_nnz(
+    src_dims: np.ndarray, starts: np.ndarray, lens: np.ndarray
+) -> np.ndarray:  # pragma: no cover - numba
+    """(len(starts),) int64: the values in each run of the row store (its entries, less the
+    fillers of a delta-coded one)."""
+    out = lens.copy()
+    if src_dims.itemsize == 1:
+        for i in range(starts.shape[0]):
+            c = 0
+            for t in range(lens[i]):
+                c += src_dims[starts[i] + t] != 0
+            out[i] = c
+    return out
 
 
 @njit(cache=True, nogil=True)
@@ -406,6 +641,7 @@ def score_segment(
     prune: bool,
     dmax: np.ndarray,
     dmin: np.ndarray,
+    fills: np.ndarray,
     row_indptr: np.ndarray,
     row_dims: np.ndarray,
     row_vals: np.ndarray,
@@ -471,6 +707,7 @@ def score_segment(
     chunk = uint64(256)
     # approximate stored values: candidates are rescored (and rechecked) from the row store
     approx = err > 0.0 or recheck
+    qo = query_order(qdims)
     # max-score bounds: lists sorted by bound ascending, prefix sums of the bounds (float64)
     order = np.arange(nq)
     prefix = np.zeros(nq + 1, np.float64)
@@ -496,7 +733,8 @@ def score_segment(
     # rows banned instead of adding to them (see ban_acc)
     every = np.zeros(ne, np.bool_)
     for i in range(ne):
-        every[i] = dmin.shape[0] > 0 and np.float64(dmin[edims[i]]) > ethr
+        d = edims[i]
+        every[i] = dmin.shape[0] > 0 and np.float64(dmin[d]) > ethr and not fills[d]
     q_ex = np.full(nq, -1, np.int64)
     for j in range(nq):
         for i in range(ne):
@@ -531,7 +769,7 @@ def score_segment(
             w = qw[j]
             p0 = cur_q[j]
             if skip[j]:
-                cur_q[j] = lower_bound(rows, p0, end_q[j], b1)
+                cur_q[j] = block_end(rows, p0, end_q[j], b1)
                 continue
             sd = slot[qdims[j]]
             if sd >= 0 and not track:
@@ -539,13 +777,14 @@ def score_segment(
                 dv = dense[sd]
                 for r in range(nb):
                     acc[r] += w * dv[uint64(b0) + r]
-                cur_q[j] = lower_bound(rows, p0, end_q[j], b1)
+                cur_q[j] = block_end(rows, p0, end_q[j], b1)
                 continue
-            p1 = lower_bound(rows, p0, end_q[j], b1)
+            p1 = block_end(rows, p0, end_q[j], b1)
             cur_q[j] = p1
+            r = NO_ROW
             if track:
                 for p in range(uint64(p0), uint64(p1)):
-                    r = uint64(rows[p] - b0)
+                    r = next_row(rows, p, r, b0)
                     if flags[r] == 0:
                         flags[r] = 1
                         touched[nt] = r
@@ -556,11 +795,12 @@ def score_segment(
                 e_done[q_ex[j]] = True
                 if every[q_ex[j]]:
                     for p in range(uint64(p0), uint64(p1)):
-                        acc[uint64(rows[p] - b0)] = neg_inf
+                        r = next_row(rows, p, r, b0)
+                        acc[r] = neg_inf
                 else:
                     te = ethr_e[q_ex[j]]
                     for p in range(uint64(p0), uint64(p1)):
-                        r = uint64(rows[p] - b0)
+                        r = next_row(rows, p, r, b0)
                         v = vals[p]
                         if v > te:
                             acc[r] = neg_inf
@@ -568,28 +808,34 @@ def score_segment(
                             acc[r] += w * v
             else:
                 for p in range(uint64(p0), uint64(p1)):
-                    acc[uint64(rows[p] - b0)] += w * vals[p]
+                    r = next_row(rows, p, r, b0)
+                    acc[r] += w * vals[p]
         for j in range(ne):
             p0 = cur_e[j]
-            p1 = lower_bound(rows, p0, end_e[j], b1)
+            p1 = block_end(rows, p0, end_e[j], b1)
             blk_e[j] = p1
             if e_done[j]:
                 continue
             te = ethr_e[j]
+            r = NO_ROW
             if ban_acc and every[j]:
                 for p in range(uint64(p0), uint64(p1)):
-                    acc[uint64(rows[p] - b0)] = neg_inf
+                    r = next_row(rows, p, r, b0)
+                    acc[r] = neg_inf
             elif ban_acc:
                 for p in range(uint64(p0), uint64(p1)):
+                    r = next_row(rows, p, r, b0)
                     if vals[p] > te:
-                        acc[uint64(rows[p] - b0)] = neg_inf
+                        acc[r] = neg_inf
             elif every[j]:
                 for p in range(uint64(p0), uint64(p1)):
-                    flags[uint64(rows[p] - b0)] |= 2
+                    r = next_row(rows, p, r, b0)
+                    flags[r] |= 2
             else:
                 for p in range(uint64(p0), uint64(p1)):
+                    r = next_row(rows, p, r, b0)
                     if vals[p] > te:
-                        flags[uint64(rows[p] - b0)] |= 2
+                        flags[r] |= 2
         if track:
             for t in range(nt):
                 r = uint64(touched[t])
@@ -609,13 +855,15 @@ def score_segment(
                     lr = b0 + np.int64(r)
                     if recheck and row_banned(row_indptr, row_dims, row_vals, lr, edims, ethr):
                         continue
-                    s = row_score(row_indptr, row_dims, row_vals, lr, qdims, rw)
+                    s = row_score(row_indptr, row_dims, row_vals, lr, qdims, rw, qo)
                     if size == k and not better(s, g, hs[0], hr[0]):
                         continue
                 size = heap_push(hs, hr, size, s, g)
             for j in range(ne):
+                r = NO_ROW
                 for p in range(uint64(cur_e[j]), uint64(blk_e[j])):
-                    flags[uint64(rows[p] - b0)] = 0
+                    r = next_row(rows, p, r, b0)
+                    flags[r] = 0
         else:
             thr = hs[0] if size == k else neg_inf
             # rows enter the per-row check when acc > pre: the root's score, or with skipped
@@ -652,7 +900,7 @@ def score_segment(
                                 row_indptr, row_dims, row_vals, lr, edims, ethr
                             ):
                                 continue
-                            s = row_score(row_indptr, row_dims, row_vals, lr, qdims, rw)
+                            s = row_score(row_indptr, row_dims, row_vals, lr, qdims, rw, qo)
                             if not s > thr:
                                 continue
                         size = heap_push(hs, hr, size, s, g)
@@ -695,6 +943,7 @@ def score_blocks(
     prune: bool,
     dmax: np.ndarray,
     dmin: np.ndarray,
+    fills: np.ndarray,
     row_indptr: np.ndarray,
     row_dims: np.ndarray,
     row_vals: np.ndarray,
@@ -737,6 +986,7 @@ def score_blocks(
             prune,
             dmax,
             dmin,
+            fills,
             row_indptr[b0:],
             row_dims,
             row_vals,
@@ -756,16 +1006,17 @@ def valid_layout(
     row_dims: np.ndarray,
     count: int,
     dim: int,
+    nnz: int,
 ) -> bool:  # pragma: no cover - numba
-    """Check what the unchecked kernels rely on: posting lists tiling [0, nnz) in dim then
+    """Check what the unchecked kernels rely on: posting lists tiling their arrays in dim then
     block order (``blocks`` (dim, nb + 1), nb = ceil(count / bsize)), rows of each block's
-    list strictly ascending and inside that block, a monotone row indptr ending at nnz,
-    dims in [0, dim)."""
-    nnz = post_rows.shape[0]
+    list strictly ascending and inside that block, a monotone row indptr ending at the row
+    store's length, dims in [0, dim), and (a delta-coded row store) nnz values in it."""
+    entries = post_rows.shape[0]  # nnz, plus the fillers of gap-coded rows
     nb = blocks.shape[1] - 1
     if blocks.shape[0] != dim or nb < 1 or bsize < 1 or (nb - 1) * bsize >= max(count, 1):
         return False
-    if nb * bsize < count or blocks[0, 0] != 0 or blocks[dim - 1, nb] != nnz:
+    if nb * bsize < count or blocks[0, 0] != 0 or blocks[dim - 1, nb] != entries:
         return False
     for d in range(dim):
         if d > 0 and blocks[d, 0] != blocks[d - 1, nb]:
@@ -778,7 +1029,15 @@ def valid_layout(
     for d in range(dim):
         for b in range(nb):
             lo, hi = blocks[d, b], blocks[d, b + 1]
-            if hi > lo:
+            if hi > lo and post_rows.itemsize == 1:  # gaps >= 1 ascend; the last row fits
+                n = min(bsize, count - b * bsize)
+                last = np.int64(-1)
+                for p in range(lo, hi):
+                    g = np.int64(post_rows[p])
+                    bad |= g == 0
+                    last += g
+                bad |= bool(last >= n)
+            elif hi > lo:
                 n = min(bsize, count - b * bsize)
                 bad |= (post_rows[lo] < 0) | (post_rows[hi - 1] >= n)
                 for p in range(lo + 1, hi):
@@ -787,6 +1046,18 @@ def valid_layout(
         return False
     for i in range(count):
         bad |= row_indptr[i + 1] < row_indptr[i]
+    if row_dims.itemsize == 1:
+        values = np.int64(0)
+        for i in range(count):
+            at = np.int64(-1)
+            for p in range(row_indptr[i], row_indptr[i + 1]):
+                g = np.int64(row_dims[p])
+                at += g if g != 0 else FILLER_STEP
+                values += g != 0
+            bad |= bool(at >= dim)
+        return not bad and values == nnz
+    if row_dims.shape[0] != nnz:
+        return False
     for p in range(row_dims.shape[0]):
         bad |= (row_dims[p] < 0) | (row_dims[p] >= dim)
     return not bad

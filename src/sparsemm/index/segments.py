@@ -27,7 +27,12 @@ from sparsemm.index.kernels import (
     all_finite,
     block_pointers,
     build_dense,
+    count_fillers,
+    count_gap_fillers,
+    decode_rows,
     dim_bounds,
+    encode_deltas,
+    encode_gaps,
     global_rows,
     quantize_lists,
     row_values,
@@ -202,13 +207,25 @@ class Segment:
     def nbytes(self) -> int:
         return sum(int(a.nbytes) for a in self.stored)
 
+    @property
+    def fills(self) -> np.ndarray:
+        """(dim,) bool: the lists holding filler postings (gap-coded rows, ``next_row``)."""
+        if self.list_stats is None:
+            return np.zeros(len(self.post_indptr) - 1, np.bool_)
+        return self.list_stats[3] > 0
+
     def list_rows(self, d: int) -> np.ndarray:
-        """Segment rows (int64) of posting list d's postings."""
+        """Segment rows (int64) of posting list d's postings (fillers of gap-coded rows
+        included: their values are 0)."""
         bounds = self.post_blocks[d]
-        base = np.repeat(
-            np.arange(len(bounds) - 1, dtype=np.int64) * self.block_size, np.diff(bounds)
-        )
-        return base + self.post_rows[bounds[0] : bounds[-1]]
+        lens = np.diff(bounds)
+        base = np.repeat(np.arange(len(bounds) - 1, dtype=np.int64) * self.block_size, lens)
+        local = self.post_rows[bounds[0] : bounds[-1]].astype(np.int64)
+        if self.post_rows.dtype == np.uint8:  # gaps: a running sum restarted at each block
+            cs = np.cumsum(local)
+            before = np.concatenate([[0], cs])[bounds[:-1] - bounds[0]]
+            local = cs - np.repeat(before, lens) - 1
+        return base + local
 
     def dense_lists(self) -> tuple[np.ndarray, np.ndarray]:
         """(slot (dim,) int32, dense (n_long, count) f32) of the long posting lists, built
@@ -268,13 +285,24 @@ class Segment:
         first use and held in memory (8 bytes per kept posting)."""
         got = self._approx.get(keep)
         if got is None:
-            ptr, rows, vals = truncate_lists(
-                self.post_blocks, self.post_rows, self.post_vals, self.block_size, keep
-            )
-            if self.quantized:  # impacts read as values (candidates are rescored exactly)
-                scale = self.impact_lists()[1]
-                vals = (vals * np.repeat(scale, np.diff(ptr))).astype(np.float32)
-            got = (one_block(ptr), rows, vals)
+            if self.quantized:  # the exact values as one-block lists, from the row store
+                indptr, dims, row_vals = decode_rows(self.row_indptr, self.row_dims, self.row_vals)
+                csc = sp.csr_matrix(
+                    (row_vals, dims, indptr), shape=(self.count, len(self.post_indptr) - 1)
+                ).tocsc()
+                csc.sort_indices()
+                ptr, rows, t_vals = truncate_lists(
+                    one_block(csc.indptr.astype(np.int64)),
+                    csc.indices,
+                    csc.data,
+                    max(self.count, 1),
+                    keep,
+                )
+            else:
+                ptr, rows, t_vals = truncate_lists(
+                    self.post_blocks, self.post_rows, self.post_vals, self.block_size, keep
+                )
+            got = (one_block(ptr), rows, t_vals)
             self._approx[keep] = got
         return got
 
@@ -335,12 +363,26 @@ def write_segment(
     if layout == 3:
         dmax, dmin = dim_bounds(indptr, vals)
         imp, err = quantize_lists(indptr, vals, impact_scale(dmax))
+        fills = np.zeros(dim, np.int64)
+        blocks, local = arrays["post_blocks"], arrays["post_rows"]
+        if post_gaps_pay(len(local), count_gap_fillers(blocks, local)):
+            blocks, local, imp, fills = encode_gaps(
+                blocks, local, imp, count_gap_fillers(blocks, local)
+            )
+            arrays["post_blocks"], arrays["post_rows"] = blocks, local
         arrays["post_imps"] = imp
-        arrays["list_stats"] = np.stack([dmax, dmin, err]).astype(np.float64)
+        arrays["list_stats"] = np.stack([dmax, dmin, err, fills]).astype(np.float64)
     else:
         arrays["post_vals"] = vals
-    arrays["row_indptr"] = row_indptr.astype(np.int64, copy=False)
-    arrays["row_dims"] = row_dims.astype(dims_dtype(dim), copy=False)
+    row_indptr = row_indptr.astype(np.int64, copy=False)
+    if layout == 3 and delta_pays(row_indptr, row_dims, dim):
+        row_indptr, row_dims, row_vals = encode_deltas(
+            row_indptr, row_dims, row_vals, count_fillers(row_indptr, row_dims)
+        )
+    else:
+        row_dims = row_dims.astype(dims_dtype(dim), copy=False)
+    arrays["row_indptr"] = row_indptr
+    arrays["row_dims"] = row_dims
     arrays["row_vals"] = row_vals
     for name, arr in arrays.items():
         save_npy(folder / f"{name}.npy", arr)
@@ -350,6 +392,22 @@ def write_segment(
     with VERIFIED_LOCK:  # just written and hashed: opening it need not hash again
         VERIFIED.update(file_key(folder / f, d) for f, d in digests.items())
     return digests
+
+
+def post_gaps_pay(nnz: int, fillers: int) -> bool:
+    """v3 posting rows are gap-coded (uint8, ``kernels.next_row``) when that takes fewer bytes
+    than block-local uint16 rows: 2 bytes a posting with its impact, fillers included,
+    against 3. Lists holding more than 1 in 255 of the rows have no fillers at all."""
+    return 2 * (nnz + fillers) < 3 * nnz
+
+
+def delta_pays(indptr: np.ndarray, dims: np.ndarray, dim: int) -> bool:
+    """A v3 row store is delta-coded (uint8 dims, ``kernels.FILLER_STEP``) when that takes
+    fewer bytes than absolute dims: 5 bytes an entry, fillers included, against 6 (uint16
+    dims) or 8 (int32). Close dims (a few hundred dims, or dense rows) make it pay; a wide
+    vocabulary with sparse rows (30,522 dims, 100 values a row) does not."""
+    entries = 5 * (len(dims) + count_fillers(indptr, dims))
+    return entries < (2 + np.dtype(dims_dtype(dim)).itemsize + 2) * len(dims)
 
 
 def dims_dtype(dim: int) -> type[np.integer[Any]]:
@@ -405,16 +463,26 @@ def load_segment(root: Path, meta: dict[str, Any], start: int, dim: int) -> Segm
         stats = arrs.pop("list_stats")
         arrs["post_vals"] = arrs.pop("post_imps")
         ok = ok and valid_stats(stats, dim) and arrs["post_vals"].dtype == np.uint8
+        gaps = arrs["post_rows"].dtype == np.uint8
+        fillers = int(stats[3].sum()) if ok else -1
+        ok = ok and (gaps or fillers == 0)
+        rows_t = np.uint8 if gaps else rows_t
+        entries = nnz + fillers
     else:
         stats = None
+        entries = nnz
         ok = ok and arrs["post_vals"].dtype == np.float32
     ok = (
         ok
         and arrs["row_indptr"].shape == (count + 1,)
-        and all(arrs[a].shape == (nnz,) for a in arrs if a.endswith(("rows", "vals", "dims")))
+        and all(arrs[a].shape == (entries,) for a in ("post_rows", "post_vals"))
+        and arrs["row_dims"].ndim == 1
+        and arrs["row_vals"].shape == arrs["row_dims"].shape
         and arrs["row_indptr"].dtype == np.int64
         and arrs["post_rows"].dtype == rows_t
-        and arrs["row_dims"].dtype == dims_t
+        and (
+            arrs["row_dims"].dtype == dims_t or (layout == 3 and arrs["row_dims"].dtype == np.uint8)
+        )
         and arrs["row_vals"].dtype == np.float32
         and isinstance(ids, list)
         and len(ids) == count
@@ -430,6 +498,7 @@ def load_segment(root: Path, meta: dict[str, Any], start: int, dim: int) -> Segm
         arrs["row_dims"],
         count,
         dim,
+        nnz,
     )
     if not ok:
         raise SparsemmError(
@@ -459,12 +528,18 @@ def load_segment(root: Path, meta: dict[str, Any], start: int, dim: int) -> Segm
 
 
 def valid_stats(stats: np.ndarray, dim: int) -> bool:
-    """A v3 segment's list_stats: (3, dim) float64 of finite (max, min, err), 0 <= min <=
-    max (or both 0: an empty list), err >= 0."""
-    if stats.shape != (3, dim) or stats.dtype != np.float64 or not np.isfinite(stats).all():
+    """A v3 segment's list_stats: (4, dim) float64 of finite (max, min, err, fillers), 0 <=
+    min <= max (or both 0: an empty list), err >= 0, fillers a count."""
+    if stats.shape != (4, dim) or stats.dtype != np.float64 or not np.isfinite(stats).all():
         return False
-    dmax, dmin, err = stats
-    return bool((dmin >= 0).all() and (dmax >= dmin).all() and (err >= 0).all())
+    dmax, dmin, err, fills = stats
+    return bool(
+        (dmin >= 0).all()
+        and (dmax >= dmin).all()
+        and (err >= 0).all()
+        and (fills >= 0).all()
+        and (fills == np.round(fills)).all()
+    )
 
 
 def merge_segments(
@@ -503,11 +578,13 @@ def _merge_rows(segs: Sequence[Segment]) -> tuple[np.ndarray, np.ndarray, np.nda
     row_indptr = np.zeros(row_off + 1, np.int64)
     pos, at = 0, 0
     for s in segs:
-        row_indptr[pos + 1 : pos + s.count + 1] = s.row_indptr[1:] + at
+        indptr = decode_rows(s.row_indptr, s.row_dims, s.row_vals)[0]
+        row_indptr[pos + 1 : pos + s.count + 1] = indptr[1:] + at
         pos += s.count
         at += s.nnz
-    row_dims = np.concatenate([s.row_dims.astype(np.int32, copy=False) for s in segs])
-    row_vals = np.concatenate([s.row_vals for s in segs]).astype(np.float32, copy=False)
+    rows = [decode_rows(s.row_indptr, s.row_dims, s.row_vals) for s in segs]
+    row_dims = np.concatenate([r[1] for r in rows])
+    row_vals = np.concatenate([r[2] for r in rows]).astype(np.float32, copy=False)
     return row_indptr, row_dims, row_vals
 
 
