@@ -25,6 +25,7 @@ import os
 import shutil
 import tempfile
 import threading
+import tokenize
 import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -268,7 +269,8 @@ def load_npy(path: str | Path, mmap: bool = False) -> np.ndarray:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except FileNotFoundError:
         raise SparsemmError(f"file not found: {path}") from None
-    except (ValueError, EOFError, OSError) as exc:  # truncated, not .npy, object arrays
+    except (ValueError, EOFError, OSError, SyntaxError, tokenize.TokenError) as exc:
+        # truncated, not .npy, object arrays; a damaged header fails numpy's header parser
         raise SparsemmError(
             f"{path} is not a plain .npy array or is damaged ({exc}); re-create it"
         ) from exc

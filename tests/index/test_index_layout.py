@@ -308,3 +308,81 @@ def test_wide_sparse_rows_keep_absolute_row_dims(tmp_path: Path) -> None:
     hit = index.search(q, 5)
     np.testing.assert_array_equal(hit.rows, rows)
     np.testing.assert_allclose(hit.scores, scores, rtol=1e-6)
+
+
+def test_subnormal_scaled_weights_stay_within_the_error_bound(tmp_path: Path) -> None:
+    """A weight times a list's impact step below float32's normal range rounds by far more
+    than its relative error; the bound's absolute term keeps the true best a candidate
+    (found by review: k above the pruning limit returned rows 0..10 without row 11)."""
+    codes = np.zeros((12, 1), np.float32)
+    codes[:11, 0] = np.float32(0.99e-30)
+    codes[11, 0] = np.float32(1e-30)
+    index = InvertedIndex.build(tmp_path / "ix", sp.csr_matrix(codes), _ids(12))
+    w = np.float32(3.7341102e-12)
+    rows, _ = reference_search(sp.csr_matrix(codes), np.array([w], np.float32), 11, None, None)
+    assert rows[0] == 11
+    for pruning in (False, True):
+        index.pruning = pruning
+        np.testing.assert_array_equal(index.search(np.array([w], np.float32), 11).rows, rows)
+    hits, err = index.search_quantized((np.array([0]), np.array([w], np.float32)), 1)
+    exact = np.float64(w) * codes[:, 0].astype(np.float64)
+    assert abs(float(hits.scores[0]) - exact[hits.rows[0]]) <= err
+    assert exact.max() <= float(hits.scores[0]) + err
+
+
+def test_overflowing_scores_keep_the_tie_rule(tmp_path: Path) -> None:
+    """Scores that overflow to +inf tie, and the lower row wins as with float32 postings,
+    also when the impacts put the lower row's approximate score below +inf (the review's
+    case: rows reach the touched-rows scan in posting order, 350 before 320)."""
+    fmax = float(np.finfo(np.float32).max)
+    first = sp.lil_matrix((300, 3), dtype=np.float32)
+    first[0, 2] = 1.0  # fills the k = 1 heap
+    second = sp.lil_matrix((200, 3), dtype=np.float32)
+    dmax1 = np.float32(fmax * (255 / 254.2) / 2)
+    second[50, 0] = np.float32(fmax * 0.9)  # row 350: 2 * v = +inf, impact score +inf
+    second[20, 1] = np.float32(dmax1 / np.float32(255) * np.float32(254.4))  # row 320
+    second[100, 1] = dmax1  # row 400: +inf
+    root = tmp_path / "ix"
+    index = InvertedIndex.create(root, 3)
+    index.add(first.tocsr(), _ids(300))
+    index.add(second.tocsr(), _ids(200, 300))
+    q = (np.array([0, 1, 2]), np.array([2.0, 2.0, 1.0], np.float32))
+    index = InvertedIndex.open(root)
+    got = []
+    for pruning in (False, True):
+        index.pruning = pruning
+        got.append(index.search(q, 1).rows.tolist())
+    write_old_layout(root, 2)
+    v2 = InvertedIndex.open(root)
+    assert got == [[320], [320]] == [v2.search(q, 1).rows.tolist()] * 2
+
+
+def test_a_search_scores_the_segments_it_sized_its_workspace_for(tmp_path: Path) -> None:
+    """An add() committed between a search's workspace and its scan (another thread on the
+    same object) must not give a gap-coded segment a shorter accumulator than its blocks."""
+    dim = 50
+    rng = np.random.default_rng(0)
+
+    def one_per_row(n: int, value: float) -> sp.csr_matrix:
+        data = np.full(n, value, np.float32)
+        return sp.csr_matrix((data, (np.arange(n), rng.integers(0, dim, n))), shape=(n, dim))
+
+    root = tmp_path / "ix"
+    InvertedIndex.create(root, dim).add(one_per_row(20_000, -1.0), _ids(20_000))  # v2
+    index = InvertedIndex.open(root, block_rows=64)
+    sized = index._workspace
+    added: list[bool] = []
+
+    def add_between(segs: list) -> tuple:
+        ws = sized(segs)
+        if not added:
+            added.append(True)
+            index.add(one_per_row(15_000, 1.0), _ids(15_000, 20_000))  # gap-coded v3
+        return ws
+
+    index._workspace = add_between  # type: ignore[method-assign]
+    q = (np.arange(dim), np.ones(dim, np.float32))
+    first = index.search(q, 5)  # scores the one segment it saw
+    assert index._segments[-1].post_rows.dtype == np.uint8
+    assert first.scores.tolist() == [-1.0] * 5
+    assert index.search(q, 5).scores.tolist() == [1.0] * 5

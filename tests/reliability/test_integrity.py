@@ -224,3 +224,27 @@ def test_lexlip_weights_are_checksummed_too(tmp_path: Path) -> None:
     (tmp_path / "m" / "config.json").write_text("[]")
     with pytest.raises(SparsemmError, match="a JSON object was expected, got list"):
         LexLIPModel.from_pretrained(tmp_path / "m")
+
+
+def test_index_row_pointers_damaged_with_a_forged_checksum_are_refused(index_root: Path) -> None:
+    """The row store's pointers are checked before a delta-coded row store is walked (a
+    review found a segfault there)."""
+    seg = _segment(index_root)
+    assert np.load(seg / "row_dims.npy").dtype == np.uint8
+    arr = np.load(seg / "row_indptr.npy", mmap_mode="r+")
+    arr[1] = 1 << 40
+    arr.flush()
+    del arr
+    _forge_segment_checksums(index_root)
+    with pytest.raises(SparsemmError, match="does not match the manifest"):
+        InvertedIndex.open(index_root)
+
+
+def test_index_damaged_npy_header_is_one_error(index_root: Path) -> None:
+    path = _segment(index_root) / "row_vals.npy"
+    raw = bytearray(path.read_bytes())
+    raw[raw.index(b"'shape'") + 9] = ord("[")  # an unbalanced bracket in the header dict
+    path.write_bytes(bytes(raw))
+    _forge_segment_checksums(index_root)
+    with pytest.raises(SparsemmError, match=r"row_vals\.npy is not a plain \.npy array"):
+        InvertedIndex.open(index_root)

@@ -13,19 +13,25 @@ On disk (format ``sparsemm.index``, version 3) an index is a folder::
     seg-000001-<hex>/      one immutable segment holding rows [start, start + count)
         post_blocks.npy    (dim, B + 1) int64  B = ceil(count / 65536) row blocks: the
                            postings of dim d in block b are [blocks[d, b], blocks[d, b+1])
-        post_rows.npy      (nnz,) uint16     row within its 65536-row block, ascending
-        post_imps.npy      (nnz,) uint8      one-byte impact: value ~ impact * max_d / 255
-        list_stats.npy     (3, dim) float64  per list: largest value max_d, smallest value,
-                           and the largest |value - impact * max_d / 255|, measured
+        post_rows.npy      (entries,) uint8  gap from the previous row of the list in its
+                           block (the first from -1); a gap over 255 takes filler
+                           postings of gap 255 and impact 0 (kernels.next_row). Or, when
+                           that takes more bytes, (nnz,) uint16 rows within the block
+        post_imps.npy      (entries,) uint8  one-byte impact: value ~ impact * max_d / 255
+        list_stats.npy     (4, dim) float64  per list: largest value max_d, smallest value,
+                           the largest |value - impact * max_d / 255| (measured), fillers
         row_indptr.npy     (count + 1,) int64  row-major store of the exact values (rescoring,
                            explanations, merges)
-        row_dims.npy       (nnz,) uint16       ascending within each row (int32 if dim > 65536)
-        row_vals.npy       (nnz,) float32
+        row_dims.npy       uint8 deltas from the row's previous dim (the first from -1; 0 is
+                           a filler entry of value 0 advancing 255). Or, when that takes
+                           more bytes, (nnz,) uint16 dims (int32 if dim > 65536)
+        row_vals.npy       float32, parallel to row_dims
         ids.json           list of ``count`` ids
 
-9 bytes per non-zero: 3 per posting, 6 per row-store entry. A search reads the impacts to
-find candidates, bounds each item's error, and rescores the candidates exactly from the row
-store, so results are those of float32 posting values. Segments holding a negative value
+7 bytes per non-zero (2 per posting, 5 per row-store entry) plus fillers, which close dims
+and frequent lists do not need. A search reads the impacts to find candidates, bounds each
+item's error, and rescores the candidates exactly from the row store, so results are those
+of float32 posting values. Segments holding a negative value
 are written in the v2 layout instead (``post_vals.npy`` (nnz,) float32 in place of the
 impacts and stats: 12 bytes per non-zero); v2 and v1 segments (post_indptr (dim + 1,),
 int32 rows and dims: 16 bytes) are still read and searched, and merges rewrite them (as v3
@@ -738,9 +744,11 @@ class InvertedIndex:
 
     # ----- search ---------------------------------------------------------------------------
 
-    def _workspace(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        # gap-coded posting rows are read a whole row block at a time (kernels.block_end)
-        b = max([self._block] + [s.block_size for s in self._segments if s.post_rows.itemsize == 1])
+    def _workspace(self, segs: list[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This thread's accumulator, flags and touched rows, long enough for ``segs`` (the
+        snapshot of the segments a search scores: gap-coded posting rows are read a whole
+        row block at a time, kernels.block_end)."""
+        b = max([self._block] + [s.block_size for s in segs if s.post_rows.itemsize == 1])
         ws = getattr(self._local, "ws", None)
         if ws is None or len(ws[0]) != b:
             ws = (np.zeros(b, np.float32), np.zeros(b, np.uint8), np.zeros(b, np.int64))
@@ -807,10 +815,11 @@ class InvertedIndex:
         size = 0
         err = 0.0
         if k > 0:
-            acc, flags, touched = self._workspace()
+            segs = self._segments  # one snapshot: an add() may swap in new segments
+            acc, flags, touched = self._workspace(segs)
             use_mask = mask is not None
             m = mask if mask is not None else _NO_MASK
-            for s in self._segments:
+            for s in segs:
                 dmax, dmin = s.dim_bounds()
                 seg_err, ethr_e, recheck = 0.0, _NO_ETHR, False
                 if quantized or s.quantized:
@@ -885,9 +894,10 @@ class InvertedIndex:
         hs = np.empty(pool, np.float32)
         hr = np.empty(pool, np.int64)
         size = 0
-        acc, flags, touched = self._workspace()
+        segs = self._segments  # one snapshot: an add() may swap in new segments
+        acc, flags, touched = self._workspace(segs)
         m = mask if mask is not None else _NO_MASK
-        for s in self._segments:
+        for s in segs:
             t_blocks, t_rows, t_vals = s.approx_lists(keep)
             no_slot = np.full(self._dim, -1, np.int32)
             ethr_e = np.full(plan.ban_dims.size, plan.threshold, np.float64)
@@ -1065,10 +1075,14 @@ def impact_err(w: np.ndarray, qerr: np.ndarray, dmax: np.ndarray) -> float:
     from its exact inner product, for query weights ``w`` on dims whose impacts are within
     ``qerr`` of their values (measured) and whose largest value is ``dmax``: the sum of
     |w_j| qerr_j, plus the float32 rounding of the scaled weights, the products and a sum
-    of len(w) terms (each under 2^-24 relative; 4x margin on len(w) + 2 of them)."""
+    of len(w) terms (each under 2^-24 relative; 4x margin on len(w) + 2 of them), and their
+    absolute error where a scaled weight, product or sum falls below float32's normal range
+    (each under 2^-150; a scaled weight's times an impact of up to 255), for the
+    approximate score and the exact one alike."""
     aw = np.abs(w.astype(np.float64))
     mag = float(aw @ (dmax.astype(np.float64) + qerr))
-    return float(aw @ qerr) + (len(w) + 2) * mag * 2.0**-22
+    tiny = 600 * 2.0**-149 if mag > 0 else 0.0  # nothing to round without a posting
+    return float(aw @ qerr) + (len(w) + 2) * (mag * 2.0**-22 + tiny)
 
 
 def impact_thresholds(plan: Plan, scale: np.ndarray, qerr: np.ndarray) -> np.ndarray:

@@ -845,7 +845,10 @@ def score_segment(
                 flags[r] = f & 2
                 g = base + np.int64(r)
                 if approx:
-                    if size == k and np.float64(s) + err < np.float64(hs[0]):
+                    # (a root of +inf: a row's exact score may overflow to +inf too and
+                    # win the tie by its lower row, so it is rescored)
+                    h0 = np.float64(hs[0])
+                    if size == k and h0 < np.inf and np.float64(s) + err < h0:
                         continue
                 elif size == k and not better(s, g, hs[0], hr[0]):
                     continue
@@ -1046,6 +1049,8 @@ def valid_layout(
         return False
     for i in range(count):
         bad |= row_indptr[i + 1] < row_indptr[i]
+    if bad:  # the row pointers index the row store below only once they are known good
+        return False
     if row_dims.itemsize == 1:
         values = np.int64(0)
         for i in range(count):

@@ -63,9 +63,11 @@ LOCK_FILE = ".lock"
 # in memory it is one row block covering the segment.
 # v3 (written since index format 3 for segments without negative values) stores each posting
 # value as a one-byte impact (post_imps, value ~ impact * list max / 255) instead of float32,
-# with each list's largest and smallest value and its measured quantisation error in
-# list_stats (3, dim) float64; the exact float32 values live once, in the row store, and a
-# search rescores its candidates from there: 9 bytes per non-zero instead of 12.
+# with each list's largest and smallest value, its measured quantisation error and its
+# filler postings in list_stats (4, dim) float64; the exact float32 values live once, in the
+# row store, and a search rescores its candidates from there. Where it takes fewer bytes,
+# posting rows are one-byte gaps (post_gaps_pay) and row-store dims one-byte deltas
+# (delta_pays): 7 bytes per non-zero instead of 12.
 BLOCK_SHIFT = 16
 ROW_BLOCK = 1 << BLOCK_SHIFT
 ARRAYS_V1 = ("post_indptr", "post_rows", "post_vals", "row_indptr", "row_dims", "row_vals")
@@ -536,6 +538,7 @@ def valid_stats(stats: np.ndarray, dim: int) -> bool:
     return bool(
         (dmin >= 0).all()
         and (dmax >= dmin).all()
+        and (dmax <= np.finfo(np.float32).max).all()
         and (err >= 0).all()
         and (fills >= 0).all()
         and (fills == np.round(fills)).all()
