@@ -15,7 +15,7 @@ import scipy.sparse as sp
 from index_testlib import random_codes, reference_search, write_old_layout
 
 from sparsemm.errors import SparsemmError
-from sparsemm.index import Exclusion, InvertedIndex
+from sparsemm.index import Exclusion, InvertedIndex, inverted
 from sparsemm.index import segments as segmod
 
 DIM = 24
@@ -386,3 +386,31 @@ def test_a_search_scores_the_segments_it_sized_its_workspace_for(tmp_path: Path)
     assert index._segments[-1].post_rows.dtype == np.uint8
     assert first.scores.tolist() == [-1.0] * 5
     assert index.search(q, 5).scores.tolist() == [1.0] * 5
+
+
+@pytest.mark.parametrize("dyadic", [True, False])
+def test_pool_first_search_equals_the_rescoring_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dyadic: bool
+) -> None:
+    """The exact search's first phase (a pool by impact score, rescored, certified) returns
+    what the scan that rescores as it goes returns, and falls back to it when the pool
+    cannot be certified (exact ties at the k-th score, with dyadic values, do that)."""
+    rng = np.random.default_rng(51 + dyadic)
+    codes = random_codes(rng, 4000, DIM, max_nnz=8, dyadic=dyadic)
+    index = InvertedIndex.build(tmp_path / "ix", codes, _ids(4000))
+    calls = {"pool": 0, "scan": 0}
+    scan = InvertedIndex._scan
+
+    def counted(self: InvertedIndex, *args: object, **kw: object) -> object:
+        calls["pool" if kw.get("rescore") is False else "scan"] += 1
+        return scan(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(InvertedIndex, "_scan", counted)
+    queries = _queries(rng, 40)
+    got = [index.search(q, k) for q in queries for k in (1, 10, 60)]
+    assert calls["pool"] == len(got) and 0 < calls["scan"] < len(got)
+    monkeypatch.setattr(inverted, "POOL_MAX_K", 0)  # the rescoring scan only
+    want = [index.search(q, k) for q in queries for k in (1, 10, 60)]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a.rows, b.rows)
+        np.testing.assert_array_equal(a.scores, b.scores)
