@@ -86,7 +86,7 @@ def test_read_jsonl_merges_rows(tmp_path: Path) -> None:
     ("lines", "message"),
     [
         (['{"id": "a", "caption": "x"}', "{not json"], r"caps\.jsonl:2: not valid JSON"),
-        (['{"caption": "x"}'], r"caps\.jsonl:1: missing 'id'"),
+        (['{"caption": "x"}'], r"caps\.jsonl:1: missing 'id' \(or an 'image' path"),
         (['{"id": "a"}'], r"caps\.jsonl:1: .*neither a caption"),
         (['{"id": "a", "caption": 3}'], r"caps\.jsonl:1: 'caption' must be a string"),
         (["[1, 2]"], r"caps\.jsonl:1: expected a JSON object"),
@@ -133,6 +133,8 @@ def test_read_csv_errors(tmp_path: Path) -> None:
     path.write_text("name,caption\nx,y\n")
     with pytest.raises(SparsemmError, match=r"bad\.csv:1: the header needs an 'id'"):
         read_captions_csv(path)
+    path.write_text("image,caption\nphotos/a.jpg,by path alone\n")  # the path names it
+    assert read_captions_csv(path)[0]["id"] == "photos/a.jpg"
     path.write_text("id,caption\na,ok\nb,too,many\n")
     with pytest.raises(SparsemmError, match=r"bad\.csv:3: more cells"):
         read_captions_csv(path)

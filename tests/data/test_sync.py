@@ -20,12 +20,13 @@ def test_caption_rows_match_images_and_unmatched_rows_are_reported(tmp_path: Pat
         {"id": "b.jpg", "caption": "by file name"},
         {"id": "c", "caption": "by stem", "labels": ["x"]},
         {"id": "whatever", "image": "photos/a.jpg", "caption": "by image path"},
+        {"image": "photos/a.jpg", "caption": "by image path alone"},
         {"id": "gone.jpg", "caption": "no such photo"},
     ]
     path = tmp_path / "caps.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert attach_captions(items, path, tmp_path / "photos") == 4
-    assert items[0]["captions"] == ["by id", "by image path"]
+    assert attach_captions(items, path, tmp_path / "photos") == 5
+    assert items[0]["captions"] == ["by id", "by image path", "by image path alone"]
     assert items[1]["captions"] == ["by file name"]
     assert items[2]["captions"] == ["by stem"] and items[2]["labels"] == ["x"]
     assert "1 caption row(s)" in caplog.text and "gone.jpg" in caplog.text

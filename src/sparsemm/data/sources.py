@@ -175,7 +175,10 @@ class _Merger:
         where = f"{self.path}:{lineno}"
         raw_id = row.get("id")
         if raw_id is None or (isinstance(raw_id, str) and not raw_id.strip()):
-            raise SparsemmError(f"{where}: missing 'id'")
+            image = row.get("image")
+            if not isinstance(image, str) or not image.strip():
+                raise SparsemmError(f"{where}: missing 'id' (or an 'image' path to name it)")
+            raw_id = image.strip()  # a row may name its item by its image path alone
         if not isinstance(raw_id, str | int):
             raise SparsemmError(f"{where}: 'id' must be a string or an integer")
         item_id = str(raw_id).strip()
@@ -243,7 +246,8 @@ class _Merger:
 
 
 def read_captions_jsonl(path: str | Path) -> list[Item]:
-    """Read a JSONL file, one object per line: ``id``, ``caption``/``captions``/``text``,
+    """Read a JSONL file, one object per line: ``id`` (or ``image`` alone),
+    ``caption``/``captions``/``text``,
     optional ``image`` (relative to the file's folder), ``labels`` (list), ``split``."""
     path = _require_file(path)
     merger = _Merger(path)
@@ -261,18 +265,20 @@ def read_captions_jsonl(path: str | Path) -> list[Item]:
 
 
 def read_captions_csv(path: str | Path) -> list[Item]:
-    """Read a CSV with a header: ``id``, ``caption``/``captions``/``text``, optional ``image``,
-    ``labels`` (JSON list or ``|``-separated), ``split``. ``captions`` cells may hold a JSON
-    list or ``|``-separated captions."""
+    """Read a CSV with a header: ``id`` (or ``image`` alone), ``caption``/``captions``/``text``,
+    optional ``image``, ``labels`` (JSON list or ``|``-separated), ``split``. ``captions``
+    cells may hold a JSON list or ``|``-separated captions."""
     path = _require_file(path)
     merger = _Merger(path)
     with io.StringIO(read_text_utf8(path, bom=True), newline="") as fh:
         reader = csv.DictReader(fh)
         header = [h.strip() for h in (reader.fieldnames or [])]
-        if "id" not in header or not {"caption", "captions", "text", "image"} & set(header):
+        if not {"id", "image"} & set(header) or not (
+            {"caption", "captions", "text", "image"} & set(header)
+        ):
             raise SparsemmError(
-                f"{path}:1: the header needs an 'id' column and a 'caption', 'captions', "
-                f"'text' or 'image' column (found: {', '.join(header) or 'nothing'})"
+                f"{path}:1: the header needs an 'id' (or 'image') column and a 'caption', "
+                f"'captions', 'text' or 'image' column (found: {', '.join(header) or 'nothing'})"
             )
         reader.fieldnames = header
         try:
