@@ -538,6 +538,52 @@ def rescore_rows(
 
 
 @njit(cache=True, nogil=True)
+def rescore_pool(
+    row_indptr: np.ndarray,
+    row_dims: np.ndarray,
+    row_vals: np.ndarray,
+    rows: np.ndarray,
+    approx: np.ndarray,
+    offset: int,
+    qdims: np.ndarray,
+    qw: np.ndarray,
+    edims: np.ndarray,
+    ethr: float,
+    k: int,
+    err: float,
+) -> tuple[np.ndarray, np.ndarray, bool]:  # pragma: no cover - numba
+    """The exact top k (scores, rows, best first) of a pool of one segment's rows (index
+    rows ``rows``, segment rows ``rows - offset``) ranked by approximate scores ``approx``
+    (best first, each within err of its exact score), rescored from the row store in that
+    order and filtered by the excluded dims, and whether every row the pool left out
+    provably ranks below them: rescoring stops at the first row whose approximate score
+    + err is below the k-th exact score (so are all after it); when it reaches the end,
+    the pool's last approximate score + err must be below that score too."""
+    hs = np.empty(k, np.float32)
+    hr = np.empty(k, np.int64)
+    size = 0
+    qo = query_order(qdims)
+    n = rows.shape[0]
+    stopped = False
+    for i in range(n):
+        # (a k-th score of +inf: an overflowing row may still tie it with a lower row)
+        if size == k and np.float64(approx[i]) + err < np.float64(hs[0]) < np.inf:
+            stopped = True
+            break
+        r = rows[i] - offset
+        if row_banned(row_indptr, row_dims, row_vals, r, edims, ethr):
+            continue
+        s = row_score(row_indptr, row_dims, row_vals, r, qdims, qw, qo)
+        if size < k or better(s, rows[i], hs[0], hr[0]):
+            size = heap_push(hs, hr, size, s, rows[i])
+    ok = size == k and (
+        stopped or (n > 0 and np.float64(approx[n - 1]) + err < np.float64(hs[0]) < np.inf)
+    )
+    heap_sort(hs, hr, size)
+    return hs[:size], hr[:size], bool(ok)
+
+
+@njit(cache=True, nogil=True)
 def copy_runs(
     src_dims: np.ndarray,
     src_vals: np.ndarray,
