@@ -977,10 +977,10 @@ class InvertedIndex:
         segs = self._segments  # one snapshot: an add() may swap in new segments
         acc, flags, touched = self._workspace(segs)
         m = mask if mask is not None else _NO_MASK
+        no_slot = np.full(self._dim, -1, np.int32)
+        ethr_e = np.full(plan.ban_dims.size, plan.threshold, np.float64)
         for s in segs:
             t_blocks, t_rows, t_vals = s.approx_lists(keep)
-            no_slot = np.full(self._dim, -1, np.int32)
-            ethr_e = np.full(plan.ban_dims.size, plan.threshold, np.float64)
             size = score_blocks(
                 t_blocks,
                 max(s.count, 1),

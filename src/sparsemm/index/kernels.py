@@ -296,6 +296,16 @@ def lower_bound(rows: np.ndarray, lo: int, hi: int, x: int) -> int:  # pragma: n
 FILLER_STEP = 255
 
 
+@njit(inline="always")
+def next_dim(row_dims: np.ndarray, p: Any, d: Any) -> tuple[Any, bool]:  # pragma: no cover
+    """(dim, holds a value) of delta-coded entry p after dim ``d`` (-1 before a row's first
+    entry): a delta of 0 is a filler that advances FILLER_STEP and holds no value."""
+    b = np.int64(row_dims[p])
+    if b == 0:
+        return d + FILLER_STEP, False
+    return d + b, True
+
+
 @njit(cache=True, nogil=True)
 def query_order(qdims: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sorted dims, their query positions, a (nq,) f32 scratch row) for ``row_score`` on a
@@ -329,11 +339,9 @@ def row_score(
         i = 0
         d = np.int64(-1)
         for p in range(lo0, hi0):
-            b = np.int64(row_dims[p])
-            if b == 0:
-                d += FILLER_STEP
+            d, value = next_dim(row_dims, p, d)
+            if not value:
                 continue
-            d += b
             while i < nq and sdims[i] < d:
                 i += 1
             if i == nq:
@@ -368,12 +376,8 @@ def row_banned(
     if row_dims.itemsize == 1:
         d = np.int64(-1)
         for p in range(lo0, hi0):
-            b = np.int64(row_dims[p])
-            if b == 0:
-                d += FILLER_STEP
-                continue
-            d += b
-            if row_vals[p] > ethr:
+            d, value = next_dim(row_dims, p, d)
+            if value and row_vals[p] > ethr:
                 for j in range(edims.shape[0]):
                     if edims[j] == d:
                         return True
@@ -421,11 +425,9 @@ def decode_rows(
         d = np.int64(-1)
         for p in range(row_indptr[r], row_indptr[r + 1]):
             if delta:
-                b = np.int64(row_dims[p])
-                if b == 0:
-                    d += FILLER_STEP
+                d, value = next_dim(row_dims, p, d)
+                if not value:
                     continue
-                d += b
             else:
                 d = np.int64(row_dims[p])
             dims[q] = d
@@ -603,11 +605,9 @@ def copy_runs(
         if delta:
             d = np.int64(-1)
             for t in range(lens[i]):
-                g = np.int64(src_dims[a + t])
-                if g == 0:
-                    d += FILLER_STEP
+                d, value = next_dim(src_dims, a + t, d)
+                if not value:
                     continue
-                d += g
                 out_dims[b] = d
                 out_vals[b] = src_vals[a + t]
                 b += 1
@@ -1102,9 +1102,8 @@ def valid_layout(
         for i in range(count):
             at = np.int64(-1)
             for p in range(row_indptr[i], row_indptr[i + 1]):
-                g = np.int64(row_dims[p])
-                at += g if g != 0 else FILLER_STEP
-                values += g != 0
+                at, value = next_dim(row_dims, p, at)
+                values += value
             bad |= bool(at >= dim)
         return not bad and values == nnz
     if row_dims.shape[0] != nnz:

@@ -209,9 +209,10 @@ class Segment:
     def nbytes(self) -> int:
         return sum(int(a.nbytes) for a in self.stored)
 
-    @property
+    @functools.cached_property
     def fills(self) -> np.ndarray:
-        """(dim,) bool: the lists holding filler postings (gap-coded rows, ``next_row``)."""
+        """(dim,) bool: the lists holding filler postings (gap-coded rows, ``next_row``);
+        derived once, read by every search."""
         if self.list_stats is None:
             return np.zeros(len(self.post_indptr) - 1, np.bool_)
         return self.list_stats[3] > 0
@@ -288,17 +289,12 @@ class Segment:
         got = self._approx.get(keep)
         if got is None:
             if self.quantized:  # the exact values as one-block lists, from the row store
-                indptr, dims, row_vals = decode_rows(self.row_indptr, self.row_dims, self.row_vals)
-                csc = sp.csr_matrix(
-                    (row_vals, dims, indptr), shape=(self.count, len(self.post_indptr) - 1)
-                ).tocsc()
-                csc.sort_indices()
+                ptr, rows, vals = posting_lists(
+                    *decode_rows(self.row_indptr, self.row_dims, self.row_vals),
+                    len(self.post_indptr) - 1,
+                )
                 ptr, rows, t_vals = truncate_lists(
-                    one_block(csc.indptr.astype(np.int64)),
-                    csc.indices,
-                    csc.data,
-                    max(self.count, 1),
-                    keep,
+                    one_block(ptr.astype(np.int64)), rows, vals, max(self.count, 1), keep
                 )
             else:
                 ptr, rows, t_vals = truncate_lists(
@@ -349,9 +345,7 @@ def write_segment(
     count = len(row_indptr) - 1
     row_vals = np.asarray(row_vals).astype(np.float32, copy=False)
     if post is None:
-        csc = sp.csr_matrix((row_vals, row_dims, row_indptr), shape=(count, dim)).tocsc()
-        csc.sort_indices()  # posting lists ascending by row
-        post = (csc.indptr, csc.indices, csc.data)
+        post = posting_lists(row_indptr, row_dims, row_vals, dim)
     nb = max(1, -(-count // ROW_BLOCK))
     indptr = post[0].astype(np.int64, copy=False)
     rows = np.asarray(post[1])
@@ -367,20 +361,18 @@ def write_segment(
         imp, err = quantize_lists(indptr, vals, impact_scale(dmax))
         fills = np.zeros(dim, np.int64)
         blocks, local = arrays["post_blocks"], arrays["post_rows"]
-        if post_gaps_pay(len(local), count_gap_fillers(blocks, local)):
-            blocks, local, imp, fills = encode_gaps(
-                blocks, local, imp, count_gap_fillers(blocks, local)
-            )
+        gap_fillers = count_gap_fillers(blocks, local)
+        if post_gaps_pay(len(local), gap_fillers):
+            blocks, local, imp, fills = encode_gaps(blocks, local, imp, gap_fillers)
             arrays["post_blocks"], arrays["post_rows"] = blocks, local
         arrays["post_imps"] = imp
         arrays["list_stats"] = np.stack([dmax, dmin, err, fills]).astype(np.float64)
     else:
         arrays["post_vals"] = vals
     row_indptr = row_indptr.astype(np.int64, copy=False)
-    if layout == 3 and delta_pays(row_indptr, row_dims, dim):
-        row_indptr, row_dims, row_vals = encode_deltas(
-            row_indptr, row_dims, row_vals, count_fillers(row_indptr, row_dims)
-        )
+    dim_fillers = count_fillers(row_indptr, row_dims) if layout == 3 else 0
+    if layout == 3 and delta_pays(len(row_dims), dim_fillers, dim):
+        row_indptr, row_dims, row_vals = encode_deltas(row_indptr, row_dims, row_vals, dim_fillers)
     else:
         row_dims = row_dims.astype(dims_dtype(dim), copy=False)
     arrays["row_indptr"] = row_indptr
@@ -403,13 +395,23 @@ def post_gaps_pay(nnz: int, fillers: int) -> bool:
     return 2 * (nnz + fillers) < 3 * nnz
 
 
-def delta_pays(indptr: np.ndarray, dims: np.ndarray, dim: int) -> bool:
+def delta_pays(nnz: int, fillers: int, dim: int) -> bool:
     """A v3 row store is delta-coded (uint8 dims, ``kernels.FILLER_STEP``) when that takes
     fewer bytes than absolute dims: 5 bytes an entry, fillers included, against 6 (uint16
     dims) or 8 (int32). Close dims (a few hundred dims, or dense rows) make it pay; a wide
     vocabulary with sparse rows (30,522 dims, 100 values a row) does not."""
-    entries = 5 * (len(dims) + count_fillers(indptr, dims))
-    return entries < (2 + np.dtype(dims_dtype(dim)).itemsize + 2) * len(dims)
+    return 5 * (nnz + fillers) < (2 + np.dtype(dims_dtype(dim)).itemsize + 2) * nnz
+
+
+def posting_lists(
+    row_indptr: np.ndarray, row_dims: np.ndarray, row_vals: np.ndarray, dim: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(indptr (dim + 1,), segment rows, vals): the posting lists of CSR rows (plain dims),
+    each list ascending by row."""
+    count = len(row_indptr) - 1
+    csc = sp.csr_matrix((row_vals, row_dims, row_indptr), shape=(count, dim)).tocsc()
+    csc.sort_indices()
+    return csc.indptr, csc.indices, csc.data
 
 
 def dims_dtype(dim: int) -> type[np.integer[Any]]:
@@ -577,15 +579,13 @@ def merge_segments(
 
 
 def _merge_rows(segs: Sequence[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    row_off = sum(s.count for s in segs)
-    row_indptr = np.zeros(row_off + 1, np.int64)
+    rows = [decode_rows(s.row_indptr, s.row_dims, s.row_vals) for s in segs]
+    row_indptr = np.zeros(sum(s.count for s in segs) + 1, np.int64)
     pos, at = 0, 0
-    for s in segs:
-        indptr = decode_rows(s.row_indptr, s.row_dims, s.row_vals)[0]
+    for s, (indptr, _, _) in zip(segs, rows, strict=True):
         row_indptr[pos + 1 : pos + s.count + 1] = indptr[1:] + at
         pos += s.count
         at += s.nnz
-    rows = [decode_rows(s.row_indptr, s.row_dims, s.row_vals) for s in segs]
     row_dims = np.concatenate([r[1] for r in rows])
     row_vals = np.concatenate([r[2] for r in rows]).astype(np.float32, copy=False)
     return row_indptr, row_dims, row_vals
