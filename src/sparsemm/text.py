@@ -14,6 +14,15 @@ import numpy as np
 from sparsemm.errors import SparsemmError
 from sparsemm.words.bias import tokenize
 
+TERM_TEMPLATE = "a photo of a {}"  # how a label-like query term is embedded (DESIGN.md)
+TEMPLATE_MAX_WORDS = 3  # longer terms are phrases, embedded as written (parse.MAX_TERM_WORDS)
+
+
+def term_text(term: str, template: str = TERM_TEMPLATE) -> str:
+    """The text embedded for a query term: the template around a label-like term ("a photo
+    of a dog"); a longer phrase (a sentence's include) as written."""
+    return term if len(term.split()) > TEMPLATE_MAX_WORDS else template.format(term)
+
 
 def singular(token: str) -> str:
     """Crude English singular: dogs -> dog, glasses -> glass, buses -> bus, skies -> sky."""

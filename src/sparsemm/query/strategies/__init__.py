@@ -67,8 +67,6 @@ from sparsemm.query.strategies.context import (
     CACHE_SIZE,
     MIN_CACHE_SIZE,
     SLQ_TEMPLATE,
-    TEMPLATE_MAX_WORDS,
-    TERM_TEMPLATE,
     ExclusionContext,
     QueryCoder,
     ReferenceSet,
@@ -77,6 +75,7 @@ from sparsemm.query.strategies.context import (
 )
 from sparsemm.query.strategies.dense import AvgEmb, DenseA, SingleLineQuery
 from sparsemm.query.strategies.detectors import Detector, Hybrid
+from sparsemm.query.strategies.match import Match
 from sparsemm.query.strategies.registry import (
     STRATEGIES,
     StrategySpec,
@@ -93,7 +92,13 @@ from sparsemm.query.strategies.sparse import (
     PaperTwoStep,
     SoftPenalty,
 )
-from sparsemm.text import CaptionIndex, caption_mentions, term_tokens
+from sparsemm.text import (
+    TEMPLATE_MAX_WORDS,
+    TERM_TEMPLATE,
+    CaptionIndex,
+    caption_mentions,
+    term_tokens,
+)
 from sparsemm.train.detectors import fit_detectors
 
 # The listing order (--list-strategies, the page's menu, a benchmark of every strategy):
@@ -109,6 +114,7 @@ LISTING_ORDER = (
     "code_arith",
     "filter",
     "penalty",
+    "match",
     "hybrid",
     "detector",
     "cbe",
@@ -134,6 +140,7 @@ __all__ = [
     "HardFilter",
     "Hybrid",
     "LRUCache",
+    "Match",
     "PaperTwoStep",
     "QueryCoder",
     "ReferenceSet",

@@ -16,13 +16,11 @@ from sparsemm.errors import SparsemmError
 from sparsemm.linalg import normalize_rows
 from sparsemm.lru import LRUCache
 from sparsemm.models.detectors import ConceptDetectors
-from sparsemm.text import CaptionIndex
+from sparsemm.text import TERM_TEMPLATE, CaptionIndex, term_text
 
 logger = logging.getLogger(__name__)
 
 
-TERM_TEMPLATE = "a photo of a {}"
-TEMPLATE_MAX_WORDS = 3  # longer terms are phrases, embedded as written (parse.MAX_TERM_WORDS)
 SLQ_TEMPLATE = "a photo of a {a} without a {b}"
 
 
@@ -143,7 +141,8 @@ class ExclusionContext:
     those embeddings (and texts) to sparse codes. ``reference`` is a captioned reference set
     for the detector strategies, ``word_vectors`` SPINE vectors (query bias masks),
     ``detectors`` the model's own concept detectors (:mod:`sparsemm.models.detectors`),
-    which the served scorer uses instead of fitting any at query time.
+    which the served scorer uses instead of fitting any at query time, and ``concepts`` the
+    model's term scorer (:mod:`sparsemm.query.scorers`), which the match scorer reads.
     The per-text caches (``_emb``, ``_code``) and the strategies' ``cache`` are LRU caches
     of at most ``cache_size`` entries each, so a stream of distinct queries cannot grow them
     without bound.
@@ -160,6 +159,7 @@ class ExclusionContext:
         template: str = TERM_TEMPLATE,
         cache_size: int = CACHE_SIZE,
         detectors: ConceptDetectors | None = None,
+        concepts: Any = None,
     ) -> None:
         if cache_size < MIN_CACHE_SIZE:
             raise SparsemmError(f"cache_size must be at least {MIN_CACHE_SIZE}, got {cache_size}")
@@ -186,6 +186,9 @@ class ExclusionContext:
                     f"have {self.items_codes.shape[1]}"
                 )
         self.detectors = detectors
+        # the model's term scorer (sparsemm.query.scorers), for the match scorer: the photo
+        # concept model's or CLIP's; None builds one from ``detectors`` (SR)
+        self.concepts = concepts
         self.template = template
         self.cache_size = cache_size
         self._emb: LRUCache = LRUCache(cache_size)  # text -> (k,) unit embedding
@@ -293,9 +296,7 @@ class ExclusionContext:
     def term_text(self, term: str) -> str:
         """The text embedded for a term: the template around a label-like term ("a photo of
         a dog"); a longer phrase (a sentence's include) is embedded as written."""
-        if len(term.split()) > TEMPLATE_MAX_WORDS:
-            return term
-        return self.template.format(term)
+        return term_text(term, self.template)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """(len(texts), k) unit-length embeddings of ``texts`` (cached per text)."""

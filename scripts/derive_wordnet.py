@@ -1,0 +1,128 @@
+"""Derive sparsemm's concept hierarchy file from the WordNet 3.0 noun database.
+
+    apt-get download wordnet-base && dpkg -x wordnet-base_*.deb wn
+    python scripts/derive_wordnet.py wn/usr/share/wordnet
+
+writes ``src/sparsemm/concepts/data/wordnet-nouns.json.gz`` (every noun synset: its offset,
+lexicographer file, lemmas with their sense numbers, and its hypernyms, instance hypernyms
+included; the noun exception list for irregular plurals) and copies WordNet's licence
+beside it as ``WORDNET-LICENSE``. Glosses, examples and the other pointer types are left
+out: sparsemm needs the lemmas and the is-a hierarchy only. The output is deterministic
+(same input, same bytes), so a re-run shows no diff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parents[1] / "src" / "sparsemm" / "concepts" / "data"
+LICENSE_HEAD = "WordNet Release 3.0"
+
+
+def read_synsets(path: Path) -> tuple[list[int], list[int], list[list[str]], list[list[int]]]:
+    """(offsets, lexicographer file numbers, lemmas, hypernym offsets) in file order."""
+    offsets, lexfiles, lemmas, parents = [], [], [], []
+    with path.open(encoding="latin-1") as fh:
+        for line in fh:
+            if line.startswith("  "):  # the licence header
+                continue
+            fields = line.split(" | ")[0].split()
+            offset, lexfile, pos = int(fields[0]), int(fields[1]), fields[2]
+            if pos != "n":
+                continue
+            n_words = int(fields[3], 16)
+            words = [fields[4 + 2 * i] for i in range(n_words)]
+            rest = fields[4 + 2 * n_words :]
+            n_ptr = int(rest[0])
+            hyper = []
+            for i in range(n_ptr):
+                symbol, target, tpos = rest[1 + 4 * i], int(rest[2 + 4 * i]), rest[3 + 4 * i]
+                if symbol in ("@", "@i") and tpos == "n":
+                    hyper.append(target)
+            offsets.append(offset)
+            lexfiles.append(lexfile)
+            lemmas.append(words)
+            parents.append(hyper)
+    return offsets, lexfiles, lemmas, parents
+
+
+def read_sense_ranks(path: Path) -> dict[tuple[str, int], int]:
+    """(lowercase lemma, synset offset) -> sense number (1 = most frequent), from index.noun."""
+    ranks: dict[tuple[str, int], int] = {}
+    with path.open(encoding="latin-1") as fh:
+        for line in fh:
+            if line.startswith("  "):
+                continue
+            f = line.split()
+            lemma, n_synsets, n_ptr = f[0], int(f[2]), int(f[3])
+            synsets = f[6 + n_ptr : 6 + n_ptr + n_synsets]
+            for rank, off in enumerate(synsets, 1):
+                ranks[(lemma.lower(), int(off))] = rank
+    return ranks
+
+
+def senses_index(
+    offsets: list[int], lemmas: list[list[str]], ranks: dict[tuple[str, int], int]
+) -> dict[str, list[int]]:
+    """Lemma key -> synset indices, most frequent sense first (ties in file order)."""
+    found: dict[str, list[tuple[int, int]]] = {}
+    for i, (off, words) in enumerate(zip(offsets, lemmas, strict=True)):
+        for w in words:
+            key = " ".join(w.replace("_", " ").lower().split())
+            found.setdefault(key, []).append((ranks.get((w.lower(), off), 99), i))
+    return {k: list(dict.fromkeys(i for _, i in sorted(v))) for k, v in found.items()}
+
+
+def read_exceptions(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    with path.open(encoding="latin-1") as fh:
+        for line in fh:
+            f = line.split()
+            if len(f) >= 2:
+                out.setdefault(f[0], f[1])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("dict_dir", type=Path, help="WordNet's dict folder (data.noun, index.noun)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument(
+        "--license",
+        type=Path,
+        default=None,
+        help="WordNet's licence text (default: DICT_DIR/../doc/wordnet-base/copyright)",
+    )
+    args = ap.parse_args()
+    d = args.dict_dir
+    offsets, lexfiles, lemmas, parents = read_synsets(d / "data.noun")
+    ranks = read_sense_ranks(d / "index.noun")
+    where = {off: i for i, off in enumerate(offsets)}
+    data = {
+        "format": "sparsemm.wordnet-nouns",
+        "version": 1,
+        "source": "WordNet 3.0, Princeton University (Debian wordnet-base); noun synsets, "
+        "lemmas, sense numbers and hypernyms only",
+        "offsets": offsets,
+        "lexfiles": lexfiles,
+        "lemmas": ["|".join(ws) for ws in lemmas],
+        # lemma key (lower case, spaces) -> its synsets, most frequent sense first
+        "senses": senses_index(offsets, lemmas, ranks),
+        "parents": [[where[p] for p in ps if p in where] for ps in parents],
+        "exceptions": read_exceptions(d / "noun.exc"),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    raw = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+    # mtime=0: the same input gives the same bytes
+    (args.out / "wordnet-nouns.json.gz").write_bytes(gzip.compress(raw, 9, mtime=0))
+    lic = args.license or d.parent / "doc" / "wordnet-base" / "copyright"
+    text = lic.read_text(encoding="utf-8")
+    (args.out / "WORDNET-LICENSE").write_text(text, encoding="utf-8")
+    print(f"{len(offsets)} synsets -> {args.out / 'wordnet-nouns.json.gz'}")
+
+
+if __name__ == "__main__":
+    main()
