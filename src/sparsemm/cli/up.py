@@ -90,6 +90,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="never train: keep the ImageNet concept model whatever the captions",
     )
+    p.add_argument(
+        "--encoder",
+        choices=ENCODERS,
+        default="efficientnet",
+        help="image encoder: efficientnet (offline, the default: ImageNet classes and faces) "
+        "or clip / siglip (Hugging Face weights, downloaded to its cache on first use): "
+        "SpLiCE concept codes and zero-shot probabilities, no training",
+    )
+    p.add_argument(
+        "--encoder-model",
+        default=None,
+        help="hub name or local folder of the clip / siglip weights (default "
+        "openai/clip-vit-base-patch32, google/siglip-base-patch16-224)",
+    )
+    p.add_argument(
+        "--vocabulary",
+        type=Path,
+        default=None,
+        help="clip / siglip: a concept file (one concept a line, least to most frequent, "
+        "e.g. SpLiCE's laion.txt) added to the ImageNet and COCO concepts",
+    )
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     p.add_argument(
@@ -102,6 +123,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+ENCODERS = ("efficientnet", "clip", "siglip")
+VOCABULARY_SIZE = 10_000  # concepts read from a --vocabulary file (its most frequent)
 # The collection's image encoder (sparsemm.encoders.efficientnet with the packaged weights)
 EFFICIENTNET_INFO = {"name": "efficientnet", "dim": 1280, "model": "efficientnet-lite0"}
 
@@ -142,13 +165,24 @@ def ensure_model(out: Path, model: Path | None, progress: bool) -> Path:
     target = out / MODEL
     if target.is_dir() and any(target.iterdir()) and not (target / CONFIG_FILE).is_file():
         raise SparsemmError(f"{target} exists and is not a sparsemm model; choose another -o")
+    from sparsemm.models.concepts import (
+        CONCEPTS_VERSION,
+        cached_imagenet_concepts,
+        default_cache_dir,
+    )
+
     if (target / CONFIG_FILE).is_file():
         try:
-            load_code_model(target)
-            return target
+            current = load_code_model(target)
+            if getattr(current, "version", CONCEPTS_VERSION) >= CONCEPTS_VERSION:
+                from sparsemm.models.concepts import with_photo_defaults
+
+                m = current.model  # type: ignore[attr-defined]
+                if with_photo_defaults(m) is m:
+                    return target
+            _say(f"updating the concept model in {target} to version {CONCEPTS_VERSION}")
         except SparsemmError as exc:
             log.warning("the model in %s is unusable (%s); writing it again", target, exc)
-    from sparsemm.models.concepts import cached_imagenet_concepts, default_cache_dir
 
     if not (default_cache_dir() / CONFIG_FILE).is_file():
         _say(
@@ -157,6 +191,44 @@ def ensure_model(out: Path, model: Path | None, progress: bool) -> Path:
         )
     cached_imagenet_concepts(progress=progress).save_pretrained(target)
     return target
+
+
+def clip_model(out: Path, col: Any, encoder: Any, vocabulary: Path | None, progress: bool) -> Path:
+    """``OUT/model``: the CLIP/SigLIP concept model (SpLiCE over the ImageNet and COCO
+    concepts, and ``vocabulary``'s), built once from the collection's image embeddings;
+    built again when the encoder or the vocabulary changed."""
+    from sparsemm.models.base import CONFIG_FILE
+    from sparsemm.models.clip_concepts import COCO_OBJECTS, ClipConceptModel
+
+    concepts = list(dict.fromkeys([*imagenet_names(), *COCO_OBJECTS]))
+    if vocabulary is not None:
+        from sparsemm.baselines.splice import load_concepts
+
+        concepts = list(dict.fromkeys([*concepts, *load_concepts(vocabulary, VOCABULARY_SIZE)]))
+    target = out / MODEL
+    if (target / CONFIG_FILE).is_file():
+        try:
+            old = ClipConceptModel.from_pretrained(target)
+            same = (
+                old.config.encoder == encoder.name
+                and old.config.encoder_model == str(getattr(encoder, "model_id", ""))
+                and list(old.config.concepts) == concepts
+            )
+            if same:
+                return target
+        except SparsemmError as exc:
+            log.warning("the model in %s is unusable (%s); building it again", target, exc)
+    _say(f"building the {encoder.name} concept model: embedding {len(concepts):,} concepts")
+    model = ClipConceptModel.build(concepts, encoder, col.image_embeddings(), progress=progress)
+    model.save_pretrained(target)
+    return target
+
+
+def imagenet_names() -> list[str]:
+    """The 1000 ImageNet-1k class names (first WordNet synonym each)."""
+    from sparsemm.encoders.efficientnet import imagenet_class_names
+
+    return list(imagenet_class_names())
 
 
 def will_train(out: Path, n_captioned: int, force: bool) -> bool:
@@ -263,7 +335,9 @@ def index_collection(
         # of the whole collection.
         if same_model and prefix and model.kind == "imagenet_concepts":
             sub = _SubCollection(col, n_old)
-            codes = normalize_rows(model.encode_items(sub))  # type: ignore[arg-type]
+            codes = model.encode_items(sub)  # type: ignore[arg-type]
+            if model.unit_codes:
+                codes = normalize_rows(codes)
             index.add(codes, ids[n_old:])
             return index, f"added {len(ids) - n_old} items to the index"
         reason = (
@@ -330,22 +404,45 @@ def run(args: argparse.Namespace) -> int:
 
     if args.train and args.model is not None:
         raise SparsemmError("--train trains a model on the captions; it does not go with --model")
+    clip = args.encoder != "efficientnet"
+    if clip and (args.train or args.model is not None):
+        raise SparsemmError(
+            f"--encoder {args.encoder} serves its own concept model; --train and --model go "
+            "with the offline encoder (drop --encoder)"
+        )
+    if args.vocabulary is not None and not clip:
+        raise SparsemmError("--vocabulary adds concepts to a clip / siglip model (--encoder)")
     n_captioned = sum(1 for it in items if it.get("captions"))
     if args.train and n_captioned < 2:  # before minutes of encoding, not after
         raise SparsemmError(
             f"training needs captions on at least 2 photos; {n_captioned} of {len(items)} have "
             "one (give them with --captions FILE, or drop --train)"
         )
-    train = args.model is None and not args.no_train and will_train(out, n_captioned, args.train)
-    # the concept model is not needed (nor built, 1-2 min the first time) when SR is trained
-    model_dir = out / SR_MODEL if train else ensure_model(out, args.model, progress)
-    encoder = get_encoder("efficientnet")
+    train = (
+        not clip
+        and args.model is None
+        and not args.no_train
+        and will_train(out, n_captioned, args.train)
+    )
+    if clip:
+        from sparsemm.data.encode import _encoder_info
+
+        kwargs = {"model": args.encoder_model} if args.encoder_model else {}
+        encoder = get_encoder(args.encoder, **kwargs)
+        text_encoder: Any = encoder  # one model embeds images, captions and queries
+        text_info = _encoder_info(encoder)
+        model_dir = out / MODEL
+    else:
+        # the concept model is not needed (nor built) when SR is trained
+        model_dir = out / SR_MODEL if train else ensure_model(out, args.model, progress)
+        encoder = get_encoder("efficientnet")
+        text_encoder, text_info = _lazy("minilm"), minilm_info()
     report = sync_folder(
         items,
         col_dir,
         encoder,
-        _lazy("minilm"),
-        minilm_info(),
+        text_encoder,
+        text_info,
         source=photos,
         batch_size=args.batch_size,
         progress=progress,
@@ -368,7 +465,9 @@ def run(args: argparse.Namespace) -> int:
             f"{first['error']} (listed in {col_dir}/skipped.jsonl)"
         )
     spine_dir = None
-    if train:
+    if clip:
+        model_dir = clip_model(out, report.collection, encoder, args.vocabulary, progress)
+    elif train:
         model_dir = caption_model(out, report.collection, args.train, progress)
         spine_dir = out / SPINE / "vectors"
     elif n_captioned and args.model is None:

@@ -179,6 +179,33 @@ class EfficientNetEncoder:
 
         return self._run(images, probabilities, out, batch_size, progress)
 
+    def predict_proba_full(
+        self, images: Sequence[ImageInput], side: int | None = None
+    ) -> np.ndarray:
+        """ImageNet-1k probabilities ``(n, 1000)`` of each *whole* image: resized so its
+        shorter side is ``side`` (default ``image_size``), aspect kept, no centre crop, so
+        what sits near the borders counts too (a face at the edge, a boat on the left).
+        One image per forward pass (their shapes differ)."""
+        import torch
+
+        from sparsemm.encoders.efficientnet_lite import INPUT_MEAN, INPUT_STD
+
+        side = int(side or self.image_size)
+        out = np.zeros((len(images), self.model_.config.num_classes), dtype=np.float32)
+        for i, img in enumerate(images):
+            pil = load_image(img)
+            scale = side / max(1, min(pil.size))
+            size = (max(side, round(pil.width * scale)), max(side, round(pil.height * scale)))
+            # at most 4:1, so a panorama is not a sliver of 224 x 2000 pixels
+            size = (min(size[0], 4 * side), min(size[1], 4 * side))
+            arr = np.asarray(pil.resize(size, resample=2), dtype=np.float32)  # bilinear
+            x = torch.from_numpy(((arr - INPUT_MEAN) / INPUT_STD).transpose(2, 0, 1)[None].copy())
+            x = x.to(self.device, memory_format=torch.channels_last)
+            with torch.inference_mode():
+                fmap = self.model_.feature_map(x)
+                out[i] = self.model_.classify_pooled(self.model_.pool(fmap)).softmax(-1)[0].numpy()
+        return out
+
     def classify(
         self,
         images: Sequence[ImageInput],

