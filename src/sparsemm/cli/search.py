@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +13,7 @@ from sparsemm.cli.index import add_backend_args
 
 # sparsemm.query.searcher.DEFAULT_STRATEGY, written out so that `--help` and
 # `--list-strategies` do not import torch; tests/cli/test_cli_cold_start.py checks it.
-DEFAULT_STRATEGY = "hybrid"
+DEFAULT_STRATEGY = "match"
 
 if TYPE_CHECKING:
     from sparsemm.query.parse import Query
@@ -69,6 +70,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="'index': the inverted index's hard filter (strategy filter only); the default "
         "'strategy' already serves the default scorer through the index",
     )
+    p.add_argument(
+        "--min-score",
+        type=_probability,
+        default=None,
+        metavar="P",
+        help="keep only results whose match probability is at least P (0-1, or a "
+        "percentage such as 60%%), and say how many items in all reach it (the default "
+        "scorer's scores are probabilities)",
+    )
     p.add_argument("--explain", action="store_true", help="show why each result came back")
     out = p.add_mutually_exclusive_group()
     out.add_argument(
@@ -92,6 +102,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_backend_args(p)
     p.set_defaults(func=run, positionals=fill_positionals)
+
+
+def _probability(text: str) -> float:
+    """A --min-score value: 0.6 or 60%."""
+    t = text.strip()
+    try:
+        v = float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a probability: {text!r} (use 0.6 or 60%)") from None
+    if not 0.0 < v <= 1.0:
+        raise argparse.ArgumentTypeError(f"a probability in (0, 1] (or 1%-100%), got {text!r}")
+    return v
+
+
+def percent(p: float) -> str:
+    """A match probability as it is shown and ranked: whole percent, rounded down ("92%";
+    "<1%" below 1%)."""
+    n = math.floor(100.0 * p + 1e-7)
+    return "<1%" if n < 1 else f"{n}%"
+
+
+def score_text(score: float, probabilistic: bool) -> str:
+    return percent(score) if probabilistic else f"{score:.3f}"
 
 
 def fill_positionals(args: argparse.Namespace, extra: list[str]) -> bool:
@@ -155,6 +188,7 @@ def forwardable(args: argparse.Namespace) -> bool:
     running `sparsemm serve` answers the same way (sparsemm.cli.running)."""
     return not (
         args.no_server
+        or args.min_score is not None
         or args.json
         or args.paths
         or args.explain
@@ -179,10 +213,13 @@ def print_answer(answer: dict) -> None:
     query, hits = answer["query"], answer["hits"]
     if answer.get("unknown_words"):
         print(unknown_note(list(answer["unknown_words"])), file=sys.stderr)
+    for note in answer.get("notes") or []:
+        print(f"note: {note}", file=sys.stderr)
     excl = f"  but not: {', '.join(query['exclude'])}" if query["exclude"] else ""
     print(f"query: {', '.join(query['include']) or '(anything)'}{excl}   [{answer['strategy']}]")
+    prob = bool(answer.get("probabilistic"))
     for h in hits:
-        print(f"{h['rank']:>3}. {h['id']}  {h['score']:.3f}  {h['caption']}")
+        print(f"{h['rank']:>3}. {h['id']}  {score_text(h['score'], prob)}  {h['caption']}")
     if not hits:
         print("no results")
 
@@ -232,11 +269,26 @@ def run(args: argparse.Namespace) -> int:
         searcher = Searcher(args.collection)
         hits = _search(searcher, query, args)
     unknown = searcher.unknown_words(query)
+    prob = searcher.probabilistic(args.strategy)
+    notes = searcher.notes(query, args.strategy)
+    matches = None
+    if args.min_score is not None:
+        if not prob:
+            raise SparsemmError(
+                f"--min-score keeps matches by probability; the {args.strategy} scorer's "
+                "scores are not probabilities (use the default scorer)"
+            )
+        hits = [h for h in hits if h.score >= args.min_score]
+        matches = searcher.count_matches(query, args.min_score, args.strategy)
     if args.json:
         out = {
             "query": {"include": list(query.include), "exclude": list(query.exclude),
                       "text": query.text},
             "strategy": args.strategy,
+            "probabilistic": prob,
+            "min_score": args.min_score,
+            "matches": matches,
+            "notes": notes,
             "unknown_words": unknown,
             "hits": [{**h.to_dict(), "image": image_path(searcher, h.row)} for h in hits],
         }  # fmt: skip
@@ -244,13 +296,18 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if unknown:  # on stderr, so piped paths stay clean
         print(unknown_note(unknown), file=sys.stderr)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     if args.paths:
         for h in hits:
             print(image_path(searcher, h.row) or h.id)
         return 0
     excl = f"  but not: {', '.join(query.exclude)}" if query.exclude else ""
     print(f"query: {', '.join(query.include) or '(anything)'}{excl}   [{args.strategy}]")
-    print_hits(hits, args.explain)
+    print_hits(hits, args.explain, prob)
+    if matches is not None:
+        n = len(searcher.collection.items)
+        print(f"{matches} of {n} items match at {percent(args.min_score)} or more")
     return 0
 
 
@@ -300,14 +357,22 @@ def run_like(args: argparse.Namespace) -> int:
         return 0
     excl = f"  but not: {', '.join(exclude)}" if exclude else ""
     print(f"query: like {args.like}{excl}   [{args.strategy}]")
-    print_hits(hits, args.explain)
+    print_hits(hits, args.explain, False)
     return 0
 
 
-def print_hits(hits: list[Hit], explain: bool) -> None:
+def _why(way: str) -> str:
+    """What a term's scoring source says about it, for --explain."""
+    return {
+        "code similarity": " (no detector for it: code similarity stands in)",
+        "zero-shot": " (the encoder's image-text similarity, calibrated)",
+    }.get(way, "")
+
+
+def print_hits(hits: list[Hit], explain: bool, probabilistic: bool = False) -> None:
     """The text output's result lines (and with ``explain`` the why of each)."""
     for h in hits:
-        print(f"{h.rank:>3}. {h.id}  {h.score:.3f}  {h.caption}")
+        print(f"{h.rank:>3}. {h.id}  {score_text(h.score, probabilistic)}  {h.caption}")
         if explain:
             for c in h.matched:
                 print(f"       matched dim {c.dim} (+{c.weight:.3f}): {', '.join(c.words[:5])}")
@@ -321,11 +386,11 @@ def print_hits(hits: list[Hit], explain: bool) -> None:
                     f"{e.text} [dims {', '.join(map(str, e.dims)) or '-'}]" for e in h.evidence
                 )
                 print(f"       evidence: {ev}")
+            for ev_term in h.evidence:
+                if ev_term.read_as and ev_term.read_as != [ev_term.term]:
+                    print(f"       '{ev_term.term}' read as: {', '.join(ev_term.read_as)}")
             if h.scored_by:
-                how = ", ".join(
-                    f"'{t}' by {way}" + (" (no detector for it)" if way != "detector" else "")
-                    for t, way in h.scored_by.items()
-                )
+                how = ", ".join(f"'{t}' by {way}" + _why(way) for t, way in h.scored_by.items())
                 print(f"       scored: {how}")
     if not hits:
         print("no results")

@@ -66,6 +66,13 @@ class SearchRequest(BaseModel):
         description="more like this item (its id): its code is the include side; q, include "
         "and exclude then only name what to leave out",
     )
+    min_score: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="keep only hits whose match probability is at least this (the default "
+        "scorer's scores are probabilities); also the threshold of the match count",
+    )
 
     @field_validator("include", "exclude", mode="before")
     @classmethod
@@ -100,10 +107,12 @@ class EvidenceOut(BaseModel):
 
     term: str
     side: str  # include | exclude
-    kind: str  # detector (value: P(present)) | code similarity (value: cosine)
+    kind: str  # what gave the value: detector, classifier, face detector, zero-shot (a
+    # probability), code similarity (the match scorer: a probability; hybrid: a cosine)
     value: float
     dims: list[int]  # the concept dimensions behind the value
     words: list[str]
+    read_as: list[str] = []  # the concepts the term was read as ("woman" -> person)
 
 
 class HitOut(ItemOut):
@@ -139,6 +148,12 @@ class SearchOut(BaseModel):
     like: str | None = None  # "more like this" target ("item ID" / "image NAME"), or None
     # query words in no vocabulary of the collection (Searcher.unknown_words), in query order
     unknown_words: list[str] = []
+    # how the terms were read, when the model had to approximate ("'woman' is searched as
+    # 'person': ...")
+    notes: list[str] = []
+    probabilistic: bool = False  # the scores are match probabilities (the default scorer)
+    threshold: float | None = None  # the probability ``matches`` counts from
+    matches: int | None = None  # items with a match probability of at least ``threshold``
     hits: list[HitOut]
 
 

@@ -30,7 +30,14 @@ from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.io import read_json
 from sparsemm.query.parse import MAX_QUERY_CHARS, Query, parse_query
-from sparsemm.query.searcher import INDEX_DIR, Concept, ExcludedCheck, Hit, Searcher
+from sparsemm.query.searcher import (
+    INDEX_DIR,
+    MATCH_THRESHOLD,
+    Concept,
+    ExcludedCheck,
+    Hit,
+    Searcher,
+)
 from sparsemm.query.strategies import HardFilter, available_strategies
 from sparsemm.web.images import ImageStore, ThumbCache
 from sparsemm.web.lanes import FairSemaphore
@@ -492,6 +499,7 @@ class SearchService:
                     value=e.value,
                     dims=list(e.dims),
                     words=list(e.words),
+                    read_as=list(e.read_as),
                 )
                 for e in hit.evidence
             ],
@@ -572,6 +580,14 @@ class SearchService:
             finally:
                 self._bound_caches()
         hits = [h for h in hits if math.isfinite(h.score)]
+        prob = self.searcher.probabilistic(strategy)
+        threshold = matches = None
+        if prob and req.min_score is not None:
+            hits = [h for h in hits if h.score >= req.min_score]
+        if prob and like is None:
+            threshold = req.min_score if req.min_score is not None else MATCH_THRESHOLD
+            with self.lane(heavy=heavy):
+                matches = self.searcher.count_matches(query, threshold, strategy)
         # the hits' codes in one read (the excluded-term checks show each item's peak)
         codes = self.searcher.item_codes([h.row for h in hits])
         log.debug("search %r like %s [%s] -> %d hits", query.text, label, strategy, len(hits))
@@ -585,6 +601,10 @@ class SearchService:
             total=len(self.collection.items),
             like=label,
             unknown_words=self.searcher.unknown_words(query),
+            notes=self.searcher.notes(query, strategy) if like is None else [],
+            probabilistic=prob,
+            threshold=threshold,
+            matches=matches,
             hits=[
                 self._hit(h, prefix, query.exclude, _code_values(codes, i))
                 for i, h in enumerate(hits)

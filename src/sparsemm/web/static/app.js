@@ -10,6 +10,7 @@
   const includeBox = $("include");
   const excludeBox = $("exclude");
   const strategySelect = $("strategy");
+  const minScoreSelect = $("min-score");
   const results = $("results");
   const statusLine = $("status");
   const errorLine = $("error");
@@ -149,8 +150,13 @@
     );
   }
 
-  /** A score as people read it: three significant digits ("17.9", "0.482"). */
-  function formatScore(score) {
+  /** A score as people read it: a match probability in whole percent, rounded down as the
+   * ranking does ("92% match"), or three significant digits ("17.9", "0.482"). */
+  function formatScore(score, probabilistic) {
+    if (probabilistic) {
+      const n = Math.floor(100 * score + 1e-7);
+      return n < 1 ? "<1% match" : `${n}% match`;
+    }
     const a = Math.abs(score);
     return score.toFixed(a >= 100 ? 0 : a >= 10 ? 1 : a >= 1 ? 2 : 3);
   }
@@ -168,7 +174,7 @@
     return el("div", { class: "caption-card" }, el("span", {}, item.caption || item.id));
   }
 
-  function renderHit(hit) {
+  function renderHit(hit, probabilistic) {
     const bad = hit.violations || [];
     return el(
       "figure",
@@ -189,8 +195,13 @@
         el("span", { class: "caption" }, hit.caption || hit.id),
         el(
           "span",
-          { class: "score", title: `rank ${hit.rank}, score ${hit.score} (higher is better)` },
-          `#${hit.rank} · ${formatScore(hit.score)}`,
+          {
+            class: "score",
+            title: probabilistic
+              ? `rank ${hit.rank}: the probability that it shows what you asked for is ${hit.score.toFixed(3)}`
+              : `rank ${hit.rank}, score ${hit.score} (higher is better)`,
+          },
+          `#${hit.rank} · ${formatScore(hit.score, probabilistic)}`,
         ),
       ),
       bad.length
@@ -250,7 +261,11 @@
       .map((e) => `${e.side === "exclude" ? "not " : ""}${e.term} ${e.value.toFixed(2)}`)
       .join(" · ");
     const title = evidence
-      .map((e) => `${e.term}: ${e.kind}${e.dims.length ? ` (dims ${e.dims.join(", ")})` : ""}`)
+      .map((e) => {
+        const read = e.read_as && e.read_as.length && e.read_as.join(", ") !== e.term
+          ? `, read as ${e.read_as.join(", ")}` : "";
+        return `${e.term}: ${e.kind}${read}${e.dims.length ? ` (dims ${e.dims.join(", ")})` : ""}`;
+      })
       .join("; ");
     return el("div", { class: "evidence", title }, text);
   }
@@ -263,6 +278,7 @@
     if (strategySelect.value && strategySelect.value !== strategySelect.dataset.default) {
       params.set("strategy", strategySelect.value);
     }
+    if (minScoreSelect.value) params.set("min", minScoreSelect.value);
     history.replaceState(null, "", `?${params}`);
   }
 
@@ -282,6 +298,7 @@
           k: PAGE_SIZE,
           offset: 0,
           strategy: strategySelect.value || undefined,
+          min_score: minScoreSelect.value ? Number(minScoreSelect.value) : undefined,
           like: state.like && state.like.kind === "item" ? state.like.id : undefined,
           image: state.like && state.like.kind === "image" ? state.like.file : undefined,
         };
@@ -302,15 +319,19 @@
         results.replaceChildren();
         closePanel();
       }
-      results.append(...data.hits.map(renderHit));
+      results.append(...data.hits.map((h) => renderHit(h, data.probabilistic)));
       const n = results.children.length;
       // every item is ranked; when the list ended early, the count is exact
       const of = data.next_offset === null ? n : data.total;
       const flagged = results.querySelectorAll(".card.violates").length;
+      const matches = data.matches === null || data.matches === undefined ? "" :
+        ` · ${data.matches} of ${data.total} items match at ${Math.round(100 * data.threshold)}% or more`;
       statusLine.textContent = n
-        ? `Showing ${n} of ${of} for ${describe(data.query)}` +
+        ? `Showing ${n} for ${describe(data.query)}` + (data.probabilistic ? "" : ` of ${of}`) +
+          matches +
           (flagged ? ` · ${flagged} marked ✗ carry a term you left out (by their labels)` : "")
-        : `No results for ${describe(data.query)}.`;
+        : `No results for ${describe(data.query)}${matches}.`;
+      for (const note of data.notes || []) statusLine.textContent += ` · ${note}`;
       const unknown = data.unknown_words || [];
       if (unknown.length) {
         statusLine.textContent +=
@@ -552,6 +573,7 @@
   loadInfo().then(() => {
     const params = new URLSearchParams(location.search);
     if (params.get("strategy")) strategySelect.value = params.get("strategy");
+    if (params.get("min")) minScoreSelect.value = params.get("min");
     if (params.get("not")) excludeBox.value = params.get("not");
     if (params.get("like")) {
       setLike({ kind: "item", id: params.get("like"), item: null });
