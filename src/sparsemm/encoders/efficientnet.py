@@ -179,19 +179,17 @@ class EfficientNetEncoder:
 
         return self._run(images, probabilities, out, batch_size, progress)
 
-    def predict_proba_full(
-        self, images: Sequence[ImageInput], side: int | None = None
-    ) -> np.ndarray:
-        """ImageNet-1k probabilities ``(n, 1000)`` of each *whole* image: resized so its
-        shorter side is ``side`` (default ``image_size``), aspect kept, no centre crop, so
-        what sits near the borders counts too (a face at the edge, a boat on the left).
-        One image per forward pass (their shapes differ)."""
+    def pooled_full(self, images: Sequence[ImageInput], side: int | None = None) -> np.ndarray:
+        """Un-normalised pooled features ``(n, 1280)`` of each *whole* image: resized so its
+        shorter side is ``side`` (default ``image_size``), aspect kept (at most 4:1), no
+        centre crop, so what sits near the borders counts too (a face at the edge, a boat
+        on the left). One image per forward pass (their shapes differ)."""
         import torch
 
         from sparsemm.encoders.efficientnet_lite import INPUT_MEAN, INPUT_STD
 
         side = int(side or self.image_size)
-        out = np.zeros((len(images), self.model_.config.num_classes), dtype=np.float32)
+        out = np.zeros((len(images), self.dim), dtype=np.float32)
         for i, img in enumerate(images):
             pil = load_image(img)
             scale = side / max(1, min(pil.size))
@@ -202,8 +200,7 @@ class EfficientNetEncoder:
             x = torch.from_numpy(((arr - INPUT_MEAN) / INPUT_STD).transpose(2, 0, 1)[None].copy())
             x = x.to(self.device, memory_format=torch.channels_last)
             with torch.inference_mode():
-                fmap = self.model_.feature_map(x)
-                out[i] = self.model_.classify_pooled(self.model_.pool(fmap)).softmax(-1)[0].numpy()
+                out[i] = self.model_.pool(self.model_.feature_map(x))[0].float().cpu().numpy()
         return out
 
     def classify(

@@ -308,7 +308,7 @@ class ImageNetConceptModel(PretrainedMixin, nn.Module):
         """P(a person is in the photo) from each photo's best face probability (0: none)."""
         cfg = self.config
         s = np.clip(np.asarray(best, dtype=np.float64), 0.0, 1.0 - 1e-9)
-        z = cfg.face_slope * (_logit(s) - _logit(np.asarray(cfg.face_center)))
+        z = cfg.face_slope * (_logit(np.maximum(s, 1e-12)) - _logit(np.asarray(cfg.face_center)))
         return np.where(s > 0.0, 1.0 / (1.0 + np.exp(-z)), 0.0)
 
     def presence(self, evidence: np.ndarray) -> np.ndarray:
@@ -451,6 +451,67 @@ def imagenet_class_texts() -> tuple[list[str], list[str]]:
     return synonyms, glosses
 
 
+CLASS_TEXTS_FILE = "imagenet-class-texts.safetensors"  # in sparsemm/models/data
+
+
+def class_texts_to_embed() -> list[str]:
+    """Every text the ImageNet concept model embeds: the class synonyms in the term
+    template, then the glosses (what :meth:`ImageNetConceptModel.build` asks for)."""
+    synonyms, glosses = imagenet_class_texts()
+    texts = [TERM_TEMPLATE.format(s) for syn in synonyms for s in split_synonyms(syn)]
+    return texts + list(glosses)
+
+
+class PackagedClassTexts:
+    """The class texts embedded by all-MiniLM-L6-v2 once (``scripts/derive_class_texts.py``)
+    and shipped in the package: an ``encode_text`` that answers those texts (and only them)
+    without loading MiniLM."""
+
+    name = "minilm"
+    dim = 384
+    model_id = "all-MiniLM-L6-v2"
+
+    def __init__(self) -> None:
+        from importlib import resources
+
+        from safetensors import safe_open
+
+        path = resources.files("sparsemm.models").joinpath("data", CLASS_TEXTS_FILE)
+        with resources.as_file(path) as p, safe_open(str(p), framework="numpy") as fh:
+            meta = fh.metadata() or {}
+            emb = fh.get_tensor("embeddings").astype(np.float32)
+        texts = json.loads(meta.get("texts", "[]"))
+        if len(texts) != len(emb) or not np.isfinite(emb).all():
+            raise SparsemmError(f"the packaged {CLASS_TEXTS_FILE} is damaged; reinstall sparsemm")
+        self._rows = {t: i for i, t in enumerate(texts)}
+        self._emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+
+    def covers(self, texts: Sequence[str]) -> bool:
+        return all(t in self._rows for t in texts)
+
+    def encode_text(
+        self,
+        texts: Sequence[str],
+        batch_size: int = 64,
+        normalize: bool = True,
+        progress: bool = False,
+    ) -> np.ndarray:
+        missing = [t for t in texts if t not in self._rows]
+        if missing:
+            raise SparsemmError(f"{missing[0]!r} is not a packaged class text")
+        return self._emb[[self._rows[t] for t in texts]]
+
+
+def packaged_class_texts() -> PackagedClassTexts | None:
+    """The packaged embeddings when they cover this install's class texts, else None."""
+    try:
+        packed = PackagedClassTexts()
+    except (OSError, SparsemmError, ValueError, FileNotFoundError) as exc:
+        log.info("no packaged class-text embeddings (%s)", exc)
+        return None
+    return packed if packed.covers(class_texts_to_embed()) else None
+
+
 def build_imagenet_concepts(
     text_encoder: Any = None, weights: str | Path | None = None, progress: bool = False
 ) -> ImageNetConceptModel:
@@ -464,7 +525,9 @@ def build_imagenet_concepts(
     state = load_state_dict(default_weights_path() if weights is None else weights)
     if "_fc.weight" not in state or "_fc.bias" not in state:
         raise SparsemmError("the EfficientNet weights have no classifier head (_fc)")
-    enc = text_encoder if text_encoder is not None else get_encoder("minilm")
+    enc = text_encoder if text_encoder is not None else packaged_class_texts()
+    if enc is None:
+        enc = get_encoder("minilm")
     synonyms, glosses = imagenet_class_texts()
     model = ImageNetConceptModel.build(
         synonyms,
@@ -624,8 +687,9 @@ def default_cache_dir() -> Path:
 def cached_imagenet_concepts(
     cache_dir: str | Path | None = None, progress: bool = False
 ) -> ImageNetConceptModel:
-    """The default ImageNet concept model, built once (embedding 2,860 class texts takes
-    about a minute on a laptop CPU) and then read from ``cache_dir``."""
+    """The default ImageNet concept model, built once (from the packaged class-text
+    embeddings in a second or two; embedding the 2,860 class texts with MiniLM when they
+    are missing takes about a minute on a laptop CPU) and then read from ``cache_dir``."""
     from sparsemm.models.base import CONFIG_FILE
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -673,15 +737,18 @@ EVIDENCE_TOP = 20  # class probabilities kept per photo
 FACE_MAX_SIDE = 800  # photos are shrunk to this before face detection
 
 
-def evidence_source() -> dict[str, Any]:
-    """What the stored evidence was computed with: evidence from other weights or settings
-    is computed again."""
+def evidence_source(model: ImageNetConceptModel) -> dict[str, Any]:
+    """What the stored evidence was computed with (the model's classifier head, the face
+    detector, the settings): evidence from other weights or settings is computed again."""
+    import hashlib
+
     from sparsemm.encoders.faces import WEIGHTS_SHA256
 
+    head = hashlib.sha256(model.fc_weight.numpy().tobytes() + model.fc_bias.numpy().tobytes())
     return {
-        "classifier": "efficientnet-lite0",
+        "classifier": head.hexdigest()[:16],
         "faces": WEIGHTS_SHA256[:16],
-        "image_size": 224,
+        "image_size": int(model.config.image_size),
         "face_max_side": FACE_MAX_SIDE,
         "top": EVIDENCE_TOP,
     }
@@ -689,14 +756,19 @@ def evidence_source() -> dict[str, Any]:
 
 class EvidenceReader:
     """Computes :class:`PhotoEvidence` from image files: one decode per photo (JPEG
-    draft-decoded near the size needed), the whole-image classifier and the face detector."""
+    draft-decoded near the size needed), the backbone's pooled features of the whole image
+    through ``model``'s classifier head, and the face detector."""
 
-    def __init__(self, classifier: Any = None, faces: Any = None) -> None:
+    def __init__(
+        self, model: ImageNetConceptModel, backbone: Any = None, faces: Any = None
+    ) -> None:
         from sparsemm.encoders.base import get_encoder
         from sparsemm.encoders.faces import FaceDetector
 
-        self.classifier: Any = classifier if classifier is not None else get_encoder("efficientnet")
+        self.model = model
+        self.backbone: Any = backbone if backbone is not None else get_encoder("efficientnet")
         self.faces = faces if faces is not None else FaceDetector(max_side=FACE_MAX_SIDE)
+        self.source = evidence_source(model)
 
     def read(self, images: Sequence[Any], progress: bool = False) -> list[PhotoEvidence]:
         from tqdm.auto import tqdm
@@ -704,9 +776,11 @@ class EvidenceReader:
         from sparsemm.encoders.hf import load_image
 
         out = []
+        side = int(self.model.config.image_size)
         for img in tqdm(list(images), desc="concepts", disable=not progress, unit="img"):
             pil = load_image(img, max_side=FACE_MAX_SIDE)
-            probs = self.classifier.predict_proba_full([pil])[0]
+            pooled = self.backbone.pooled_full([pil], side=side)
+            probs = self.model.class_probabilities(pooled)[0]
             top = np.argsort(-probs, kind="stable")[:EVIDENCE_TOP]
             faces = tuple(round(f.score, 6) for f in self.faces.detect(pil))
             out.append(
@@ -715,9 +789,9 @@ class EvidenceReader:
         return out
 
 
-def read_evidence(collection_root: str | Path) -> dict[str, PhotoEvidence]:
+def read_evidence(collection_root: str | Path, source: dict[str, Any]) -> dict[str, PhotoEvidence]:
     """The photo evidence recorded for a collection's images (empty when none, or when it
-    was computed with other weights or settings)."""
+    was computed with other weights or settings than ``source``)."""
     from sparsemm.io import read_json
 
     path = Path(collection_root) / NORMS_DIR / EVIDENCE_FILE
@@ -725,13 +799,13 @@ def read_evidence(collection_root: str | Path) -> dict[str, PhotoEvidence]:
         return {}
     try:
         data = read_json(path)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+    except (SparsemmError, ValueError, UnicodeDecodeError, RecursionError) as exc:
         log.warning("%s is unreadable (%s); the evidence will be computed again", path, exc)
         return {}
     if not isinstance(data, dict) or data.get("format") != EVIDENCE_FORMAT:
         log.warning("%s is malformed; the evidence will be computed again", path)
         return {}
-    if data.get("source") != evidence_source():
+    if data.get("source") != source:
         return {}
     out: dict[str, PhotoEvidence] = {}
     items = data.get("items")
@@ -743,14 +817,16 @@ def read_evidence(collection_root: str | Path) -> dict[str, PhotoEvidence]:
     return out
 
 
-def record_evidence(collection_root: str | Path, fresh: dict[str, PhotoEvidence]) -> None:
+def record_evidence(
+    collection_root: str | Path, fresh: dict[str, PhotoEvidence], source: dict[str, Any]
+) -> None:
     """Merge ``fresh`` into the collection's evidence (atomic write); entries of image
     versions the collection no longer holds are dropped."""
     from sparsemm.data.collection import open_collection
     from sparsemm.io import write_json
 
     root = Path(collection_root)
-    merged = {**read_evidence(root), **fresh}
+    merged = {**read_evidence(root, source), **fresh}
     live: set[str] = set()
     for it in open_collection(root, verify=False).items:
         if it.get("image"):
@@ -764,17 +840,17 @@ def record_evidence(collection_root: str | Path, fresh: dict[str, PhotoEvidence]
         {
             "format": EVIDENCE_FORMAT,
             "version": 1,
-            "source": evidence_source(),
+            "source": source,
             "items": {k: v.to_json() for k, v in sorted(merged.items()) if k in live},
         },
     )
 
 
 def photo_evidence(
-    collection: Any, reader: EvidenceReader | None = None, progress: bool = False
+    collection: Any, reader: EvidenceReader, progress: bool = False
 ) -> list[PhotoEvidence]:
-    """The evidence of every item of a collection of photos, computed for the images that
-    have none recorded yet (and recorded)."""
+    """The evidence of every item of a collection of photos, computed with ``reader`` for
+    the images that have none recorded yet (and recorded)."""
     if collection.manifest.get("image_kind") != "pixels":
         raise SparsemmError(
             f"the photo concept model reads images, but {collection.root} holds "
@@ -786,16 +862,15 @@ def photo_evidence(
         if not it.get("image"):
             raise SparsemmError(f"item {it['id']!r} of {collection.root} has no image path")
         keys.append(image_key(it["image"]))
-    known = read_evidence(collection.root)
+    known = read_evidence(collection.root, reader.source)
     missing = [i for i, k in enumerate(keys) if k not in known]
     if missing:
-        reader = reader or EvidenceReader()
         log.info("reading concepts in %d photos", len(missing))
         got = reader.read([collection.items[i]["image"] for i in missing], progress=progress)
         fresh = {keys[i]: ev for i, ev in zip(missing, got, strict=True)}
         known.update(fresh)
         try:
-            record_evidence(collection.root, fresh)
+            record_evidence(collection.root, fresh, reader.source)
         except OSError as exc:  # a read-only collection still gets its codes
             log.warning("could not record the photo evidence in %s (%s)", collection.root, exc)
     return [known[k] for k in keys]

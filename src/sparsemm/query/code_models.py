@@ -211,7 +211,7 @@ class ConceptCodeModel:
         from sparsemm.models.concepts import EvidenceReader
 
         if self._reader is None:
-            self._reader = EvidenceReader()
+            self._reader = EvidenceReader(self.model)
         return self._reader
 
     def encode_query_images(self, images: Sequence[Any], image_encoder: Any) -> sp.csr_matrix:
@@ -222,7 +222,7 @@ class ConceptCodeModel:
             from sparsemm.models.concepts import EvidenceReader
 
             if self._reader is None:
-                self._reader = EvidenceReader(classifier=image_encoder)
+                self._reader = EvidenceReader(self.model, backbone=image_encoder)
             return self.model.codes_from_evidence(self._reader.read(list(images)), self.top_k)
         raw = image_encoder.encode_image(list(images), normalize=False)
         return self.model.encode_pooled(np.asarray(raw, dtype=np.float32), self.top_k)
