@@ -60,6 +60,7 @@ OVERRIDES: dict[str, str] = {
     "guys": "man",
     "motorbike": "motorcycle",
     "motorbikes": "motorcycle",
+    "electronics": "electronic device",  # the devices, not the branch of physics
 }
 # Readings WordNet offers that a photo search should not take: (word, wnid of the sense).
 # "galaxy" is also a rare name of the plant galax; a "plant" in a photo is rarely a factory.
@@ -198,6 +199,14 @@ class ConceptVocabulary:
         imply it or something below it (their implied weight)."""
         return dict(self._under.get(synset, {}))
 
+    def _at(self, synset: int) -> list[int]:
+        """Units placed exactly at ``synset``."""
+        return [
+            u
+            for u, w in self._under.get(synset, {}).items()
+            if w >= 1.0 and synset in self.synsets[u]
+        ]
+
     def physical(self, synset: int) -> bool:
         return self._physical is not None and (
             synset == self._physical or self._physical in self.wn.ancestors(synset)
@@ -219,7 +228,14 @@ class ConceptVocabulary:
         if not key:
             return None
         senses = self._senses(key)
-        for s in senses:
+        # a sense that has a unit made for this very word comes first ("cutlery": the
+        # eating utensils a detector was fitted for, before the cutting tools)
+        named = [
+            s
+            for s in senses
+            if any(normalise(self.names[u]) in (key, OVERRIDES.get(key, key)) for u in self._at(s))
+        ]
+        for s in [*named, *(x for x in senses if x not in named)]:
             units = self.covering(s)
             if not units:
                 continue
@@ -233,9 +249,9 @@ class ConceptVocabulary:
                 shown = ", ".join(self.names[u] for u, _ in sorted(units.items(), key=_by_w)[:3])
                 note = f"{word!r} is judged from what implies it ({shown}, ...)"
             return Concept(word, label, _sorted(units), how, s, note)
-        named = self._by_name.get(key) or self._by_name.get(OVERRIDES.get(key, key))
-        if named:  # a unit whose word WordNet does not know
-            return Concept(word, self.names[named[0]], tuple((u, 1.0) for u in named), "name")
+        by_name = self._by_name.get(key) or self._by_name.get(OVERRIDES.get(key, key))
+        if by_name:  # a unit whose word WordNet does not know
+            return Concept(word, self.names[by_name[0]], tuple((u, 1.0) for u in by_name), "name")
         for s in senses[:1]:  # a stand-in hypernym of the main sense (a woman -> person)
             for p in sorted(self._stand_ins):
                 steps = self.wn.distance(s, p)
@@ -299,26 +315,48 @@ class ConceptVocabulary:
         "a photo with a couch and a chair"): every word is a stop, filler or presence word
         or part of a noun with a reading. None when some word is not (a description such as
         "a man making pizza" is not a list of things)."""
-        words = [w for w in re.findall(r"[a-z0-9][a-z0-9'\-]*", normalise(term))]
-        words = [w for w in words if w not in STOP and w not in PRESENCE and w not in FILLER]
-        concepts: list[Concept] = []
-        i = 0
-        while i < len(words):
-            for n in (3, 2, 1):
-                if i + n > len(words):
-                    continue
-                chunk = " ".join(words[i : i + n])
-                c = self.read_noun(chunk)
-                if c is not None and c.how != "broader":
-                    concepts.append(c)
-                    i += n
-                    break
+        tokens = re.findall(r"[a-z0-9][a-z0-9'\-]*", normalise(term))
+        # runs of content words: a multi-word name never spans a dropped word ("a couch
+        # and a chair" is not the pair "couch chair")
+        runs: list[list[str]] = [[]]
+        for w in tokens:
+            if w in STOP or w in PRESENCE or w in FILLER:
+                runs.append([])
             else:
-                return None
+                runs[-1].append(w)
+        concepts: list[Concept] = []
+        for words in runs:
+            i = 0
+            while i < len(words):
+                for n in (3, 2, 1):
+                    if i + n > len(words):
+                        continue
+                    chunk = " ".join(words[i : i + n])
+                    if not self._names_a_thing(chunk):
+                        continue
+                    c = self.read_noun(chunk)
+                    if c is not None and c.how != "broader":
+                        concepts.append(c)
+                        i += n
+                        break
+                else:
+                    return None
         if not concepts:
             return None
         unique = {c.units: c for c in concepts}
         return Reading(term, tuple(unique.values()))
+
+    def _names_a_thing(self, chunk: str) -> bool:
+        """Whether a word is mainly a thing: its most frequent noun sense is physical ("dog",
+        "glass"), not an act ("making") or a time; or it names a unit WordNet lacks that
+        still has a place in the hierarchy ("sports ball", not a caption bigram such as
+        "men standing")."""
+        key = normalise(chunk)
+        key = OVERRIDES.get(key, key)
+        senses = [s for s in self.wn.lookup(key) if (key, self.wn.wnid(s)) not in BLOCKED]
+        if not senses:  # a unit WordNet lacks, placed in the hierarchy ("sports ball")
+            return any(self.synsets[u] for u in self._by_name.get(key, ()))
+        return self.physical(senses[0])
 
     def refusal(self, term: str) -> str:
         near = self.suggest(term)

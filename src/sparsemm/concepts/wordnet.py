@@ -24,6 +24,9 @@ from sparsemm.errors import SparsemmError
 
 DATA_FILE = "wordnet-nouns.json.gz"
 FORMAT = "sparsemm.wordnet-nouns"
+# Is-a edges sparsemm adds to WordNet 3.0, where everyday usage and WordNet disagree:
+# WordNet files buses and trains under "public transport", a conveyance, not a vehicle.
+EXTRA_PARENTS = {"n04019101": ("n04524313",)}  # public transport -> vehicle
 
 # WordNet's noun detachment rules (morphy): suffix -> replacement, tried in this order
 _NOUN_RULES = (
@@ -92,6 +95,11 @@ class WordNet:
         self._senses: dict[str, list[int]] = data["senses"]
         self._children: list[tuple[int, ...]] | None = None
         self._by_wnid: dict[str, int] | None = None
+        for child, extra in EXTRA_PARENTS.items():
+            c = self.by_wnid(child)
+            ps = [p for p in (self.by_wnid(w) for w in extra) if p is not None]
+            if c is not None:
+                self.parents[c] = list(dict.fromkeys([*self.parents[c], *ps]))
 
     def __len__(self) -> int:
         return len(self.offsets)

@@ -167,7 +167,9 @@ class ClipConceptModel(PretrainedMixin, nn.Module):
             scale, bias = own
         else:
             codes = model.encode_images(img)
-            scale, bias = fit_temperature(normalize_rows(img) @ emb.T, codes)
+            own_scale = getattr(getattr(encoder, "model_", None), "logit_scale", None)
+            fallback = float(own_scale.detach().exp()) if own_scale is not None else 100.0
+            scale, bias = fit_temperature(normalize_rows(img) @ emb.T, codes, fallback)
         import dataclasses
 
         model.config = dataclasses.replace(model.config, scale=float(scale), bias=float(bias))
@@ -214,11 +216,16 @@ class ClipConceptModel(PretrainedMixin, nn.Module):
         )
 
 
-def fit_temperature(cosines: np.ndarray, codes: sp.csr_matrix) -> tuple[float, float]:
+def fit_temperature(
+    cosines: np.ndarray, codes: sp.csr_matrix, fallback_scale: float = 100.0
+) -> tuple[float, float]:
     """(scale, bias) of P(present) = sigmoid(scale cos + bias), fitted by logistic
     regression of "the concept is in the image's SpLiCE code" on the zero-shot cosine over
-    every (image, concept) pair of ``cosines`` (n, V); the pairs are weighted so that the
-    present and the absent ones count as much (a concept is in few codes)."""
+    every (image, concept) pair of ``cosines`` (n, V) (the absent pairs subsampled, then
+    the bias corrected back to their share). When the cosine says nothing about the codes
+    (a fitted scale <= 0: too few images, or an untrained model) the scale is
+    ``fallback_scale`` (CLIP's own logit scale) and only the bias is fitted, to the share
+    of present pairs."""
     from sparsemm.train.detectors import fit_logistic
 
     y = np.asarray(sp.csr_matrix(codes).toarray() > 0, dtype=np.float64).ravel()
@@ -234,8 +241,15 @@ def fit_temperature(cosines: np.ndarray, codes: sp.csr_matrix) -> tuple[float, f
     (a,), b = fit_logistic(x[idx, None], y[idx])
     # undo the subsampling of the absent pairs: prior odds back to the full set
     b += float(np.log(len(neg) / max(1, int((y == 0).sum()))))
-    if not a > 0:
-        raise SparsemmError("the zero-shot temperature fit did not converge (scale <= 0)")
+    if not (np.isfinite(a) and a > 0 and np.isfinite(b)):
+        log.warning(
+            "the zero-shot cosines do not follow the concept codes; keeping the scale %.0f "
+            "and fitting the bias to the share of present concepts",
+            fallback_scale,
+        )
+        share = float(y.mean())
+        a = fallback_scale
+        b = float(np.log(share / (1.0 - share)) - a * x.mean())
     return float(a), float(b)
 
 

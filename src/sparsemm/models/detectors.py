@@ -162,6 +162,10 @@ class ConceptDetectors:
         j = self.lookup(term)
         if j is None:
             raise SparsemmError(f"{term!r} has no detector in this model")
+        return self.column_at(j)
+
+    def column_at(self, j: int) -> tuple[np.ndarray, float, float]:
+        """(weights (d,) already times ``scale``, bias, rate) of the ``j``-th term."""
         return self.weights[:, j] * self.config.scale, float(self.bias[j]), float(self.rate[j])
 
     # -- files ---------------------------------------------------------------------------

@@ -50,6 +50,7 @@ from sparsemm.query.strategies import (
     get_spec,
     get_strategy,
 )
+from sparsemm.query.strategies.match import LIKE_PREFIX
 from sparsemm.query.two_stage import (
     ServedResult,
     count_matches,
@@ -811,7 +812,7 @@ class Searcher:
         elif isinstance(scorer, DetectorScorer):
             for c in reading.concepts:
                 for u, _ in c.units[:8]:
-                    w, _, _ = scorer.detectors.column(scorer.detectors.terms[u])
+                    w, _, _ = scorer.detectors.column_at(u)
                     weight = np.maximum(weight, np.asarray(w, dtype=np.float64))
         else:
             for c in reading.concepts:
@@ -1076,7 +1077,7 @@ class Searcher:
         label, code = self.like_code(like)
         if not np.any(code):
             raise SparsemmError(f"the {label} has an empty code: nothing to search like it")
-        term = f"like: {label}"
+        term = f"{LIKE_PREFIX}{label}"
         ctxs = [c for c in (self.text_context, self._ctx) if c is not None]
         for ctx in ctxs:
             ctx.pin_query_code(term, code)

@@ -461,6 +461,10 @@ def served_match(
                     plist.exact(source)
                 rounds -= 1
                 continue
+        if not certified and n >= len(source):
+            # every row was asked for and some were not returned (a store leaves out rows
+            # with no positive score), yet they may still score: a scan is exact
+            return scan_rank(source, ctx, query, "match", k, offset, **params)
         if certified or last:
             top = top[offset:]
             searches = sum(p.searches for p in lists)
@@ -470,6 +474,28 @@ def served_match(
         n = min(n * 4, max_candidates)
         if n * SCAN_SHARE >= len(source):
             return scan_rank(source, ctx, query, "match", k, offset, **params)
+
+
+def _match_bound(strat: Any, ctx: ExclusionContext, query: Query) -> Any:
+    """The include term whose probability bound reads the fewest lists (None: none has a
+    bound, or nothing is included). A "more like this" picture is bounded by its code
+    similarity, linear in unit codes (SR); the photo model's codes are not unit-length."""
+    from sparsemm.query.scorers import TermBound, unit_codes_scorer
+
+    best = None
+    for t in query.include:
+        reading = strat.reading(t)
+        if reading.kind == "like":
+            if not unit_codes_scorer(strat.scorer):
+                continue
+            q = np.asarray(ctx.term_code(t), dtype=np.float64)
+            q = np.maximum(q / max(float(np.linalg.norm(q)), 1e-12), 0.0)
+            b = TermBound((q,), lambda s: min(1.0, max(0.0, s[0])))
+        else:
+            b = strat.scorer.bound(reading, ctx)
+        if b is not None and b.weights and (best is None or len(b.weights) < len(best.weights)):
+            best = b
+    return best
 
 
 def count_matches(

@@ -189,7 +189,7 @@ class HierarchyTargets:
         names: set[str] = set(terms)
         kept = []
         for name, a, n in out:
-            if name not in names:
+            if name not in names and term_tokens(name):  # not a bare stop word ("other")
                 names.add(name)
                 kept.append((name, a, n))
         return kept[:max_new]

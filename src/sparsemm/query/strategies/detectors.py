@@ -405,8 +405,8 @@ register_strategy(
 register_strategy(
     "hybrid",
     Hybrid,
-    "sparse (default): alpha cos(code(include), x) + detectors where a term has one; "
-    "excluded terms by detector absence, else code arithmetic",
+    "sparse (the default before match): alpha cos(code(include), x) + detectors where a "
+    "term has one; excluded terms by detector absence, else code arithmetic",
 )
 register_strategy(
     "detector",

@@ -14,7 +14,8 @@ Scores are probabilities, comparable across queries: a page can say "92% match",
 items above a threshold and count them. The ranking is by the match probability at a
 resolution of ``resolution`` (1%: what is shown), and code similarity of the include text
 only breaks ties within it. With something included, an item with P(match) = 0 (the photo
-model saw none of it) is not a match and is left out.
+model saw none of it) is not a match and is left out. A "more like this" picture stands in
+for the included terms with its code similarity (the share of its concepts an item has).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from sparsemm.query.strategies.base import Strategy
 from sparsemm.query.strategies.context import ExclusionContext
 from sparsemm.query.strategies.registry import register_strategy
 
+LIKE_PREFIX = "like: "  # the pseudo-term of a "more like this" picture (Searcher.like_term)
+
 
 class Match(Strategy):
     """P(match | x) from calibrated term probabilities (see the module docstring)."""
@@ -39,6 +42,7 @@ class Match(Strategy):
     requires: ClassVar[tuple[str, ...]] = ("codes",)
     probabilistic: ClassVar[bool] = True  # scores are P(match), in [0, 1]
     overlap_rule: ClassVar[bool] = False  # rank_query need not drop disjoint items
+    needs_concepts: ClassVar[bool] = True  # a model's term scorer or detectors
     params: ClassVar[dict[str, Any]] = {"resolution": 0.01}
 
     def __init__(self, ctx: ExclusionContext, **params: Any) -> None:
@@ -58,7 +62,11 @@ class Match(Strategy):
 
     # -- terms -----------------------------------------------------------------------------
     def reading(self, term: str) -> TermReading:
-        """How the model reads ``term`` (cached); UnknownTerm when it cannot."""
+        """How the model reads ``term`` (cached); UnknownTerm when it cannot. A "more like
+        this" picture's pseudo-term (``like: ...``, its code pinned in the context) is read
+        as the picture itself: its probability is the code similarity."""
+        if term.startswith(LIKE_PREFIX):
+            return TermReading(term, "like", (), (), "picture similarity")
         key = ("match_reading", term)
         hit = self.ctx.cache.get(key)
         if hit is None:
@@ -72,8 +80,13 @@ class Match(Strategy):
         key = ("match_p", term)
         hit = self.ctx.cache.get(key)
         if hit is None:
-            hit = np.clip(self.scorer.probability(self.reading(term), self.ctx), 0.0, 1.0)
-            self.ctx.cache[key] = hit
+            reading = self.reading(term)
+            if reading.kind == "like":  # how much of the picture's code the item shares
+                hit = np.clip(self.similarity(term), 0.0, 1.0)
+            else:
+                hit = np.clip(self.scorer.probability(reading, self.ctx), 0.0, 1.0)
+            if not term.startswith(LIKE_PREFIX):  # a pinned code changes between queries
+                self.ctx.cache[key] = hit
         out: np.ndarray = hit
         return out
 
