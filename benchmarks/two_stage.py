@@ -41,7 +41,7 @@ from sparsemm.query.parse import parse_query
 from sparsemm.query.rank import rank_query
 from sparsemm.query.searcher import Searcher
 from sparsemm.query.strategies import ExclusionContext
-from sparsemm.query.two_stage import served_rank
+from sparsemm.query.two_stage import served_match, served_rank
 
 
 class _Resampled:
@@ -80,10 +80,16 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scale", type=int, default=0, help="synthetic collection of this size")
     ap.add_argument("--candidates", type=int, default=256, help="first pool per list")
+    ap.add_argument(
+        "--strategy",
+        default=None,
+        help="the served scorer timed (default: the model's, match; hybrid: the older one)",
+    )
     args = ap.parse_args()
     s = Searcher(args.collection)
-    if not s.served("hybrid"):
-        raise SystemExit("the collection's model has no detectors: `sparsemm train detectors`")
+    strategy = args.strategy or s.default_strategy
+    if not s.served(strategy):
+        raise SystemExit(f"{strategy} is not served through the index for this collection")
     rng = np.random.default_rng(args.seed)
     labels = sorted({lab for it in s.collection.items for lab in it.get("labels") or []})
     codes = s.codes
@@ -107,6 +113,7 @@ def main() -> None:
         text_encoder=text.text_encoder,
         query_coder=text.query_coder,
         detectors=text.detectors,
+        concepts=text.concepts,
     )
     full._emb, full._code = text._emb, text._code
     n = len(index)
@@ -121,7 +128,7 @@ def main() -> None:
             rows = [json.loads(line)["text"] for line in fh]
         texts["sentences"] = [rows[i] for i in rng.permutation(len(rows))[: args.queries]]
     head = f"{'queries':>12} {'mode':>22} {'recall@10':>10} {'certified':>10} {'pool':>7}"
-    print(f"{head} {'p50 ms':>8} {'p90 ms':>8} {'searches':>9}")
+    print(f"{strategy}: {head} {'p50 ms':>8} {'p90 ms':>8} {'searches':>9}")
     for kind, qs in texts.items():
         parsed = [parse_query(t) for t in qs]
         for q in parsed:  # text codes cached: brute force and retrieval time scoring alone
@@ -130,7 +137,7 @@ def main() -> None:
         for q in parsed:
             full.cache.clear()  # per-item arrays are not reused across queries
             t0 = time.perf_counter()
-            truth.append(rank_query(full, q, "hybrid", k=10)[0].tolist())
+            truth.append(rank_query(full, q, strategy, k=10)[0].tolist())
             bt.append((time.perf_counter() - t0) * 1000)
         p50, p90 = _pcts(bt)
         print(
@@ -139,7 +146,10 @@ def main() -> None:
         rec, cert, pool, st, nsearch = [], [], [], [], []
         for q, want in zip(parsed, truth, strict=True):
             t0 = time.perf_counter()
-            res = served_rank(index, text, q, k=10, candidates=args.candidates)
+            if strategy == "match":
+                res = served_match(index, text, q, k=10, candidates=args.candidates)
+            else:
+                res = served_rank(index, text, q, strategy, k=10, candidates=args.candidates)
             st.append((time.perf_counter() - t0) * 1000)
             rec.append(len(set(res.rows.tolist()) & set(want)) / max(len(want), 1))
             cert.append(res.certified)
@@ -154,7 +164,7 @@ def main() -> None:
         for t, want in zip(qs, truth, strict=True):
             s.clear_text_caches()  # never-seen text: encoding is part of the time
             t0 = time.perf_counter()
-            hits = s.search(t, k=10)
+            hits = s.search(t, k=10, strategy=strategy)
             et.append((time.perf_counter() - t0) * 1000)
             rec.append(len({h.row for h in hits} & set(want)) / max(len(want), 1))
         p50, p90 = _pcts(et)

@@ -257,3 +257,70 @@ def fashion_collection(tmp_path: Path) -> Path:
     col = keyword_collection(tmp_path / "collection", FashionWords(), FASHION_ITEMS)
     sparsemm.build_index(col, identity_sr(tmp_path / "sr", len(FASHION_WORDS)))
     return col
+
+
+TINY_CLIP_WORDS = (
+    "[PAD] [UNK] [CLS] [SEP] a photo of cat dog red blue car tree on the person bus tabby".split()
+)
+
+
+def tiny_clip(folder: Path, kind: str = "clip", proj: int = 24, seed: int = 0) -> Path:
+    """A randomly initialised CLIP (or SigLIP) with a word-level tokenizer and an image
+    processor, saved to ``folder`` like a hub checkpoint (loads with ``from_pretrained``)."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = {w: i for i, w in enumerate(TINY_CLIP_WORDS)}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tk.normalizer = normalizers.Lowercase()
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tk.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    tk.save(str(folder / "tokenizer-src.json"))
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(folder / "tokenizer-src.json"),
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        model_max_length=16,
+    )
+    text = dict(
+        vocab_size=len(TINY_CLIP_WORDS),
+        hidden_size=proj if kind == "siglip" else 32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=16,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
+    vision = dict(
+        hidden_size=proj if kind == "siglip" else 32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=8,
+    )
+    torch.manual_seed(seed)
+    if kind == "siglip":
+        model = transformers.SiglipModel(
+            transformers.SiglipConfig(text_config=text, vision_config=vision)
+        )
+        ip = transformers.SiglipImageProcessor(size={"height": 32, "width": 32})
+    else:
+        model = transformers.CLIPModel(
+            transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=proj)
+        )
+        ip = transformers.CLIPImageProcessor(
+            size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
+        )
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    ip.save_pretrained(folder)
+    return folder

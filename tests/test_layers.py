@@ -12,7 +12,17 @@ import sparsemm
 
 SRC = Path(sparsemm.__file__).resolve().parent
 BOTTOM = ("errors", "linalg", "lru", "runtime")
-LIBRARY = ("encoders", "words", "data", "models", "train", "index", "query", "baselines")
+LIBRARY = (
+    "concepts",
+    "encoders",
+    "words",
+    "data",
+    "models",
+    "train",
+    "index",
+    "query",
+    "baselines",
+)
 ABOVE = ("eval", "cli", "web", "viz")
 
 

@@ -39,7 +39,7 @@ from sparsemm_experiments.sr_coco import ProxyRunConfig, prepare_spine, save_wit
 
 log = logging.getLogger(__name__)
 
-HEADLINE = ("avg_emb_0.5", "dense_detector", "code_arith", "detector", "hybrid")
+HEADLINE = ("avg_emb_0.5", "dense_detector", "code_arith", "detector", "hybrid", "match")
 DEMO_QUERIES = (
     "sneaker but not bag",
     "dress but not sandal",

@@ -21,6 +21,7 @@ from sparsemm.models.concepts import ImageNetConceptModel
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 CLASSES = ["tabby, tabby cat", "coffee mug", "space shuttle"]
+WNIDS = ["n02123045", "n03063599", "n04266014"]
 
 
 class _FakeMiniLM:
@@ -47,12 +48,15 @@ def model_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         rng.normal(size=(3, 1280)).astype(np.float32) * 0.1,
         rng.normal(size=3).astype(np.float32),
         _FakeMiniLM(),
+        version=2,
+        face_unit=True,
+        class_wnids=WNIDS,
     )
     model.training_info = {
         "image_encoder": {"name": "efficientnet", "dim": 1280, "model": "efficientnet-lite0"},
         "text_encoder": minilm_info(),
     }
-    model.save_pretrained(cache / "imagenet-concepts-v1")
+    model.save_pretrained(cache / "imagenet-concepts-v2")
     return cache
 
 
@@ -222,7 +226,7 @@ def test_a_busy_port_is_one_error_line(
 def test_a_model_for_other_encoders_is_refused_before_encoding(
     tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    other = ImageNetConceptModel.from_pretrained(model_cache / "imagenet-concepts-v1")
+    other = ImageNetConceptModel.from_pretrained(model_cache / "imagenet-concepts-v2")
     other.training_info = {"image_encoder": {"name": "clip", "dim": 512}}
     other.save_pretrained(tmp_path / "clip-model")
     photos = tmp_path / "photos"
@@ -251,8 +255,8 @@ def test_image_queries_on_a_captionless_concept_collection(
     index = InvertedIndex.open(out / "collection" / "index")
     for row, name in enumerate(["p0.png", "p1.png", "p2.png"]):
         code = searcher.image_code(photos / name)
-        stored = index.codes(np.array([row])).toarray()[0]  # the index keeps unit rows
-        np.testing.assert_allclose(code / np.linalg.norm(code), stored, rtol=1e-5, atol=1e-7)
+        stored = index.codes(np.array([row])).toarray()[0]  # the photo model's probabilities
+        np.testing.assert_allclose(code, stored, rtol=1e-5, atol=1e-7)
     # a class name is a word the searcher knows, even where no caption or encoder has it
     assert searcher.unknown_words("zorbulator") == ["zorbulator"]
     searcher._seen_words = None

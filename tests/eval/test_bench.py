@@ -93,6 +93,11 @@ def fixture(tmp_path_factory):
         SRTrainConfig(epochs=2, batch_size=32),
         progress=False,
     )
+    from sparsemm.models.detectors import DetectorConfig
+    from sparsemm.train.detectors import fit_model_detectors
+
+    # the detectors `sparsemm train sr` saves with a model (the match scorer reads them)
+    fit_model_detectors(model, root / "sr", col, "train", DetectorConfig(min_mentions=2))
     return root, col, model, vectors
 
 

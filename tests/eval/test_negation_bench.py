@@ -70,8 +70,12 @@ def trained(tmp_path_factory):
     col = _collection(root / "collection")
     image, text, pair_item, bias = sr_pairs_from_collection(col, col.split_mask("train"), None)
     cfg = SRConfig(text_dim=image.shape[1], image_dim=image.shape[1], latent_dim=24, top_k=6)
-    train_sr(image, text, pair_item, bias, cfg, root / "sr", SRTrainConfig(epochs=2),
-             progress=False)  # fmt: skip
+    model, _ = train_sr(image, text, pair_item, bias, cfg, root / "sr", SRTrainConfig(epochs=2),
+                        progress=False)  # fmt: skip
+    from sparsemm.models.detectors import DetectorConfig
+    from sparsemm.train.detectors import fit_model_detectors
+
+    fit_model_detectors(model, root / "sr", col, "train", DetectorConfig(min_mentions=2))
     return root
 
 
@@ -79,7 +83,7 @@ def test_cli_quick(trained, capsys) -> None:
     out = trained / "report"
     argv = ["bench", "negation", "--collection", str(trained / "collection")]
     argv += ["--sr", str(trained / "sr"), "-o", str(out), "--quick", "--tune"]
-    argv += ["--methods", "hybrid", "dense_a", "code_arith", "avg_emb_0.5"]
+    argv += ["--methods", "match", "hybrid", "dense_a", "code_arith", "avg_emb_0.5"]
     assert _run_cli(argv) == 0
     printed = capsys.readouterr().out
     assert "held-out families" in printed and "parse exact match" in printed
@@ -89,7 +93,7 @@ def test_cli_quick(trained, capsys) -> None:
     assert {DENSE_RAW, DENSE_CAPTION, SERVED, "parse + hybrid"} <= set(means)
     for row in means.values():
         assert 0.0 <= row["recall@1"] <= row["recall@5"] <= row["recall@10"] <= 1.0
-    assert means[SERVED] == means["parse + hybrid"]
+    assert means[SERVED] == means["parse + match"]
     assert metrics["parse"]["exact_match"]["all"] >= 0.9
     assert metrics["tuning"]["chosen"] and metrics["tuning"]["grid"]
     lines = (out / "queries.jsonl").read_text().splitlines()
@@ -104,6 +108,7 @@ def test_cli_ranking_equals_benchmark_ranking(trained, capsys) -> None:
     from test_bench import KeywordEncoder
 
     from sparsemm.data.collection import open_collection
+    from sparsemm.models.detectors import ConceptDetectors
     from sparsemm.models.sr import SRModel
 
     col_dir = trained / "collection"
@@ -119,10 +124,11 @@ def test_cli_ranking_equals_benchmark_ranking(trained, capsys) -> None:
         KeywordEncoder(),
         sr_query_coder(model),
         ReferenceSet(captions, col.image_embeddings(), codes),
+        detectors=ConceptDetectors.for_model(trained / "sr"),
     )
     for text in ("a dog in the park, but there is no cat in sight", "dog but not car", "no tree"):
         assert main(["search", str(col_dir), text, "-k", "5", "--json"]) == 0
         served = [h["id"] for h in json.loads(capsys.readouterr().out)["hits"]]
-        rows, _ = rank_query(ctx, parse_query(text), "hybrid", k=5)
+        rows, _ = rank_query(ctx, parse_query(text), "match", k=5)
         assert served == [col.ids[int(r)] for r in rows]
         assert np.all(np.diff(_) <= 1e-9)

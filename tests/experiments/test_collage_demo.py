@@ -66,7 +66,7 @@ def test_demo_collages_end_to_end(
     html = (out / "report" / "index.html").read_text()
     for q in ("sneaker but not bag", "dress but not sandal"):
         assert q in html
-    assert "dense: avg_emb_0.5" in html and "SR: hybrid" in html
+    assert "dense: avg_emb_0.5" in html and "SR: match" in html
     assert "dense: slq" in html  # the dense single-line query, next to the served default
     assert '<dl class="legend">' in html and "SR model sr, dimension " in html
     metrics = json.loads((out / "bench" / "metrics.json").read_text())

@@ -215,8 +215,8 @@ def test_cli_index_and_search_on_qdrant(tmp_path: Path, capsys: Any, monkeypatch
     for extra in (["--engine", "index"], [*qd, "--strategy", "filter"], [], qd):
         assert main(["search", str(col), "dog but not cat", "-k", "5", "--json", *extra]) == 0
         outs.append(capsys.readouterr().out)
-    # the hard filter, and the served default (hybrid), give the same hits from Qdrant
+    # the hard filter, and the served default (match), give the same hits from Qdrant
     assert outs[0] == outs[1] and '"d1"' in outs[0] and '"dc1"' not in outs[0]
-    assert outs[2] == outs[3] and '"hybrid"' in outs[2] and '"d1"' in outs[2]
+    assert outs[2] == outs[3] and '"match"' in outs[2] and '"d1"' in outs[2]
     assert main(["search", str(col), "dog", *qd, "--strategy", "penalty"]) == 2
-    assert "--backend qdrant serves the default (hybrid" in capsys.readouterr().err
+    assert "--backend qdrant serves the default (match" in capsys.readouterr().err

@@ -73,5 +73,5 @@ def test_cli_index_vdr_and_errors(proxy: tuple[Path, Path], tmp_path: Path, caps
     with pytest.raises(SparsemmError, match="not a saved model"):
         load_code_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "lexlip"}))
-    with pytest.raises(SparsemmError, match="serves imagenet_concepts, sr, vdr"):
+    with pytest.raises(SparsemmError, match="serves clip_concepts, imagenet_concepts, sr, vdr"):
         load_code_model(tmp_path)

@@ -367,6 +367,6 @@ def test_why_panel_never_contradicts_the_labels(tmp_path: Path) -> None:
 def test_method_legend_names_every_strategy() -> None:
     from sparsemm_experiments.demo_report import method_legend
 
-    legend = method_legend(["slq", "hybrid", "avg_emb_0.5", "not-a-strategy", "slq"])
-    assert list(legend) == ["slq", "hybrid", "avg_emb_0.5"]
-    assert "served default" in legend["hybrid"] and "without" in legend["slq"]
+    legend = method_legend(["slq", "match", "avg_emb_0.5", "not-a-strategy", "slq"])
+    assert list(legend) == ["slq", "match", "avg_emb_0.5"]
+    assert "served default" in legend["match"] and "without" in legend["slq"]

@@ -449,6 +449,11 @@ def run_exclusion_bench(
         if dropped:
             logger.warning("no sparse model given: skipping %s", ", ".join(dropped))
         methods = [m for m in methods if m not in dropped]
+    if detectors is None:
+        no_model = [m for m in methods if getattr(get_spec(m).cls, "needs_concepts", False)]
+        if no_model:
+            logger.warning("the model has no concept detectors: skipping %s", ", ".join(no_model))
+            methods = [m for m in methods if m not in no_model]
     if not methods:
         raise SparsemmError("no strategy left to run; pass a sparse model (--sr) or dense methods")
 

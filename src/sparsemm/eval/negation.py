@@ -517,6 +517,8 @@ def run_negation_bench(
         get_spec(m)
     if item_coder is None or query_coder is None:
         methods = [m for m in methods if get_spec(m).kind != "sparse"]
+    if detectors is None:  # the match scorer reads the model's detectors
+        methods = [m for m in methods if not getattr(get_spec(m).cls, "needs_concepts", False)]
     captions = _captions_by_item(collection)
     dense_all = collection.image_embeddings() if dense_items is None else dense_items
 

@@ -327,7 +327,9 @@
       const matches = data.matches === null || data.matches === undefined ? "" :
         ` · ${data.matches} of ${data.total} items match at ${Math.round(100 * data.threshold)}% or more`;
       statusLine.textContent = n
-        ? `Showing ${n} for ${describe(data.query)}` + (data.probabilistic ? "" : ` of ${of}`) +
+        ? (data.probabilistic
+            ? `Showing ${n} for ${describe(data.query)}`
+            : `Showing ${n} of ${of} for ${describe(data.query)}`) +
           matches +
           (flagged ? ` · ${flagged} marked ✗ carry a term you left out (by their labels)` : "")
         : `No results for ${describe(data.query)}${matches}.`;

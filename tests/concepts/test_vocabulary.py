@@ -1,0 +1,103 @@
+"""Reading query terms through the hierarchy: coverage below a sense, implied scenes,
+stand-in hypernyms, phrases noun by noun, refusals with suggestions, unit senses."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparsemm.concepts.vocabulary import ConceptVocabulary, UnknownTerm, unit_synset
+from sparsemm.concepts.wordnet import wordnet
+
+# a few ImageNet classes, by WordNet id, and a face detector's unit
+UNITS = {
+    "golden retriever": "n02099601",
+    "tabby": "n02123045",
+    "cheetah": "n02130308",
+    "minivan": "n03770679",
+    "school bus": "n04146614",
+    "canoe": "n02951358",
+    "lakeside": "n09332890",
+    "espresso": "n07920052",
+    "coffee mug": "n03063599",
+}
+
+
+@pytest.fixture(scope="module")
+def vocab() -> ConceptVocabulary:
+    wn = wordnet()
+    names = [*UNITS, "person (face)"]
+    synsets: list = [wn.by_wnid(w) for w in UNITS.values()]
+    synsets.append((wn.by_wnid("n00007846"), wn.by_wnid("n05600637")))  # person, face
+    lake = wn.by_wnid("n09328904")
+    implied = {lake: [(names.index("lakeside"), 0.9), (names.index("canoe"), 0.5)]}
+    return ConceptVocabulary(
+        names, synsets, implied, similar=lambda term, k: ["tabby", "cheetah", "canoe"][:k]
+    )
+
+
+def units(vocab: ConceptVocabulary, term: str) -> set[str]:
+    return {vocab.names[u] for c in vocab.read(term).concepts for u, _ in c.units}
+
+
+def test_a_word_covers_what_lies_below_it(vocab: ConceptVocabulary) -> None:
+    assert units(vocab, "dogs") == {"golden retriever"}
+    assert units(vocab, "an animal") == {"golden retriever", "tabby", "cheetah"}
+    assert units(vocab, "vehicles") == {"minivan", "school bus", "canoe"}
+    assert units(vocab, "big cat") == {"cheetah"}
+    assert units(vocab, "cat") == {"tabby"}  # a domestic cat; the big cats are felines
+    assert vocab.read("cheetah").concepts[0].how == "exact"
+    assert vocab.read("bus").concepts[0].how == "narrower"
+
+
+def test_people_and_faces_are_the_face_unit(vocab: ConceptVocabulary) -> None:
+    for term in ("people", "a person", "face", "somebody"):
+        assert units(vocab, term) == {"person (face)"}, term
+    woman = vocab.read("woman")
+    assert woman.concepts[0].how == "broader" and woman.concepts[0].label == "person"
+    assert woman.notes == [
+        "'woman' is searched as 'person': this model cannot tell women from other people"
+    ]
+
+
+def test_implied_scenes_carry_their_weight(vocab: ConceptVocabulary) -> None:
+    lake = vocab.read("lake").concepts[0]
+    assert lake.how == "implied" and dict(lake.units) == {6: 0.9, 5: 0.5}
+    assert "implies" in lake.note
+    water = vocab.read("water").concepts[0]  # a body of water, above the lake
+    assert water.label == "body of water" and dict(water.units)[6] == 0.9
+
+
+def test_phrases_are_read_noun_by_noun(vocab: ConceptVocabulary) -> None:
+    mug = vocab.read("a mug of coffee")
+    assert [c.label for c in mug.concepts] == ["mug", "coffee"]
+    boat = vocab.read("a boat on a lake")
+    assert [c.label for c in boat.concepts] == ["boat", "lake"]
+    faces = vocab.read("a close-up of a face")
+    assert [c.label for c in faces.concepts] == ["face"]  # "close-up" frames the phrase
+    kitchen = vocab.read("a dog in a kitchen")
+    assert [c.label for c in kitchen.concepts] == ["dog"]
+    assert kitchen.ignored == ("kitchen",) and "left out" in kitchen.notes[0]
+    assert vocab.read_names("there is a dog and a cheetah") is not None
+    assert vocab.read_names("a dog running fast") is None  # a description, not a list
+
+
+def test_unknown_terms_are_refused_with_what_the_model_knows(vocab: ConceptVocabulary) -> None:
+    with pytest.raises(UnknownTerm) as err:
+        vocab.read("sunset")
+    assert "not something this model can see" in str(err.value)
+    assert err.value.suggestions == ["tabby", "cheetah", "canoe"]
+    with pytest.raises(UnknownTerm, match="WordNet has no such noun"):
+        vocab.read("xqzvbl")
+    with pytest.raises(UnknownTerm):
+        vocab.read("galaxy")  # not the plant galax
+    with pytest.raises(UnknownTerm):
+        vocab.read("kitchen")  # not widened to "area"
+
+
+def test_units_are_placed_at_their_caption_sense() -> None:
+    wn = wordnet()
+    assert wn.wnid(unit_synset("mouse")) == "n03793489"  # the computer mouse (sense table)
+    assert wn.wnid(unit_synset("dog")) == "n02084071"
+    assert unit_synset("sport ball") is not None
+    assert unit_synset("xqzvbl") is None
+    assert wn.lexname(unit_synset("plant")) != "artifact"  # not a factory

