@@ -8,10 +8,11 @@ the helpers that need them, so tests without torch can still import this module.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -324,3 +325,91 @@ def tiny_clip(folder: Path, kind: str = "clip", proj: int = 24, seed: int = 0) -
     tok.save_pretrained(folder)
     ip.save_pretrained(folder)
     return folder
+
+
+# -- the match scorer: hashed texts and calibrated SR detectors --------------------------
+
+
+class HashTexts:
+    """Text embeddings that are a deterministic function of the text."""
+
+    name, dim, model_id = "minilm", 16, "fake"
+
+    def encode_text(
+        self,
+        texts: Sequence[str],
+        batch_size: int = 64,
+        normalize: bool = True,
+        progress: bool = False,
+    ) -> np.ndarray:
+        out = np.stack(
+            [
+                np.random.default_rng(int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)).normal(
+                    size=self.dim
+                )
+                for t in texts
+            ]
+        ).astype(np.float32)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+SR_TERMS = ["dog", "cat", "car", "bus", "vehicle", "person", "puppy"]
+
+
+def sr_detectors(d: int, seed: int = 0) -> Any:
+    """Calibrated detectors (version 2) of SR_TERMS over d-dim codes, placed in WordNet."""
+    from sparsemm.concepts.wordnet import wordnet
+    from sparsemm.models.detectors import ConceptDetectors
+
+    rng = np.random.default_rng(seed)
+    wn = wordnet()
+    wnids = [wn.wnid(wn.lookup(t)[0]) for t in SR_TERMS]
+    wnids[SR_TERMS.index("person")] = "n00007846"
+    return ConceptDetectors(
+        SR_TERMS,
+        rng.normal(size=(d, len(SR_TERMS))).astype(np.float32),
+        rng.normal(size=len(SR_TERMS)).astype(np.float32) - 1.0,
+        np.ones(len(SR_TERMS), np.float32),
+        calibration=np.asarray([0.9, 2.0, -0.5, 30.0, -20.0, 0.8, 3.0, -1.0], np.float32),
+        wnids=wnids,
+        label_terms=np.asarray([t in ("dog", "car", "bus", "person") for t in SR_TERMS]),
+    )
+
+
+def sr_context(codes: Any, det: Any) -> Any:
+    """A context over ``codes`` whose query coder is a deterministic function of the text."""
+    import scipy.sparse as sp
+
+    from sparsemm.query.strategies import ExclusionContext
+
+    d = codes.shape[1]
+
+    def coder(emb: Any, texts: Sequence[str]) -> Any:
+        out = np.stack(
+            [
+                np.maximum(
+                    np.random.default_rng(
+                        int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)
+                    ).normal(size=d),
+                    0.0,
+                )
+                for t in texts
+            ]
+        )
+        return sp.csr_matrix(out.astype(np.float32))
+
+    return ExclusionContext(
+        items_codes=codes, text_encoder=HashTexts(), query_coder=coder, detectors=det
+    )
+
+
+def sr_codes(n: int, d: int, seed: int = 0) -> Any:
+    """Random non-negative unit codes, about 30% of the dims active."""
+    import scipy.sparse as sp
+
+    from sparsemm.linalg import normalize_rows
+
+    rng = np.random.default_rng(seed)
+    x = np.maximum(rng.normal(size=(n, d)), 0.0) * (rng.random((n, d)) < 0.3)
+    x[:, 0] += 1e-3  # no empty row
+    return sp.csr_matrix(normalize_rows(x.astype(np.float32)))

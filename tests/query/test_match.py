@@ -4,7 +4,6 @@ SR's calibrated detectors."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +12,8 @@ import scipy.sparse as sp
 
 pytest.importorskip("torch")
 
-from sparsemm.concepts.wordnet import wordnet
+from fakes import HashTexts, sr_codes, sr_context, sr_detectors
 from sparsemm.index import InvertedIndex
-from sparsemm.linalg import normalize_rows
 from sparsemm.models.concepts import ImageNetConceptModel
 from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query.parse import Query, parse_query
@@ -36,30 +34,13 @@ CLASSES = {
 }
 
 
-class _Texts:
-    """Text embeddings that are a deterministic function of the text."""
-
-    name, dim, model_id = "minilm", 16, "fake"
-
-    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
-        out = np.stack(
-            [
-                np.random.default_rng(int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)).normal(
-                    size=self.dim
-                )
-                for t in texts
-            ]
-        ).astype(np.float32)
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
-
-
 def photo_model() -> ImageNetConceptModel:
     rng = np.random.default_rng(0)
     return ImageNetConceptModel.build(
         list(CLASSES),
         rng.normal(size=(len(CLASSES), 8)).astype(np.float32),
         np.zeros(len(CLASSES), np.float32),
-        _Texts(),
+        HashTexts(),
         version=2,
         face_unit=True,
         class_wnids=list(CLASSES.values()),
@@ -86,7 +67,7 @@ def photo_context(codes: sp.csr_matrix, model: ImageNetConceptModel) -> Exclusio
 
     return ExclusionContext(
         items_codes=codes,
-        text_encoder=_Texts(),
+        text_encoder=HashTexts(),
         query_coder=lambda e, t: sp.hstack([coder(e, t), sp.csr_matrix((len(t), 1))]).tocsr(),
         concepts=UnitScorer(model, model.vocabulary()),
     )
@@ -142,56 +123,9 @@ def test_photo_index_path_equals_ranking_every_item(tmp_path: Path) -> None:
 
 # -- SR detectors --------------------------------------------------------------------------
 
-TERMS = ["dog", "cat", "car", "bus", "vehicle", "person", "puppy"]
-
-
-def detectors(d: int, seed: int = 0) -> ConceptDetectors:
-    rng = np.random.default_rng(seed)
-    wn = wordnet()
-    wnids = [wn.wnid(wn.lookup(t)[0]) for t in TERMS]
-    wnids[TERMS.index("person")] = "n00007846"
-    return ConceptDetectors(
-        TERMS,
-        rng.normal(size=(d, len(TERMS))).astype(np.float32),
-        rng.normal(size=len(TERMS)).astype(np.float32) - 1.0,
-        np.ones(len(TERMS), np.float32),
-        calibration=np.asarray([0.9, 2.0, -0.5, 30.0, -20.0, 0.8, 3.0, -1.0], np.float32),
-        wnids=wnids,
-        label_terms=np.asarray([t in ("dog", "car", "bus", "person") for t in TERMS]),
-    )
-
-
-def sr_context(codes: sp.csr_matrix, det: ConceptDetectors) -> ExclusionContext:
-    d = codes.shape[1]
-
-    def coder(emb, texts):
-        out = np.stack(
-            [
-                np.maximum(
-                    np.random.default_rng(
-                        int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)
-                    ).normal(size=d),
-                    0.0,
-                )
-                for t in texts
-            ]
-        )
-        return sp.csr_matrix(out.astype(np.float32))
-
-    return ExclusionContext(
-        items_codes=codes, text_encoder=_Texts(), query_coder=coder, detectors=det
-    )
-
-
-def sr_codes(n: int, d: int, seed: int = 0) -> sp.csr_matrix:
-    rng = np.random.default_rng(seed)
-    x = np.maximum(rng.normal(size=(n, d)), 0.0) * (rng.random((n, d)) < 0.3)
-    x[:, 0] += 1e-3  # no empty row
-    return sp.csr_matrix(normalize_rows(x.astype(np.float32)))
-
 
 def test_detector_readings_follow_the_hierarchy() -> None:
-    det = detectors(12)
+    det = sr_detectors(12)
     scorer = detector_scorer(det)
     dog = scorer.read("dogs")
     assert dog.kind == "concepts" and [u for u, _ in dog.concepts[0].units] == [0]  # its own
@@ -206,7 +140,7 @@ def test_detector_readings_follow_the_hierarchy() -> None:
 
 def test_detector_index_path_equals_ranking_every_item(tmp_path: Path) -> None:
     d = 12
-    det = detectors(d)
+    det = sr_detectors(d)
     codes = sr_codes(4000, d, seed=2)
     index = InvertedIndex.build(tmp_path / "ix", codes, [str(i) for i in range(4000)])
     full = sr_context(codes, det)
@@ -231,9 +165,32 @@ def test_detector_index_path_equals_ranking_every_item(tmp_path: Path) -> None:
 
 
 def test_detectors_round_trip_their_senses_and_calibration(tmp_path: Path) -> None:
-    det = detectors(6)
+    det = sr_detectors(6)
     det.save(tmp_path)
     back = ConceptDetectors.load(tmp_path)
     assert back.wnids == det.wnids
     np.testing.assert_array_equal(back.calibration, det.calibration)
     np.testing.assert_array_equal(back.label_terms, det.label_terms)
+    assert back.term_codes is None
+
+
+def test_stored_term_codes_stand_in_for_coding_the_words(tmp_path: Path) -> None:
+    """Detectors that keep their words' query codes (as the calibration read them) score
+    with those: the same probabilities as coding the words, and a search codes none of
+    them; they round-trip with the detectors."""
+    d = 12
+    det = sr_detectors(d)
+    codes = sr_codes(200, d, seed=3)
+    ctx = sr_context(codes, det)
+    scorer = detector_scorer(det)
+    reading = scorer.read("an animal but no car".split(" but")[0])
+    assert scorer.texts(reading)  # without stored codes the words are coded at query time
+    want = scorer.probability(reading, ctx)
+    det.term_codes = np.stack([ctx.term_code(t) for t in det.terms], axis=1)
+    stored = detector_scorer(det)
+    assert stored.texts(reading) == ()
+    fresh = sr_context(codes, det)
+    np.testing.assert_allclose(stored.probability(reading, fresh), want, atol=1e-6)
+    assert not any(det.terms[u] in str(k) for k in fresh._code for u in range(len(det)))
+    det.save(tmp_path)
+    np.testing.assert_array_equal(ConceptDetectors.load(tmp_path).term_codes, det.term_codes)

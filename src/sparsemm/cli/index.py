@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         spine_dir=args.spine,
         top_k=args.top_k,
         dense_model=args.dense_model,
+        progress=not args.no_progress,
     )
     print(
         f"indexed {len(index)} items ({index.nnz / max(len(index), 1):.1f} non-zeros each, "

@@ -93,6 +93,7 @@ first, and items with negative scores rank below them.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import re
@@ -558,6 +559,13 @@ class InvertedIndex:
     @property
     def meta(self) -> dict[str, Any]:
         return dict(self._manifest.get("meta", {}))
+
+    @property
+    def digest(self) -> str:
+        """16 hex digits of the SHA-256 of the committed segment list (names, counts,
+        checksums): changes with every commit that changes the items."""
+        segments = json.dumps(self._manifest.get("segments", []), sort_keys=True).encode()
+        return hashlib.sha256(segments).hexdigest()[:16]
 
     @property
     def nnz(self) -> int:

@@ -16,7 +16,8 @@ to code similarity (:class:`sparsemm.query.strategies.Hybrid`).
 Files in the model folder: ``detectors.safetensors`` (``weights`` (d, V) float32, ``bias``
 (V,), ``rate`` (V,); when fitted, ``calibration`` (8,): the match scorer's P(term | x) =
 sigmoid(a z + g cos + c) for caption words and for labels and its phrase calibration, see
-:mod:`sparsemm.query.scorers`; ``label_terms`` (V,) uint8: which terms are labels) and
+:mod:`sparsemm.query.scorers`, and ``term_codes`` (d, V): the query code of each term the
+cos is taken with; ``label_terms`` (V,) uint8: which terms are labels) and
 ``detectors.json`` (format, version, the terms with their WordNet senses, the training
 settings and the SHA-256 of the safetensors file, checked on load together with the shapes
 and finiteness, so a damaged or mismatched file is refused by name).
@@ -87,6 +88,7 @@ class ConceptDetectors:
         calibration: np.ndarray | None = None,
         wnids: list[str | None] | None = None,
         label_terms: np.ndarray | None = None,
+        term_codes: np.ndarray | None = None,
     ) -> None:
         self.terms = list(terms)
         self.weights = np.ascontiguousarray(weights, dtype=np.float32)
@@ -126,6 +128,15 @@ class ConceptDetectors:
                 raise SparsemmError(f"detector {name} hold NaN or inf values")
         if self.calibration is not None and not np.isfinite(self.calibration).all():
             raise SparsemmError("detector calibration holds NaN or inf values")
+        # (d, V) the query code of each term as the calibration read it (its code
+        # similarity is part of P(term | x)); None: coded by the query's text encoder
+        self.term_codes = (
+            None if term_codes is None else np.ascontiguousarray(term_codes, dtype=np.float32)
+        )
+        if self.term_codes is not None and (
+            self.term_codes.shape != self.weights.shape or not np.isfinite(self.term_codes).all()
+        ):
+            raise SparsemmError("detector term codes need one finite (d,) code per term")
         self._index: dict[tuple[str, ...], int] = {}
         for j, t in enumerate(self.terms):
             self._index.setdefault(_key(t), j)
@@ -180,6 +191,8 @@ class ConceptDetectors:
             arrays["calibration"] = self.calibration
         if self.label_terms.any():
             arrays["label_terms"] = self.label_terms.astype(np.uint8)
+        if self.term_codes is not None:
+            arrays["term_codes"] = self.term_codes
         data = save_bytes(arrays)
         with atomic_open(out / WEIGHTS_FILE, "wb") as fh:
             fh.write(data)
@@ -257,6 +270,7 @@ class ConceptDetectors:
                 arrays.get("calibration"),
                 meta.get("wnids"),
                 arrays.get("label_terms"),
+                arrays.get("term_codes"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SparsemmError(f"{d} holds malformed detectors ({exc}); retrain them") from exc

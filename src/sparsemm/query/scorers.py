@@ -63,6 +63,9 @@ class TermBound:
 
     weights: tuple[np.ndarray, ...]  # (d,) non-negative float64 per list
     value: Callable[[Sequence[float]], float]
+    # an upper bound, from the same list scores, of the cosine of the term's own code with
+    # x (the match scorer's tie-break when the term is all that is included); None: 1
+    cosine: Callable[[Sequence[float]], float] | None = None
 
 
 class TermScorer(Protocol):
@@ -75,6 +78,8 @@ class TermScorer(Protocol):
     def probability(self, reading: TermReading, ctx: Any) -> np.ndarray: ...
 
     def bound(self, reading: TermReading, ctx: Any) -> TermBound | None: ...
+
+    def texts(self, reading: TermReading) -> tuple[str, ...]: ...
 
 
 def _noisy_or(probs: Sequence[np.ndarray], n: int) -> np.ndarray:
@@ -139,6 +144,10 @@ class UnitScorer:
             col = np.asarray(codes[:, self.face].toarray(), dtype=np.float64).ravel()
             p = _noisy_or([p, face_w * col], n)
         return p
+
+    def texts(self, reading: TermReading) -> tuple[str, ...]:
+        """Texts its probability embeds besides the term: none (unit probabilities)."""
+        return ()
 
     def probability(self, reading: TermReading, ctx: Any) -> np.ndarray:
         codes = ctx.items_codes
@@ -260,12 +269,31 @@ class DetectorScorer:
             return TermReading(term, "concepts", concepts, tuple(names.notes), "detector")
         return TermReading(term, "similarity", (), (), "code similarity")
 
+    def texts(self, reading: TermReading) -> tuple[str, ...]:
+        """Texts its probability codes besides the term: the words of the detectors it reads
+        (their code similarity is calibrated in), so a search codes them in one batch."""
+        if self.detectors.term_codes is not None:
+            return ()
+        out = []
+        for c in reading.concepts:
+            for u, _ in c.units:
+                if self.calibration.of(bool(self.detectors.label_terms[u]))[1]:
+                    out.append(str(self.detectors.terms[u]))
+        return tuple(out)
+
+    def term_code(self, unit: int, ctx: Any) -> np.ndarray:
+        """The query code of a unit's word: as the calibration read it (stored with the
+        detectors), or coded by the context's text encoder for detectors without them."""
+        if self.detectors.term_codes is not None:
+            return np.asarray(self.detectors.term_codes[:, unit])
+        return np.asarray(ctx.term_code(self.detectors.terms[unit]))
+
     def unit_probability(self, unit: int, ctx: Any) -> np.ndarray:
         a, g, c = self.calibration.of(bool(self.detectors.label_terms[unit]))
         w, b, _ = self.detectors.column_at(unit)
         z = a * (np.asarray(ctx.codes_unit @ w, dtype=np.float64).ravel() + b)
         if g:
-            z = z + g * ctx.code_scores(ctx.term_code(self.detectors.terms[unit]))
+            z = z + g * ctx.code_scores(self.term_code(unit, ctx))
         return _sigmoid(z + c)
 
     def probability(self, reading: TermReading, ctx: Any) -> np.ndarray:
@@ -295,7 +323,12 @@ class DetectorScorer:
             def phrase(s: Sequence[float]) -> float:
                 return float(_sigmoid(np.asarray(s[0] + pc)))
 
-            return TermBound((np.maximum(cal.phrase_a * q, 0.0),), phrase)
+            pa = cal.phrase_a
+
+            def cosine(s: Sequence[float]) -> float:  # s = pa q+ . x >= pa cos(q, x)
+                return min(1.0, max(0.0, s[0] / pa)) if pa > 0 else 1.0
+
+            return TermBound((np.maximum(pa * q, 0.0),), phrase, cosine)
         best: TermBound | None = None
         for c in reading.concepts:
             lists, shift = [], []
@@ -304,7 +337,7 @@ class DetectorScorer:
                 w, b, _ = self.detectors.column_at(u)
                 v = a * np.asarray(w, dtype=np.float64)
                 if g:
-                    q = np.asarray(ctx.term_code(self.detectors.terms[u]), dtype=np.float64)
+                    q = np.asarray(self.term_code(u, ctx), dtype=np.float64)
                     v = v + g * q / max(float(np.linalg.norm(q)), 1e-12)
                 lists.append(np.maximum(v, 0.0))
                 shift.append(a * b + cc)
@@ -379,6 +412,11 @@ class ZeroShotScorer:
         c = self.vocabulary.read_noun(term) if len(term.split()) <= 3 else None
         concepts = (c,) if c is not None and c.how not in ("broader", "implied") else ()
         return TermReading(term, "zero-shot", concepts, (), "zero-shot")
+
+    def texts(self, reading: TermReading) -> tuple[str, ...]:
+        """Texts its probability embeds besides the term: none (concept embeddings are
+        stored in the model)."""
+        return ()
 
     def _images(self, ctx: Any) -> np.ndarray:
         if ctx.items_dense is not None:

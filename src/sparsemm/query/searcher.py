@@ -3,7 +3,9 @@
 ``build_index`` encodes a collection's items with a sparse model (SR) and stores the codes in
 an :class:`~sparsemm.index.InvertedIndex` inside the collection folder, with a label for every
 concept dimension. :class:`Searcher` answers parsed queries ("A but not B", several excluded
-terms allowed) with any registered exclusion strategy and explains each hit: the concept
+terms allowed) with the model's default strategy (``match``: a calibrated match probability
+per item, served through the index by :mod:`sparsemm.query.two_stage`) or any registered
+one, and explains each hit: the concept
 dimensions that matched the include terms (per-dimension contribution q_j x_j to the score)
 and, for every excluded term, the dimensions checked and the item's mass on them.
 
@@ -58,6 +60,7 @@ from sparsemm.query.two_stage import (
     served_rank,
     sub_context,
 )
+from sparsemm.query.unit_lists import UnitLists
 from sparsemm.text import singular
 from sparsemm.words.bias import tokenize
 
@@ -148,6 +151,7 @@ def build_index(
     top_k: int | None = None,
     overwrite: bool = True,
     dense_model: str | Path | None = None,
+    progress: bool = False,
 ) -> InvertedIndex:
     """Encode the collection's items (image embeddings / views) with SR; index the codes.
 
@@ -210,7 +214,32 @@ def build_index(
     # Indexes built before labels moved into the manifest kept them in labels.json.
     with contextlib.suppress(FileNotFoundError):
         (root / LEGACY_LABELS).unlink()
+    from sparsemm.query.unit_lists import MIN_ITEMS, remove_unit_lists
+
+    if model.kind == "sr" and len(index) >= MIN_ITEMS:
+        update_unit_lists(col.root, progress=progress)
+    else:
+        remove_unit_lists(col.root)
     return index
+
+
+def update_unit_lists(collection_dir: str | Path, progress: bool = False) -> UnitLists | None:
+    """Compute and save the collection's unit lists for the served ``match`` when its model
+    has calibrated detectors and it holds at least :data:`~sparsemm.query.unit_lists.MIN_ITEMS`
+    items; otherwise remove lists left from before (they would no longer fit)."""
+    from sparsemm.query.unit_lists import MIN_ITEMS, build_unit_lists, remove_unit_lists
+
+    searcher = Searcher(collection_dir)
+    det = searcher.text_context.detectors
+    if det is None or getattr(det, "calibration", None) is None or len(searcher.index) < MIN_ITEMS:
+        remove_unit_lists(searcher.collection.root)
+        return None
+    strat = searcher.match_strategy()
+    lists = build_unit_lists(
+        strat.scorer, searcher.text_context, searcher.codes, searcher.index, progress=progress
+    )
+    lists.save(searcher.collection.root)
+    return lists
 
 
 @dataclass
@@ -234,15 +263,18 @@ class ExcludedCheck:
 class TermEvidence:
     """How strongly an item carries one query term, by the served scorer's own evidence.
 
-    ``kind`` "detector": ``value`` is P(term present | item) from the term's detector;
-    "code similarity" (no detector for the word): ``value`` is the cosine of the term's
-    query code with the item's code. ``dims``: the concept dimensions behind the value
-    (largest contributions weight_j x_j for this item), with their words.
+    With ``match`` (the default), ``value`` is P(term | item), and ``kind`` names its
+    source: "classifier", "face detector", "detector", "code similarity" or "zero-shot"
+    (:mod:`sparsemm.query.scorers`); ``read_as`` lists the concepts the term was read as
+    ("vehicle": car, bus, ...). With ``hybrid``, "detector": ``value`` is P(term present |
+    item) from the term's detector; "code similarity" (no detector for the word): the cosine
+    of the term's query code with the item's code. ``dims``: the concept dimensions behind
+    the value (largest contributions weight_j x_j for this item), with their words.
     """
 
     term: str
     side: str  # "include" | "exclude"
-    kind: str  # "detector" | "code similarity"
+    kind: str  # the value's source: "detector", "code similarity", "classifier", ...
     value: float
     dims: list[int] = field(default_factory=list)
     words: list[str] = field(default_factory=list)
@@ -388,6 +420,38 @@ class Searcher:
         self._rows: dict[str, int] | None = None
         self._raw_text: CachedTextEncoder | None = None  # shared by aligned space and coder
         self._seen_words: frozenset[str] | None = None  # caption and label words (unknown_words)
+        self._unit_lists: Any = False  # not looked for yet (None: none that fit)
+
+    @property
+    def unit_lists(self) -> Any:
+        """The collection's :class:`~sparsemm.query.unit_lists.UnitLists` when they were
+        computed from this model's detectors over this index (None otherwise: the served
+        path then bounds terms through the code lists, exact but slower; a warning says how
+        to build them again when they are stale). Only the collection's own index uses
+        them; another store (Qdrant) numbers its rows alike but is not checked."""
+        if self._unit_lists is False:
+            self._unit_lists = None
+            det = self.text_context.detectors
+            if det is not None and self.store is self.index:
+                try:
+                    lists = UnitLists.load(self.collection.root)
+                except SparsemmError as exc:
+                    log.warning("%s; searching without them", exc)
+                    lists = None
+                if lists is not None and lists.fits(det, self.index):
+                    self._unit_lists = lists
+                elif lists is not None:
+                    log.warning(
+                        "the unit lists of %s were computed for other detectors or another "
+                        "index; searching without them (slower). `sparsemm index` builds "
+                        "them again",
+                        self.collection.root,
+                    )
+        return self._unit_lists
+
+    @unit_lists.setter
+    def unit_lists(self, lists: Any) -> None:
+        self._unit_lists = lists
 
     @property
     def codes(self) -> sp.csr_matrix:
@@ -631,6 +695,7 @@ class Searcher:
         phrase whose code is empty. Readings are cached for the search that follows."""
         strat = self.match_strategy()
         ctx = strat.ctx
+        readings = []
         for side, terms in (("search for", query.include), ("exclude", query.exclude)):
             for term in terms:
                 if not any(ch.isalnum() for ch in term):
@@ -638,12 +703,23 @@ class Searcher:
                         f"{term!r} matches no concept of this collection's model, so it "
                         f"cannot {side} anything; check the spelling or try another word"
                     )
-                reading = strat.reading(term)
-                if reading.kind == "similarity" and not np.any(ctx.term_code(term)):
-                    raise SparsemmError(
-                        f"{term!r} matches no concept of this collection's model, so it "
-                        f"cannot {side} anything; check the spelling or try another word"
-                    )
+                readings.append((side, term, strat.reading(term)))
+        # every text the search will embed or code, in batches: the terms, the include
+        # text (ties) and the words of the detectors a term is read through
+        texts = [*query.include, *query.exclude]
+        if query.include:
+            texts.append(strat.tie_text(query.include))
+        for _, _, reading in readings:
+            texts.extend(strat.scorer.texts(reading))
+        unique = list(dict.fromkeys(texts))
+        for i in range(0, len(unique), CHECK_BATCH):
+            ctx.prefetch(unique[i : i + CHECK_BATCH], codes=ctx.query_coder is not None)
+        for side, term, reading in readings:
+            if reading.kind == "similarity" and not np.any(ctx.term_code(term)):
+                raise SparsemmError(
+                    f"{term!r} matches no concept of this collection's model, so it "
+                    f"cannot {side} anything; check the spelling or try another word"
+                )
 
     def notes(self, query: str | Query, strategy: str | None = None) -> list[str]:
         """What the served scorer says about how it read the query's terms ("'woman' is
@@ -679,7 +755,12 @@ class Searcher:
         self.check_terms(q, "match")
         if self.served("match"):
             return count_matches(
-                self.store, self.text_context, q, threshold, nonnegative=self.index.nonnegative
+                self.store,
+                self.text_context,
+                q,
+                threshold,
+                nonnegative=self.index.nonnegative,
+                unit_lists=self.unit_lists,
             )
         strat = self.match_strategy(self.context)
         return int((strat.probability(q.include, q.exclude) >= threshold).sum())
@@ -743,6 +824,7 @@ class Searcher:
                 k=k,
                 offset=offset,
                 nonnegative=self.index.nonnegative,
+                unit_lists=self.unit_lists,
                 **params,
             )
             self.last_served = res

@@ -1,7 +1,14 @@
 """The served scorer through the inverted index: certified candidates, then exact rescoring.
 
 How ``sparsemm search``, the web API and :class:`~sparsemm.query.searcher.Searcher` answer a
-query with the default ``hybrid`` scorer without scoring (or loading) every item's code.
+query without scoring (or loading) every item's code. The default scorer, ``match``, is
+served by :func:`served_match`: an include term's probability is bounded from its units'
+lists (:mod:`sparsemm.query.unit_lists`, computed when an SR index is built) or, without
+them, by non-decreasing functions of inner products with non-negative weights (the code
+lists of :class:`~sparsemm.query.scorers.TermBound`); :func:`count_matches` counts the items
+above a threshold the same way. The rest of this docstring describes :func:`served_rank`,
+which serves ``hybrid`` (and whose candidate lists, rescoring and certificate
+``served_match`` shares).
 
 The hybrid score of an item with unit code x (:class:`~sparsemm.query.strategies.Hybrid`)::
 
@@ -370,10 +377,16 @@ def served_match(
     proxy_dims: int = 256,
     fetch: int | None = None,
     nonnegative: bool | None = None,
+    unit_lists: Any = None,
     **params: Any,
 ) -> ServedResult:
     """Top ``k`` items after ``offset`` by the match scorer (their rank keys as scores), as
     ranking every item would give them.
+
+    With ``unit_lists`` (:class:`~sparsemm.query.unit_lists.UnitLists` of the model's
+    detectors over this index) an include term read through detectors is bounded by its
+    units' lists first, which are exact: see :func:`_served_units`. When those do not
+    certify the result, or the query has no such term, the code lists below are used.
 
     The match probability is at most that of any one include term, and the term scorer
     bounds a term's probability by a non-decreasing function of a few inner products of
@@ -394,6 +407,14 @@ def served_match(
     strat = build_strategy(ctx, "match", **params)
     assert isinstance(strat, Match)
     want = offset + k
+    if unit_lists is not None:
+        units = _listed_units(strat, query)
+        if units is not None:
+            res = _served_units(
+                source, ctx, query, strat, units, unit_lists, k, offset, candidates, params
+            )
+            if res is not None:
+                return res
     if nonnegative is None:
         nonnegative = bool(getattr(source, "nonnegative", False))
     bound = None
@@ -408,6 +429,14 @@ def served_match(
                 bound = b
     if bound is None:
         return scan_rank(source, ctx, query, "match", k, offset, **params)
+    # the tie-break is the include text's code similarity: when that text is the bounded
+    # term itself, its lists bound the tie too
+    cosine = bound.cosine if len(query.include) == 1 else None
+
+    def key_of(list_bounds: list[float]) -> float:
+        s = [max(0.0, b) for b in list_bounds]
+        return strat.key_bound(bound.value(s), cosine(s) if cosine is not None else 1.0)
+
     norm = float(getattr(strat.scorer, "code_norm", 1.0))
     lists = []
     for w in bound.weights:
@@ -445,11 +474,11 @@ def served_match(
         if every:
             key_bound = -np.inf
         else:
-            key_bound = strat.key_bound(bound.value([max(0.0, b) for b in per_list]))
+            key_bound = key_of(per_list)
         certified = bool(key_bound == -np.inf or kth > key_bound + margin)
         last = n >= max_candidates or n >= len(source)
         if not certified and not every:
-            exact_bound = strat.key_bound(bound.value([max(0.0, b) for b in exact_per_list]))
+            exact_bound = key_of(exact_per_list)
             err_lists = [p for p in lists if p.used_err > 0 and p.quantized]
             grow = min(n * 4, max_candidates)
             if (
@@ -474,6 +503,74 @@ def served_match(
         n = min(n * 4, max_candidates)
         if n * SCAN_SHARE >= len(source):
             return scan_rank(source, ctx, query, "match", k, offset, **params)
+
+
+def _listed_units(strat: Any, query: Query) -> list[tuple[int, float]] | None:
+    """The (unit, weight) pairs of the include concept read through the fewest detector
+    units (P(match) <= P(concept) = max_u weight_u P(u | x)); None when no include term is
+    read through an SR model's detectors."""
+    from sparsemm.query.scorers import DetectorScorer
+
+    if not isinstance(strat.scorer, DetectorScorer):
+        return None
+    best: list[tuple[int, float]] | None = None
+    for t in query.include:
+        reading = strat.reading(t)
+        if reading.kind != "concepts":
+            continue
+        for c in reading.concepts:
+            units = [(int(u), float(w)) for u, w in c.units]
+            if units and (best is None or len(units) < len(best)):
+                best = units
+    return best
+
+
+def _served_units(
+    source: CodeSource,
+    ctx: ExclusionContext,
+    query: Query,
+    strat: Any,
+    units: list[tuple[int, float]],
+    lists: Any,
+    k: int,
+    offset: int,
+    candidates: int,
+    params: dict[str, Any],
+) -> ServedResult | None:
+    """The top ``k`` after ``offset`` from the unit lists of one include concept: the first
+    ``n`` rows of each unit's list are rescored exactly; an item outside all of them has
+    P(match) <= max_u weight_u ub_u(n), so when the k-th rescored key beats that key bound
+    the result is exact. ``n`` grows fourfold up to the lists' length; None when that does
+    not certify (the caller goes on with the code lists)."""
+    want = offset + k
+    n = max(candidates, want)
+    cand = np.zeros(0, np.int64)
+    scores = np.zeros(0)
+    rounds = 0
+    while True:
+        rounds += 1
+        bound = -np.inf
+        for u, w in units:
+            rows, b = lists.top(u, n)
+            if b > -np.inf:
+                bound = max(bound, w * b)
+            new = np.setdiff1d(rows, cand)
+            if len(new):
+                cand, scores = _merge(
+                    cand, scores, new, _rescore(source, ctx, query, "match", new, params)
+                )
+        top = top_rows(scores, want)
+        kth = float(scores[top[-1]]) if len(top) == want else -np.inf
+        if bound == -np.inf:  # the lists hold every item: all of them were rescored
+            certified = True
+        else:
+            certified = kth > strat.key_bound(bound) + 1e-7
+        if certified:
+            top = top[offset:]
+            return ServedResult(cand[top], scores[top], len(cand), True, rounds, "unit lists")
+        if n >= lists.length:
+            return None
+        n = min(n * 4, lists.length)
 
 
 def _match_bound(strat: Any, ctx: ExclusionContext, query: Query) -> Any:
@@ -506,13 +603,14 @@ def count_matches(
     candidates: int = 1024,
     proxy_dims: int = 256,
     nonnegative: bool | None = None,
+    unit_lists: Any = None,
     **params: Any,
 ) -> int:
     """How many items have P(match) >= ``threshold``, exactly: an item outside the lists of
-    the most selective include term (as :func:`served_match` reads them) has at most the
-    bound's probability, so the lists grow until that bound is below the threshold and the
-    items in them are counted; queries without such a bound (and pools past a quarter of
-    the items) are counted by a scan of the row store."""
+    the most selective include term (as :func:`served_match` reads them: unit lists first,
+    when given) has at most the bound's probability, so the lists grow until that bound is
+    below the threshold and the items in them are counted; queries without such a bound
+    (and pools past a quarter of the items) are counted by a scan of the row store."""
     from sparsemm.query.strategies.match import Match
 
     if not 0.0 < threshold <= 1.0:
@@ -526,6 +624,23 @@ def count_matches(
         sub = build_strategy(sub_context(ctx, source.codes(rows)), "match", **params)
         assert isinstance(sub, Match)
         return sub.probability(query.include, query.exclude)
+
+    units = _listed_units(strat, query) if unit_lists is not None else None
+    if units is not None:
+        n = min(candidates, unit_lists.length)
+        while True:
+            listed: list[np.ndarray] = []
+            bound_u = -np.inf
+            for u, weight in units:
+                unit_rows, b = unit_lists.top(u, n)
+                listed.append(unit_rows)
+                bound_u = max(bound_u, weight * b) if b > -np.inf else bound_u
+            if bound_u < threshold:
+                pool = np.unique(np.concatenate(listed))
+                return int((p_of(pool) >= threshold).sum()) if len(pool) else 0
+            if n >= unit_lists.length:
+                break
+            n = min(n * 4, unit_lists.length)
 
     bound = None
     if nonnegative and query.include:

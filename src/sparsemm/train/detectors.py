@@ -459,7 +459,9 @@ def _calibrate(
     caption_texts: list[list[int]],
 ) -> np.ndarray | None:
     """:func:`fit_calibration` with the model's own query codes: the terms embedded by the
-    collection's text encoder (as queries are), the captions from their stored embeddings."""
+    collection's text encoder (as queries are), the captions from their stored embeddings.
+    The terms' codes are kept in ``det.term_codes``: the calibrated probability reads them,
+    so a query does not code the words of the detectors it reads."""
     from sparsemm.encoders.base import get_encoder
 
     info = collection.manifest.get("text_encoder", collection.manifest["encoder"])
@@ -473,6 +475,7 @@ def _calibrate(
     term_codes = np.asarray(
         sp.csr_matrix(model.encode(encoder.encode_text(texts), "text")).toarray(), np.float32
     )
+    det.term_codes = np.ascontiguousarray(term_codes.T)  # kept: P(term | x) reads them
     emb = collection.text_embeddings()
     caption_codes = []
     for rows in caption_texts:

@@ -111,12 +111,17 @@ class Match(Strategy):
             p = p * (1.0 - self.term_probability(b))
         return p
 
+    @staticmethod
+    def tie_text(include: Sequence[str]) -> str:
+        """The text whose code similarity breaks ties."""
+        return " and ".join(include)
+
     def tie(self, include: Sequence[str]) -> np.ndarray:
         """(n_items,) in [0, 1]: the include text's code similarity (0 when nothing is
         included or the model has no query coder)."""
         if not include or self.ctx.query_coder is None:
             return np.zeros(self.ctx.n_items)
-        return np.clip(self.similarity(" and ".join(include)), 0.0, 1.0)
+        return np.clip(self.similarity(self.tie_text(include)), 0.0, 1.0)
 
     def rank_key(self, p: np.ndarray, tie: np.ndarray) -> np.ndarray:
         """P at the ranking resolution, ties broken by ``tie`` (never by more than half a

@@ -1,0 +1,286 @@
+"""Per-unit top lists: the items most likely to show each detector, for the served ``match``.
+
+The served path (:func:`sparsemm.query.two_stage.served_match`) must prove that no item
+left out of its candidates ranks in the top k. For SR, an include term's probability
+P(u | x) = sigmoid(a (w_u . x + b_u) + g cos(q_u, x) + c) is read from a detector whose
+weights w_u have negative entries, and the index can only bound it through their positive
+part, which is loose: on COCO codes resampled to 100,000 items, "car" is bounded above 0.5
+for most items while under 10% have P(car) > 0.5. So many queries had to scan every item.
+
+This module computes P(u | x) once for every item and every detector unit (the same
+formula as :class:`~sparsemm.query.scorers.DetectorScorer`) when the index is built, and
+keeps, per unit, the ``length`` items with the highest probability, best first:
+
+- ``rows`` (V, L) int32: collection rows (-1 past the end when the collection is smaller);
+- ``ub`` (V, L) uint8: an upper bound of each listed item's probability, ceil(255 (P +
+  margin)) / 255, non-increasing along a list;
+- ``theta`` (V,) float32: an upper bound of P(u | x) for every item not in u's list (0 when
+  the list holds every item).
+
+An item outside the first n rows of unit u's list has P(u | x) <= ub[u, n] (or theta[u]
+past the list), which certifies a top k with a pool of a few hundred rows. The lists are
+tied to what they were computed from: the detectors and their calibration (a fingerprint of
+their arrays and words) and the index's segment list; a Searcher that finds them stale
+ignores them (results stay exact, the search is slower) and says ``sparsemm index`` builds
+them again. Collections under :data:`MIN_ITEMS` items have none: a scan costs a few ms.
+
+Files in ``COLLECTION/unit_lists/``: ``rows.npy``, ``ub.npy``, ``theta.npy`` and
+``meta.json`` (format, version, fingerprint, index digest, count, the files' SHA-256).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from sparsemm.errors import SparsemmError
+from sparsemm.io import (
+    check_digests,
+    find_dir,
+    load_npy,
+    old_dir,
+    read_json,
+    record_digests,
+    replace_dir,
+    save_npy,
+    write_json,
+)
+
+log = logging.getLogger(__name__)
+
+DIR = "unit_lists"
+FORMAT = "sparsemm.unit-lists"
+VERSION = 1
+MIN_ITEMS = 20_000  # below this a scan of every item costs a few milliseconds
+MARGIN = 1e-4  # float rounding between this computation and the query's (P is in [0, 1])
+CHUNK = 16384  # items per block of the computation
+UNIT_GROUP = 256  # units merged into their lists at a time
+_FILES = ["rows.npy", "ub.npy", "theta.npy"]
+
+
+def list_length(n_items: int) -> int:
+    """Items kept per unit: 1/64 of the collection, from 1,024 to 16,384."""
+    return int(min(n_items, max(1024, min(16384, n_items // 64))))
+
+
+def fingerprint(detectors: Any) -> str:
+    """What the probabilities are computed from: the detectors' weights, biases, words,
+    label flags, calibration and term codes (16 hex digits of a SHA-256). Detectors without
+    term codes have their words coded by the collection's text encoder, which the lists'
+    index digest ties them to."""
+    h = hashlib.sha256()
+    for arr in (detectors.weights, detectors.bias, detectors.label_terms):
+        h.update(np.ascontiguousarray(arr).tobytes())
+    for arr in (getattr(detectors, "calibration", None), getattr(detectors, "term_codes", None)):
+        h.update(b"none" if arr is None else np.ascontiguousarray(arr).tobytes())
+    h.update(json.dumps(list(detectors.terms)).encode())
+    h.update(str(float(detectors.config.scale)).encode())
+    return h.hexdigest()[:16]
+
+
+def index_digest(index: Any) -> str:
+    """The index's digest of its segment list (changes with every commit that changes its
+    items): :attr:`sparsemm.index.InvertedIndex.digest`."""
+    return str(index.digest)
+
+
+@dataclass
+class UnitLists:
+    """Per detector unit, the items most likely to show it (see the module docstring)."""
+
+    rows: np.ndarray  # (V, L) int32
+    ub: np.ndarray  # (V, L) uint8
+    theta: np.ndarray  # (V,) float32
+    fingerprint: str
+    index_digest: str
+    count: int
+
+    @property
+    def length(self) -> int:
+        return int(self.rows.shape[1])
+
+    def top(self, unit: int, n: int) -> tuple[np.ndarray, float]:
+        """(rows, bound): the first ``n`` rows of ``unit``'s list and an upper bound of
+        P(unit | x) for every item not among them (-inf when they are every item)."""
+        n = min(n, self.length)
+        rows = np.asarray(self.rows[unit, :n], dtype=np.int64)
+        rows = rows[rows >= 0]
+        if n < self.length:
+            return rows, float(self.ub[unit, n]) / 255.0
+        if self.length >= self.count:
+            return rows, -np.inf
+        return rows, float(self.theta[unit])
+
+    def save(self, collection_root: str | Path) -> Path:
+        """Write ``COLLECTION/unit_lists/`` atomically (a temp folder swapped in)."""
+        target = Path(collection_root) / DIR
+        tmp = Path(tempfile.mkdtemp(prefix=".unit-lists-", dir=collection_root))
+        try:
+            save_npy(tmp / "rows.npy", self.rows)
+            save_npy(tmp / "ub.npy", self.ub)
+            save_npy(tmp / "theta.npy", self.theta)
+            write_json(
+                tmp / "meta.json",
+                {
+                    "format": FORMAT,
+                    "version": VERSION,
+                    "fingerprint": self.fingerprint,
+                    "index_digest": self.index_digest,
+                    "count": self.count,
+                    "sha256": record_digests(tmp, _FILES),
+                },
+            )
+            replace_dir(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return target
+
+    @classmethod
+    def load(cls, collection_root: str | Path) -> UnitLists | None:
+        """The lists saved in a collection (None when it has none); SparsemmError when they
+        are damaged."""
+        folder = find_dir(Path(collection_root) / DIR)
+        if not (folder / "meta.json").is_file():
+            return None
+        remedy = "run `sparsemm index` on the collection to build them again"
+        meta = read_json(folder / "meta.json")
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise SparsemmError(f"{folder} holds no sparsemm unit lists; {remedy}")
+        if meta.get("version") != VERSION:
+            raise SparsemmError(
+                f"{folder} was written by another sparsemm (version {meta.get('version')}); "
+                f"{remedy}"
+            )
+        check_digests(folder, meta.get("sha256"), _FILES, remedy)
+        rows = load_npy(folder / "rows.npy", mmap=True)
+        ub = load_npy(folder / "ub.npy", mmap=True)
+        theta = load_npy(folder / "theta.npy")
+        count = meta.get("count")
+        ok = (
+            isinstance(count, int)
+            and rows.ndim == 2
+            and rows.dtype == np.int32
+            and ub.dtype == np.uint8
+            and ub.shape == rows.shape
+            and theta.dtype == np.float32
+            and theta.shape == (rows.shape[0],)
+            and bool(np.isfinite(theta).all())
+            and rows.shape[1] <= count
+        )
+        if not ok:
+            raise SparsemmError(f"{folder}: the unit lists have wrong shapes or types; {remedy}")
+        assert isinstance(count, int)
+        return cls(
+            rows, ub, theta, str(meta.get("fingerprint")), str(meta.get("index_digest")), count
+        )
+
+    def fits(self, detectors: Any, index: Any) -> bool:
+        """True when the lists were computed from these detectors over this index."""
+        return (
+            self.fingerprint == fingerprint(detectors)
+            and self.count == len(index)
+            and self.index_digest == index_digest(index)
+            and self.rows.shape[0] == len(detectors)
+        )
+
+
+def remove_unit_lists(collection_root: str | Path) -> None:
+    """Remove a collection's unit lists (they no longer fit its index or model)."""
+    for folder in (Path(collection_root) / DIR, old_dir(Path(collection_root) / DIR)):
+        if folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _unit_matrix(scorer: Any, ctx: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(M (d, V) float32, offset (V,)): z_u(x) = x . M[:, u] + offset[u] for a unit code x,
+    the logit of :meth:`~sparsemm.query.scorers.DetectorScorer.unit_probability`."""
+    det = scorer.detectors
+    terms = [str(t) for t in det.terms]
+    if det.term_codes is None:
+        ctx.prefetch(terms, codes=True)
+    m = np.zeros((det.weights.shape[0], len(terms)), dtype=np.float64)
+    offset = np.zeros(len(terms))
+    for u in range(len(terms)):
+        a, g, c = scorer.calibration.of(bool(det.label_terms[u]))
+        w, b, _ = det.column_at(u)
+        m[:, u] = a * np.asarray(w, dtype=np.float64)
+        if g:
+            q = np.asarray(scorer.term_code(u, ctx), dtype=np.float64)
+            nrm = float(np.linalg.norm(q))
+            if nrm > 0.0:
+                m[:, u] += g * q / nrm
+        offset[u] = a * b + c
+    return m.astype(np.float32), offset
+
+
+def build_unit_lists(
+    scorer: Any,
+    ctx: Any,
+    codes: sp.csr_matrix,
+    index: Any,
+    length: int | None = None,
+    progress: bool = False,
+) -> UnitLists:
+    """The lists of ``scorer``'s detector units over ``codes`` (the index's unit codes, in
+    its row order); ``ctx`` codes the detectors' words as a query would."""
+    from tqdm.auto import tqdm
+
+    n = codes.shape[0]
+    if n == 0:
+        raise SparsemmError("no items to build unit lists for")
+    if n != len(index):
+        raise SparsemmError(f"{n} codes for an index of {len(index)} items")
+    length = list_length(n) if length is None else max(1, min(int(length), n))
+    m, offset = _unit_matrix(scorer, ctx)
+    v = m.shape[1]
+    best_p = np.full((v, length), -np.inf, dtype=np.float32)
+    best_r = np.full((v, length), -1, dtype=np.int32)
+    theta = np.zeros(v, dtype=np.float64)  # the largest probability dropped from a list
+    codes = sp.csr_matrix(codes, dtype=np.float32)
+    norms = np.sqrt(np.asarray(codes.multiply(codes).sum(axis=1), dtype=np.float64).ravel())
+    off = offset.astype(np.float32)
+    for lo in tqdm(range(0, n, CHUNK), desc="unit lists", disable=not progress, unit="block"):
+        hi = min(lo + CHUNK, n)
+        scale = (1.0 / np.maximum(norms[lo:hi], 1e-12)).astype(np.float32)
+        dense = np.asarray(codes[lo:hi].toarray(), dtype=np.float32) * scale[:, None]
+        z = dense @ m + off
+        p = (1.0 / (1.0 + np.exp(-z.astype(np.float64)))).astype(np.float32).T  # (V, block)
+        block_rows = np.arange(lo, hi, dtype=np.int32)
+        for g in range(0, v, UNIT_GROUP):  # bounded temporaries: a group of units at a time
+            sl = slice(g, min(g + UNIT_GROUP, v))
+            vals = np.concatenate([best_p[sl], p[sl]], axis=1)
+            rows = np.concatenate(
+                [best_r[sl], np.broadcast_to(block_rows, (vals.shape[0], hi - lo))], axis=1
+            )
+            part = np.argpartition(-vals, length - 1, axis=1)
+            keep, drop = part[:, :length], part[:, length:]
+            if drop.shape[1]:
+                theta[sl] = np.maximum(
+                    theta[sl], np.take_along_axis(vals, drop, axis=1).max(axis=1)
+                )
+            best_p[sl] = np.take_along_axis(vals, keep, axis=1)
+            best_r[sl] = np.take_along_axis(rows, keep, axis=1)
+    # best first, ties by row
+    order = np.lexsort((best_r, -best_p), axis=1)
+    best_p = np.take_along_axis(best_p, order, axis=1)
+    best_r = np.take_along_axis(best_r, order, axis=1)
+    ub = np.ceil(np.clip((best_p.astype(np.float64) + MARGIN) * 255.0, 0.0, 255.0))
+    theta_ub = np.minimum(theta + MARGIN, 1.0)
+    return UnitLists(
+        best_r,
+        ub.astype(np.uint8),
+        theta_ub.astype(np.float32),
+        fingerprint(scorer.detectors),
+        index_digest(index),
+        n,
+    )

@@ -1,0 +1,188 @@
+"""Unit lists: per detector, the items most likely to show it, computed when the index is
+built; the served match path certifies from them, equal to ranking every item; stale or
+damaged lists are never used."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+pytest.importorskip("torch")
+
+from fakes import (
+    KeywordEncoder,
+    identity_sr,
+    keyword_collection,
+    sr_codes,
+    sr_context,
+    sr_detectors,
+)
+from sparsemm.cli.main import main
+from sparsemm.encoders.base import register_encoder
+from sparsemm.errors import SparsemmError
+from sparsemm.index import InvertedIndex
+from sparsemm.query.parse import parse_query
+from sparsemm.query.rank import rank_query
+from sparsemm.query.scorers import detector_scorer
+from sparsemm.query.searcher import Searcher
+from sparsemm.query.strategies import get_strategy
+from sparsemm.query.two_stage import count_matches, served_match
+from sparsemm.query.unit_lists import UnitLists, build_unit_lists, list_length
+
+D = 12
+N = 3000
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("units")
+    det = sr_detectors(D)
+    codes = sr_codes(N, D, seed=5)
+    index = InvertedIndex.build(tmp / "ix", codes, [str(i) for i in range(N)])
+    full = sr_context(codes, det)
+    text = sr_context(sp.csr_matrix((0, D), dtype=np.float32), det)
+    lists = build_unit_lists(detector_scorer(det), text, codes, index, length=600)
+    return det, codes, index, full, text, lists, tmp
+
+
+def test_lists_bound_every_items_probability(setup) -> None:
+    det, _codes, _index, full, _text, lists, _ = setup
+    scorer = detector_scorer(det)
+    assert lists.rows.shape == (len(det), 600) and lists.count == N
+    for u in range(len(det)):
+        p = scorer.unit_probability(u, full)
+        listed = lists.rows[u].astype(np.int64)
+        # the list holds the most probable items, best first, each under its bound
+        assert np.all(np.diff(p[listed]) <= 1e-6)
+        assert np.all(p[listed] <= lists.ub[u].astype(np.float64) / 255.0)
+        others = np.setdiff1d(np.arange(N), listed)
+        assert p[others].max() <= lists.theta[u]
+        assert p[others].max() <= p[listed].min() + 1e-6
+        # an item after the first n of the list is under the bound top() gives for n
+        for n in (1, 10, 600):
+            rows, bound = lists.top(u, n)
+            rest = np.setdiff1d(np.arange(N), rows)
+            assert p[rest].max() <= bound
+
+
+def test_served_match_from_unit_lists_equals_ranking_every_item(setup) -> None:
+    _det, _codes, index, full, text, lists, _ = setup
+    m = get_strategy("match", full)
+    modes = set()
+    for q in (
+        "dog but not cat",
+        "cats",
+        "a car",
+        "an animal but no car",
+        "vehicles, no bus",
+        "a person without a hat",
+        "there is a dog and a car",
+    ):
+        query = parse_query(q)
+        for k, offset in ((10, 0), (5, 7)):
+            want_rows, want_scores = rank_query(full, query, "match", k=k, offset=offset)
+            got = served_match(
+                index, text, query, k=k, offset=offset, candidates=8, unit_lists=lists
+            )
+            np.testing.assert_array_equal(got.rows, want_rows, err_msg=q)
+            np.testing.assert_allclose(got.scores, want_scores, atol=1e-9)
+            modes.add(got.mode)
+        brute = int((m.probability(query.include, query.exclude) >= 0.5).sum())
+        assert count_matches(index, text, query, 0.5, candidates=8, unit_lists=lists) == brute
+    assert "unit lists" in modes  # the lists certified some queries on their own
+
+
+def test_lists_round_trip_and_refuse_damage(setup) -> None:
+    det, codes, index, _full, _text, lists, tmp = setup
+    root = tmp / "col"
+    root.mkdir()
+    assert UnitLists.load(root) is None
+    lists.save(root)
+    back = UnitLists.load(root)
+    assert back is not None and back.fits(det, index)
+    np.testing.assert_array_equal(back.rows, lists.rows)
+    np.testing.assert_array_equal(back.ub, lists.ub)
+    # other detectors, or an index that changed, no longer fit
+    other = sr_detectors(D, seed=1)
+    assert not back.fits(other, index)
+    grown = InvertedIndex.build(tmp / "ix2", codes, [str(i) for i in range(N)])
+    grown.add(codes[:3], ["a", "b", "c"])
+    assert not back.fits(det, grown)
+    # a damaged file is refused by name
+    data = bytearray((root / "unit_lists" / "ub.npy").read_bytes())
+    data[-1] ^= 0xFF
+    (root / "unit_lists" / "ub.npy").write_bytes(bytes(data))
+    with pytest.raises(SparsemmError, match=r"ub\.npy does not match its checksum"):
+        UnitLists.load(root)
+    meta = json.loads((root / "unit_lists" / "meta.json").read_text())
+    meta["version"] = 99
+    (root / "unit_lists" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(SparsemmError, match="another sparsemm"):
+        UnitLists.load(root)
+
+
+def test_list_length_scales_with_the_collection() -> None:
+    assert list_length(500) == 500
+    assert list_length(100_000) == 1562
+    assert list_length(10_000_000) == 16384
+
+
+# -- built by `sparsemm index`, used by the Searcher, ignored when stale --------------------
+
+WORDS = ("dog", "cat", "car", "bus", "tree", "ball", "person", "pizza")
+
+
+class _Words(KeywordEncoder):
+    name = "unitlistkw"
+    keywords = WORDS
+
+
+register_encoder("unitlistkw")(_Words)
+
+
+def test_index_builds_lists_the_searcher_uses_and_drops_when_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import sparsemm.query.unit_lists as ul
+
+    monkeypatch.setattr(ul, "MIN_ITEMS", 50)  # a toy collection stands in for a large one
+    rng = np.random.default_rng(0)
+    objects = {
+        f"i{i}": sorted(set(rng.choice(WORDS, size=int(rng.integers(1, 4))).tolist()))
+        for i in range(600)
+    }
+    col = keyword_collection(tmp_path / "col", _Words(), objects)
+    sr = identity_sr(tmp_path / "sr", len(WORDS))
+    train = ["train", "detectors", str(sr), str(col), "--min-mentions", "5", "--no-progress"]
+    assert main(train) == 0
+    assert main(["index", str(col), "--model", str(sr), "--no-progress"]) == 0
+    assert (col / "unit_lists" / "meta.json").is_file()
+    s = Searcher(col)
+    assert s.unit_lists is not None and s.unit_lists.count == 600
+
+    def brute(q: str, k: int = 5) -> list[str]:
+        rows, _ = rank_query(s.context, parse_query(q), "match", k=k)
+        return [s.collection.ids[int(r)] for r in rows]
+
+    queries = ("dog but not cat", "a car", "pizza, no person", "a ball without a tree")
+    for q in queries:
+        assert [h.id for h in s.search(q, k=5)] == brute(q), q
+    # detectors fitted again (other settings): the lists no longer fit and are not used
+    assert main([*train[:-3], "--min-mentions", "5", "--max-terms", "6", "--no-progress"]) == 0
+    with caplog.at_level("WARNING"):
+        stale = Searcher(col)
+        assert stale.unit_lists is None
+    assert "computed for other detectors or another index" in caplog.text
+    for q in queries:
+        rows, _ = rank_query(stale.context, parse_query(q), "match", k=5)
+        assert [h.id for h in stale.search(q, k=5)] == [stale.collection.ids[int(r)] for r in rows]
+    # re-indexing builds them again; a collection under the size gets none
+    assert main(["index", str(col), "--model", str(sr), "--no-progress"]) == 0
+    assert Searcher(col).unit_lists is not None
+    monkeypatch.setattr(ul, "MIN_ITEMS", 10_000)
+    assert main(["index", str(col), "--model", str(sr), "--no-progress"]) == 0
+    assert not (col / "unit_lists").exists()
