@@ -19,7 +19,7 @@ is left out of that query's ranking):
   message; notes: what the search said about how it read a term (``Searcher.notes``).
 
 Means are reported for the train and held-out splits of the queries separately (the
-held-out third was not looked at while developing) and for all.
+calibration and the reading rules were chosen on the train queries) and for all.
 
     python benchmarks/real_photos.py -o runs/real-photos [--cache DIR] [--strategy NAME]
 

@@ -60,8 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--strategy",
         default=None,
-        help=f"exclusion strategy (default: the model's; {DEFAULT_STRATEGY} for SR, served "
-        "through the index or Qdrant; code_arith for VDR; filter with --engine index)",
+        help=f"exclusion strategy (default: the model's; {DEFAULT_STRATEGY} for SR, the photo "
+        "concept model and CLIP, served through the index or Qdrant; code_arith for VDR; "
+        "filter with --engine index)",
     )
     p.add_argument(
         "--engine",

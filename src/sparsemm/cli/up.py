@@ -53,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "serve); re-runs add only new or changed photos",
         description="Embeds the photos under PHOTOS with the offline EfficientNet-Lite0 "
         "(captions, if given, with MiniLM), codes them over the 1000 named ImageNet classes "
-        "(no captions or training needed) or, when at least "
+        "and the faces it finds (no captions or training needed; query words are read "
+        "through WordNet) or, when at least "
         f"{MIN_TRAIN_PHOTOS} photos have captions, with an SR model trained on them, "
         "indexes them and serves the search page. "
         "Output goes to PHOTOS/.sparsemm unless -o says otherwise; a re-run embeds only new "

@@ -15,12 +15,17 @@ concept space whose dimensions have names:
   ``query_top_k``), weighted ``exp((sim - best) / query_temperature)``. A term below
   ``min_query_sim`` for every class maps to nothing: the model says it does not know it.
 
-What it cannot know: ImageNet-1k has no class for a person, a man or a woman (only a few
-roles: scuba diver, groom, ballplayer), no scene classes such as kitchen or street beyond
-a handful (restaurant, library, ...), and no colours or counts. Queries about those map to
-nothing or to loosely related objects; see docs/own-photos.md.
+Version 2 (what ``sparsemm up`` builds) codes photos from their *evidence* instead: the
+classifier over the whole image and the faces an MTCNN detector finds (``face_unit``, the
+"person (face)" dimension), read once per photo (:class:`EvidenceReader`, stored in
+``COLLECTION/concepts/evidence.json``), with calibrated presence probabilities; query terms
+are read through the WordNet hierarchy (:mod:`sparsemm.concepts`) and scored by
+:class:`sparsemm.query.scorers.UnitScorer`. What it still cannot know: a person without a
+visible face (beyond ImageNet's few person classes: scuba diver, groom, ballplayer), men
+from women, scenes with no object that implies them, colours and counts; see
+docs/own-photos.md.
 
-Items are coded from the collection's EfficientNet-Lite0 embeddings. Those are stored
+Version 1 items are coded from the collection's EfficientNet-Lite0 embeddings. Those are stored
 L2-normalised, while the classifier reads the un-normalised pooled features, so the
 pooled norm of every image is kept in ``COLLECTION/concepts/norms.json`` (keyed by image
 path, size and mtime; computed once by re-running the backbone, or recorded by
