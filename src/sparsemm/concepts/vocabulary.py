@@ -80,6 +80,10 @@ BLOCKED: frozenset[tuple[str, str]] = frozenset(
 # refused: "kitchen" is not usefully searched as "area", nor "trees" as "vascular plant".
 STAND_INS = ("n00007846", "n02084071")  # person.n.01, dog.n.01
 # Words of a phrase that frame it rather than name a thing in the picture.
+# words for people a typo may have meant, though the model widens them to "person"
+EVERYDAY_PEOPLE = frozenset(
+    "man men woman women child children boy boys girl girls baby babies kid kids".split()
+)
 FILLER = frozenset(
     "photo photos photograph picture pictures image images shot snapshot view close-up "
     "closeup scene kind kinds type sort group groups bunch lot lots couple pair number "
@@ -359,6 +363,10 @@ class ConceptVocabulary:
         return self.physical(senses[0])
 
     def refusal(self, term: str) -> str:
+        if not self._senses_any(term):
+            typo = self.spelling(term)
+            if typo:  # a misspelt word: say what it probably is
+                return f"{term!r} is not a noun WordNet knows; did you mean {' or '.join(typo)}?"
         near = self.suggest(term)
         known = (
             "WordNet has no such noun"
@@ -368,13 +376,46 @@ class ConceptVocabulary:
         hint = f"; closest concepts it knows: {', '.join(near)}" if near else ""
         return f"{term!r} is not something this model can see ({known}){hint}"
 
+    def spelling(self, term: str, k: int = 3) -> list[str]:
+        """Up to ``k`` nouns one or two edits (a letter left out, added, changed or two
+        swapped) from a one-word ``term`` that the model reads as themselves: what a typo
+        ("dgo") probably meant. Closer words first, then words with more senses."""
+        word = normalise(term)
+        if not re.fullmatch(r"[a-z]{3,20}", word):
+            return []
+        near1 = _edits(word)
+        found: dict[str, int] = {}
+        for dist, cands in ((1, near1), (2, {e2 for e in near1 for e2 in _edits(e)})):
+            for c in sorted(cands):
+                if c != word and c not in found and self.wn.known(c):
+                    found[c] = dist
+            if found:
+                break
+        readable = []
+        for c in sorted(found, key=lambda c: (found[c], -len(self.wn.lookup(c)), c)):
+            try:
+                concept = self.read_noun(c)
+            except SparsemmError:
+                continue
+            # words the model reads as themselves, and everyday words for people: not the
+            # many roles and names WordNet files under "person"
+            if concept is not None and (concept.how != "broader" or c in EVERYDAY_PEOPLE):
+                readable.append(c)
+            if len(readable) == k:
+                break
+        return readable
+
     def _senses_any(self, term: str) -> bool:
         words = [w for w in re.findall(r"[a-z0-9][a-z0-9'\-]*", normalise(term)) if w]
         return any(self.wn.known(w) for w in words) or self.wn.known(normalise(term))
 
     def suggest(self, term: str, k: int = 3) -> list[str]:
-        """Up to ``k`` unit names closest to ``term``: by the model's text similarity when
-        it has one, else by spelling."""
+        """Up to ``k`` names closest to ``term``: what a misspelt word probably meant, else
+        unit names by the model's text similarity when it has one, else by spelling."""
+        if not self._senses_any(term):
+            typo = self.spelling(term, k)
+            if typo:
+                return typo
         if self.similar is not None:
             try:
                 return list(dict.fromkeys(self.similar(term, k)))[:k]
@@ -382,6 +423,19 @@ class ConceptVocabulary:
                 pass
         names = list(dict.fromkeys(normalise(n) for n in self.names))
         return difflib.get_close_matches(normalise(term), names, n=k, cutoff=0.6)
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _edits(word: str) -> set[str]:
+    """Every string one deletion, transposition, replacement or insertion from ``word``."""
+    splits = [(word[:i], word[i:]) for i in range(len(word) + 1)]
+    out = {a + b[1:] for a, b in splits if b}
+    out |= {a + b[1] + b[0] + b[2:] for a, b in splits if len(b) > 1}
+    out |= {a + c + b[1:] for a, b in splits if b for c in _LETTERS}
+    out |= {a + c + b for a, b in splits for c in _LETTERS}
+    return out
 
 
 def _by_w(item: tuple[int, float]) -> tuple[float, int]:
