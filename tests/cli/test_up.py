@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -363,3 +364,80 @@ def test_up_train_errors_are_one_line(
     assert not (photos / ".sparsemm" / "collection").exists()  # refused before encoding
     code = main(["up", str(photos), "--no-serve", "--train", "--model", str(tmp_path)])
     assert code == 2 and "does not go with --model" in _one_error_line(capsys.readouterr().err)
+
+
+def test_search_scores_are_match_percentages_with_a_threshold(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The photo model's default scorer prints whole percentages; --min-score keeps the
+    likelier matches and counts them over the whole collection; bad values, -k, a missing
+    folder and a wordless query are one error line before anything loads; a typo is
+    answered with what it probably meant."""
+    from fastapi.testclient import TestClient
+
+    from sparsemm.query.searcher import Searcher
+    from sparsemm.web.app import create_app
+
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    assert _up(photos, out, capsys)[0] == 0
+    col = str(out / "collection")
+    assert main(["search", col, "a cat", "--no-server", "-k", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("[match]")
+    assert all(line.rstrip() == line and "%" in line for line in lines[1:])
+    searcher = Searcher(col)
+    scores = [h.score for h in searcher.search("no cat", k=3)]  # every photo: 1 - P(cat)
+    assert len(scores) == 3 and all(0.0 <= s <= 1.0 for s in scores)
+    threshold = sorted(scores)[1]
+    expected = sum(s >= threshold for s in scores)
+    assert main(["search", col, "no cat", "--min-score", str(threshold), "--no-server"]) == 0
+    got = capsys.readouterr().out
+    assert f"{expected} of 3 items match at {math.floor(100 * threshold + 1e-7)}% or more" in got
+    assert len(got.splitlines()) == 1 + expected + 1
+    assert searcher.count_matches("no cat", threshold) == expected
+    for argv, message in (
+        (["--min-score", "150%"], "--min-score: a probability in (0, 1]"),
+        (["--min-score", "abc"], "--min-score: not a probability"),
+        (["-k", "0"], "-k must be at least 1"),
+    ):
+        assert main(["search", col, "a cat", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert main(["search", str(tmp_path / "nowhere"), "a cat"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["search", col, "?!.,;"]) == 2
+    assert "holds no word" in capsys.readouterr().err
+    assert main(["search", col, "cta", "--no-server"]) == 2
+    assert "did you mean cat" in capsys.readouterr().err
+    with TestClient(create_app(searcher=searcher), base_url="http://127.0.0.1") as client:
+        r = client.get("/api/search", params={"q": "no cat", "min_score": threshold})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["probabilistic"] and body["matches"] == expected
+        assert len(body["hits"]) == expected
+
+
+def test_a_damaged_index_is_named_with_its_repair_and_up_builds_it_again(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A search over a damaged index says which command builds it again (with the model
+    the index names); re-running `up` builds it from the stored embeddings, reading no
+    photo again."""
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    assert _up(photos, out, capsys)[0] == 0
+    seg = next((out / "collection" / "index").glob("seg-*"))
+    victim = next(p for p in sorted(seg.glob("*.npy")) if p.stat().st_size > 200)
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    assert main(["search", str(out / "collection"), "a cat", "--no-server"]) == 2
+    err = _one_error_line(capsys.readouterr().err)
+    assert "does not match its checksum" in err and f"--model {out / 'model'}" in err
+    assert "run `sparsemm up` again" in err
+    code, text, _ = _up(photos, out, capsys)
+    assert code == 0 and "the index is damaged" in text and "0 new, 0 changed" in text
+    assert main(["search", str(out / "collection"), "a cat", "--no-server"]) == 0

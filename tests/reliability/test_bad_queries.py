@@ -26,9 +26,9 @@ CLI_CASES = [
     (['dog -"'], "must be followed by the term to exclude"),
     (["dog but not"], "'but not' is not followed by a term to exclude"),
     (["dog", "--exclude", " , "], "empty excluded term"),
-    (["dog", "-k", "0"], "k must be >= 1"),
-    (["dog", "-k", "-3"], "k must be >= 1"),
-    (["dog", "--offset", "-1"], "offset >= 0"),
+    (["dog", "-k", "0"], "-k must be at least 1"),
+    (["dog", "-k", "-3"], "-k must be at least 1"),
+    (["dog", "--offset", "-1"], "--offset must be 0 or more"),
     (["dog", "--strategy", "nope"], "unknown strategy 'nope'"),
 ]
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,7 +74,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--min-score",
-        type=_probability,
         default=None,
         metavar="P",
         help="keep only results whose match probability is at least P (0-1, or a "
@@ -106,15 +106,42 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _probability(text: str) -> float:
-    """A --min-score value: 0.6 or 60%."""
-    t = text.strip()
+    """A --min-score value: 0.6 or 60% (SparsemmError, one line, otherwise)."""
+    from sparsemm.errors import SparsemmError
+
+    t = str(text).strip()
     try:
         v = float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a probability: {text!r} (use 0.6 or 60%)") from None
+        raise SparsemmError(f"--min-score: not a probability: {text!r} (use 0.6 or 60%)") from None
     if not 0.0 < v <= 1.0:
-        raise argparse.ArgumentTypeError(f"a probability in (0, 1] (or 1%-100%), got {text!r}")
+        raise SparsemmError(f"--min-score: a probability in (0, 1] (or 1%-100%), got {text!r}")
     return v
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """What can be refused before anything is loaded (a second or more): -k, --offset,
+    --min-score, a collection folder that is not there, a query with no word in it."""
+    from sparsemm.errors import SparsemmError
+
+    if args.k < 1:
+        raise SparsemmError(f"-k must be at least 1, got {args.k}")
+    if args.offset < 0:
+        raise SparsemmError(f"--offset must be 0 or more, got {args.offset}")
+    if isinstance(args.min_score, str):
+        args.min_score = _probability(args.min_score)
+    if args.collection is not None and not Path(args.collection).exists():
+        raise SparsemmError(f"{args.collection} does not exist")
+    text = " ".join([args.query or "", *args.exclude])
+    # visible characters (an empty or zero-width query is the parser's "empty query")
+    shown = [
+        c for c in text if c.isprintable() and not c.isspace() and unicodedata.category(c) != "Cf"
+    ]
+    if shown and not any(ch.isalnum() for ch in shown):
+        raise SparsemmError(
+            f"the query {text.strip()!r} holds no word: search for something, e.g. "
+            '"dog but not cat"'
+        )
 
 
 def percent(p: float) -> str:
@@ -220,7 +247,7 @@ def print_answer(answer: dict) -> None:
     print(f"query: {', '.join(query['include']) or '(anything)'}{excl}   [{answer['strategy']}]")
     prob = bool(answer.get("probabilistic"))
     for h in hits:
-        print(f"{h['rank']:>3}. {h['id']}  {score_text(h['score'], prob)}  {h['caption']}")
+        print(f"{h['rank']:>3}. {h['id']}  {score_text(h['score'], prob)}  {h['caption']}".rstrip())
     if not hits:
         print("no results")
 
@@ -231,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list_strategies:  # before the searcher's imports (torch): this answers at once
         print(list_strategies())
         return 0
+    check_args(args)
     if forwardable(args):
         from sparsemm.cli.running import find_server, forward_search, within_server_limits
 
@@ -358,7 +386,8 @@ def run_like(args: argparse.Namespace) -> int:
         return 0
     excl = f"  but not: {', '.join(exclude)}" if exclude else ""
     print(f"query: like {args.like}{excl}   [{args.strategy}]")
-    print_hits(hits, args.explain, False)
+    # with match: the share of the picture's concepts an item has, times 1 - P(excluded)
+    print_hits(hits, args.explain, searcher.probabilistic(args.strategy))
     return 0
 
 
@@ -373,7 +402,7 @@ def _why(way: str) -> str:
 def print_hits(hits: list[Hit], explain: bool, probabilistic: bool = False) -> None:
     """The text output's result lines (and with ``explain`` the why of each)."""
     for h in hits:
-        print(f"{h.rank:>3}. {h.id}  {score_text(h.score, probabilistic)}  {h.caption}")
+        print(f"{h.rank:>3}. {h.id}  {score_text(h.score, probabilistic)}  {h.caption}".rstrip())
         if explain:
             for c in h.matched:
                 print(f"       matched dim {c.dim} (+{c.weight:.3f}): {', '.join(c.words[:5])}")

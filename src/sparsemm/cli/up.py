@@ -305,7 +305,11 @@ def caption_model(out: Path, col: Any, force: bool, progress: bool) -> Path:
 
 
 def index_collection(
-    col_dir: Path, model_dir: Path, report: Any, spine_dir: Path | None = None
+    col_dir: Path,
+    model_dir: Path,
+    report: Any,
+    spine_dir: Path | None = None,
+    progress: bool = False,
 ) -> tuple[Any, str]:
     """Add the new items to the existing index when that is exact, else (re)build it.
     Returns (index, what was done)."""
@@ -319,8 +323,14 @@ def index_collection(
     col = open_collection(col_dir)
     root = col.root / INDEX_DIR
     reason = "new collection"
+    index = None
     if (root / "manifest.json").is_file():
-        index = InvertedIndex.open(root)
+        try:
+            index = InvertedIndex.open(root)
+        except SparsemmError as exc:  # derived from the stored embeddings: built again
+            _say(f"warning: the index is damaged ({exc}); building it again")
+            reason = "the index was damaged"
+    if index is not None:
         meta = index.meta or {}
         ids, n_old = col.ids, len(index)
         same_model = meta.get("model") == str(model_dir.resolve()) and meta.get("model_sha256") in (
@@ -336,7 +346,7 @@ def index_collection(
         # of the whole collection.
         if same_model and prefix and model.kind == "imagenet_concepts":
             sub = _SubCollection(col, n_old)
-            codes = model.encode_items(sub)  # type: ignore[arg-type]
+            codes = model.encode_items(sub, progress=progress)  # type: ignore[arg-type]
             if model.unit_codes:
                 codes = normalize_rows(codes)
             index.add(codes, ids[n_old:])
@@ -348,11 +358,13 @@ def index_collection(
             if not prefix
             else f"a {model.kind} index is rebuilt whole"
         )
+    elif reason != "new collection":
+        pass  # damaged: said above
     elif report is not None and (report.changed or report.removed):
         reason = "photos changed or were removed"
     elif report is not None and not report.created:
         reason = "no index yet"
-    index = build_index(col_dir, model_dir, spine_dir=spine_dir)
+    index = build_index(col_dir, model_dir, spine_dir=spine_dir, progress=progress)
     return index, f"built the index ({reason})"
 
 
@@ -476,7 +488,7 @@ def run(args: argparse.Namespace) -> int:
             f"model: ImageNet concepts ({n_captioned} captioned photos; an SR model is trained "
             f"on the captions from {MIN_TRAIN_PHOTOS}, or with --train)"
         )
-    index, what = index_collection(col_dir, model_dir, report, spine_dir)
+    index, what = index_collection(col_dir, model_dir, report, spine_dir, progress)
     _say(f"{what}: {len(index)} items, {index.nnz / max(len(index), 1):.1f} concepts each")
     _say(f"ready in {time.perf_counter() - t0:.1f} s")
     if args.no_serve:

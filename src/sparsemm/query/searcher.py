@@ -177,7 +177,7 @@ def build_index(
             )
     # Unit-length codes: the index's inner product is then the cosine the strategies use
     # (the photo model's codes hold probabilities, which its scorer reads as they are).
-    codes = model.encode_items(col)
+    codes = model.encode_items(col, progress=progress)
     codes = normalize_rows(codes) if model.unit_codes else sp.csr_matrix(codes, dtype=np.float32)
     spine_labels: list[list[str]] = []
     if spine_dir is not None and model.kind != "sr":
@@ -240,6 +240,17 @@ def update_unit_lists(collection_dir: str | Path, progress: bool = False) -> Uni
     )
     lists.save(searcher.collection.root)
     return lists
+
+
+def _rebuild_hint(collection_dir: str | Path, root: Path) -> str:
+    """How to build a damaged index again: the command with the model its manifest names
+    (when it can be read), and the `sparsemm up` way."""
+    try:
+        model = (read_json(root / "manifest.json").get("meta") or {}).get("model")
+    except (SparsemmError, OSError, ValueError, AttributeError):
+        model = None
+    cmd = f"sparsemm index {collection_dir} --model {model or 'MODEL_DIR'}"
+    return f"`{cmd}`, or for a folder made by `sparsemm up`, run `sparsemm up` again"
 
 
 @dataclass
@@ -352,7 +363,10 @@ class Searcher:
                 f"{collection_dir} has no index; build it with `sparsemm index "
                 f"{collection_dir} --model MODEL_DIR`"
             )
-        self.index = InvertedIndex.open(root)
+        try:
+            self.index = InvertedIndex.open(root)
+        except SparsemmError as exc:  # damaged: say how to build it again, with what
+            raise SparsemmError(f"{exc} ({_rebuild_hint(collection_dir, root)})") from exc
         if store is not None and (len(store) != len(self.index) or store.dim != self.index.dim):
             raise SparsemmError(
                 f"the {store.backend} store holds {len(store)} items of dim {store.dim}, the "
@@ -1135,10 +1149,11 @@ class Searcher:
         the include side and ``exclude`` applied, through the same scorer as a text query.
 
         The code stands in for an include term's query code (a pseudo-term, named
-        "like: LABEL", whose cached code is the item code): the served ``hybrid`` scores
-        ``alpha cos(code, x) - gamma sum_B cos(q_B, x) + beta sum_B log(1 - P(B | x) / c_B)``,
-        the same certified index path as text; the pseudo-term has no detector, so its side
-        is code similarity. Dense strategies are refused: the code is not a text embedding.
+        "like: LABEL", whose cached code is the item code): the served ``match`` scores
+        ``cos(code, x) prod_B (1 - P(B | x))`` (``hybrid``: ``alpha cos(code, x) - gamma
+        sum_B cos(q_B, x) + beta sum_B log(1 - P(B | x) / c_B)``), through the same
+        certified index path as text. Dense strategies are refused: the code is not a text
+        embedding.
         """
         strategy = strategy or self.default_strategy
         if strategy in available_strategies() and get_spec(strategy).kind == "dense":
