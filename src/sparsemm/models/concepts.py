@@ -596,14 +596,11 @@ def read_norms(collection_root: str | Path) -> dict[str, float]:
     return {str(k): float(v) for k, v in norms.items() if isinstance(v, int | float)}
 
 
-def record_norms(collection_root: str | Path, norms: dict[str, float]) -> None:
-    """Merge ``norms`` into the collection's norm table (atomic write); entries of image
-    versions the collection no longer holds are dropped."""
+def _live_keys(root: Path) -> set[str]:
+    """The keys (path, size, mtime) of the images a collection holds now: entries of other
+    image versions are dropped from its per-photo tables."""
     from sparsemm.data.collection import open_collection
-    from sparsemm.io import write_json
 
-    root = Path(collection_root)
-    merged = {**read_norms(root), **norms}
     live: set[str] = set()
     for it in open_collection(root, verify=False).items:
         if it.get("image"):
@@ -611,6 +608,17 @@ def record_norms(collection_root: str | Path, norms: dict[str, float]) -> None:
                 live.add(image_key(it["image"]))
             except SparsemmError:
                 continue
+    return live
+
+
+def record_norms(collection_root: str | Path, norms: dict[str, float]) -> None:
+    """Merge ``norms`` into the collection's norm table (atomic write); entries of image
+    versions the collection no longer holds are dropped."""
+    from sparsemm.io import write_json
+
+    root = Path(collection_root)
+    merged = {**read_norms(root), **norms}
+    live = _live_keys(root)
     (root / NORMS_DIR).mkdir(exist_ok=True)
     write_json(
         root / NORMS_DIR / NORMS_FILE,
@@ -782,7 +790,7 @@ class EvidenceReader:
 
         out = []
         side = int(self.model.config.image_size)
-        for img in tqdm(list(images), desc="concepts", disable=not progress, unit="img"):
+        for img in tqdm(list(images), desc="classes and faces", disable=not progress, unit="img"):
             pil = load_image(img, max_side=FACE_MAX_SIDE)
             pooled = self.backbone.pooled_full([pil], side=side)
             probs = self.model.class_probabilities(pooled)[0]
@@ -827,18 +835,11 @@ def record_evidence(
 ) -> None:
     """Merge ``fresh`` into the collection's evidence (atomic write); entries of image
     versions the collection no longer holds are dropped."""
-    from sparsemm.data.collection import open_collection
     from sparsemm.io import write_json
 
     root = Path(collection_root)
     merged = {**read_evidence(root, source), **fresh}
-    live: set[str] = set()
-    for it in open_collection(root, verify=False).items:
-        if it.get("image"):
-            try:
-                live.add(image_key(it["image"]))
-            except SparsemmError:
-                continue
+    live = _live_keys(root)
     (root / NORMS_DIR).mkdir(exist_ok=True)
     write_json(
         root / NORMS_DIR / EVIDENCE_FILE,

@@ -417,16 +417,7 @@ def served_match(
                 return res
     if nonnegative is None:
         nonnegative = bool(getattr(source, "nonnegative", False))
-    bound = None
-    if nonnegative and query.include:
-        for t in query.include:
-            b = strat.scorer.bound(strat.reading(t), ctx)
-            if (
-                b is not None
-                and b.weights
-                and (bound is None or len(b.weights) < len(bound.weights))
-            ):
-                bound = b
+    bound = _match_bound(strat, ctx, query) if nonnegative and query.include else None
     if bound is None:
         return scan_rank(source, ctx, query, "match", k, offset, **params)
     # the tie-break is the include text's code similarity: when that text is the bounded
@@ -642,16 +633,7 @@ def count_matches(
                 break
             n = min(n * 4, unit_lists.length)
 
-    bound = None
-    if nonnegative and query.include:
-        for t in query.include:
-            b = strat.scorer.bound(strat.reading(t), ctx)
-            if (
-                b is not None
-                and b.weights
-                and (bound is None or len(b.weights) < len(bound.weights))
-            ):
-                bound = b
+    bound = _match_bound(strat, ctx, query) if nonnegative and query.include else None
     total = len(source)
     n = min(candidates, total)
     while bound is not None and n * SCAN_SHARE < total:
