@@ -186,3 +186,30 @@ def test_index_builds_lists_the_searcher_uses_and_drops_when_stale(
     monkeypatch.setattr(ul, "MIN_ITEMS", 10_000)
     assert main(["index", str(col), "--model", str(sr), "--no-progress"]) == 0
     assert not (col / "unit_lists").exists()
+
+
+def test_an_uncertified_result_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """When the index path stops growing its candidates before proving the top k (very
+    large collections), the CLI says so in a note and --json reports certified false."""
+    import dataclasses
+
+    import sparsemm.query.searcher as searcher_mod
+
+    objects = {f"i{i}": [WORDS[i % 4], WORDS[(i + 1) % 8]] for i in range(40)}
+    col = keyword_collection(tmp_path / "col", _Words(), objects)
+    sr = identity_sr(tmp_path / "sr", len(WORDS))
+    assert main(["train", "detectors", str(sr), str(col), "--min-mentions", "3"]) == 0
+    assert main(["index", str(col), "--model", str(sr), "--no-progress"]) == 0
+    real = searcher_mod.served_match
+
+    def stopped(*args, **kwargs):
+        return dataclasses.replace(real(*args, **kwargs), certified=False)
+
+    monkeypatch.setattr(searcher_mod, "served_match", stopped)
+    capsys.readouterr()
+    assert main(["search", str(col), "dog but not cat", "--no-server"]) == 0
+    assert "before proving these are the exact top results" in capsys.readouterr().err
+    assert main(["search", str(col), "dog but not cat", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["certified"] is False

@@ -300,6 +300,12 @@ def run(args: argparse.Namespace) -> int:
     unknown = searcher.unknown_words(query)
     prob = searcher.probabilistic(args.strategy)
     notes = searcher.notes(query, args.strategy)
+    served = searcher.last_served
+    if served is not None and not served.certified:
+        notes.append(
+            f"the index path stopped at {served.candidates} candidates before proving these "
+            "are the exact top results (very large collections); they are the best of those"
+        )
     matches = None
     if args.min_score is not None:
         if not prob:
@@ -317,6 +323,7 @@ def run(args: argparse.Namespace) -> int:
             "probabilistic": prob,
             "min_score": args.min_score,
             "matches": matches,
+            "certified": served.certified if served is not None else True,
             "notes": notes,
             "unknown_words": unknown,
             "hits": [{**h.to_dict(), "image": image_path(searcher, h.row)} for h in hits],
