@@ -17,6 +17,7 @@ from pathlib import Path
 from PIL import Image
 
 from sparsemm import Searcher, parse_query
+from sparsemm.cli.search import percent
 from sparsemm.viz.report import ResultItem, result_grid_png
 
 QUERY = "a sneaker but not a bag"
@@ -26,6 +27,7 @@ def grid(searcher: Searcher, query: str, strategy: str | None, k: int, out: Path
     q = parse_query(query)
     hits = searcher.search(q, k=k, strategy=strategy)
     used = strategy or searcher.default_strategy
+    shown = searcher.probabilistic(used)  # match probabilities as the CLI shows them
     items = []
     for h in hits:
         item = searcher.collection.items[h.row]
@@ -42,6 +44,7 @@ def grid(searcher: Searcher, query: str, strategy: str | None, k: int, out: Path
                 labels=labels,
                 caption=h.caption,
                 violates=any(b in labels for b in q.exclude),
+                score_text=percent(h.score) if shown else "",
             )
         )
     bad = sum(i.violates for i in items)

@@ -62,6 +62,7 @@ class ResultItem:
     violates: bool = False
     matched: list[tuple[int, float, list[str]]] = field(default_factory=list)
     excluded: list[tuple[str, list[int], float, list[str]]] = field(default_factory=list)
+    score_text: str = ""  # how the score is shown ("92%" for a match probability)
 
     @classmethod
     def from_hit(cls, hit: Any, image: str | None, exclude: Iterable[str] = ()) -> ResultItem:
@@ -474,10 +475,11 @@ def _card(
         if item.violates
         else ""
     )
+    score = item.score_text or _fmt(item.score)
     return (
         f'<li class="{cls}" data-id="{_e(item.id)}">'
         f'<figure class="thumb">{pic}<span class="rank">#{rank}</span>{marker}</figure>'
-        f'<div class="meta"><span class="score" title="score">{_fmt(item.score)}</span>'
+        f'<div class="meta"><span class="score" title="score">{score}</span>'
         f'<span class="id" title="{_e(item.id)}">{_e(item.id)}</span></div>'
         f"{_labels_html(item.labels, include, exclude)}"
         f'<p class="caption" title="{_e(item.caption)}">{_e(item.caption)}</p>'
@@ -735,7 +737,11 @@ def result_grid_png(
         colour = (192, 38, 27) if item.violates else (29, 36, 48)
         mid = y + cell + LABEL_H // 2
         draw.text(
-            (x + 1, mid), f"#{i + 1}  {_fmt(item.score)}", fill=colour, font=small, anchor="lm"
+            (x + 1, mid),
+            f"#{i + 1}  {item.score_text or _fmt(item.score)}",
+            fill=colour,
+            font=small,
+            anchor="lm",
         )
         if item.violates:  # a drawn cross: the bundled font has no such glyph
             r = LABEL_H // 2 - 3
