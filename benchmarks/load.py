@@ -393,7 +393,7 @@ def build_toy(root: Path, n_items: int = 20_000, seed: int = 0) -> Path:
 
     from sparsemm.data.collection import write_collection
     from sparsemm.models.sr import SRConfig, SRModel
-    from sparsemm.query.searcher import build_index
+    from sparsemm.query.indexing import build_index
 
     rng = np.random.default_rng(seed)
     enc = ToyEncoder()

@@ -26,8 +26,8 @@ from collections import Counter
 
 import numpy as np
 
-from sparsemm.query.naming import label_precision, mentions, top_share_names
-from sparsemm.query.searcher import Searcher, dimension_labels
+from sparsemm.query.naming import dimension_labels, label_precision, mentions, top_share_names
+from sparsemm.query.searcher import Searcher
 from sparsemm.text import CaptionIndex
 
 

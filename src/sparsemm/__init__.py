@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 _LAZY = {
     # searching
     "Searcher": "sparsemm.query.searcher",
-    "Hit": "sparsemm.query.searcher",
+    "Hit": "sparsemm.query.hits",
     "parse_query": "sparsemm.query.parse",
     "Query": "sparsemm.query.parse",
     "available_strategies": "sparsemm.query.strategies",
@@ -41,7 +41,7 @@ _LAZY = {
     "train_sr_on_collection": "sparsemm.train.sr",
     "train_caption_spine": "sparsemm.words.spine",
     "sr_pairs_from_collection": "sparsemm.train.sr",
-    "build_index": "sparsemm.query.searcher",
+    "build_index": "sparsemm.query.indexing",
     "InvertedIndex": "sparsemm.index.inverted",
 }
 
@@ -69,8 +69,10 @@ if TYPE_CHECKING:
     from sparsemm.data.collection import Collection, open_collection, write_collection
     from sparsemm.data.encode import encode_source
     from sparsemm.index.inverted import InvertedIndex
+    from sparsemm.query.hits import Hit
+    from sparsemm.query.indexing import build_index
     from sparsemm.query.parse import Query, parse_query
-    from sparsemm.query.searcher import Hit, Searcher, build_index
+    from sparsemm.query.searcher import Searcher
     from sparsemm.query.strategies import available_strategies
     from sparsemm.train.sr import sr_pairs_from_collection, train_sr, train_sr_on_collection
     from sparsemm.words.spine import train_caption_spine

@@ -216,7 +216,7 @@ def run_collage_demo(
 ) -> dict[str, Any]:
     """Run every stage into ``out_dir`` (see the module docstring); return the summary that
     is also written to ``out_dir/summary.json``."""
-    from sparsemm.query.searcher import build_index
+    from sparsemm.query.indexing import build_index
     from sparsemm_experiments.demo_report import write_demo_report
 
     cfg = cfg or CollageRunConfig()

@@ -19,8 +19,10 @@ from typing import Any
 import numpy as np
 
 from sparsemm.data.collection import Collection
+from sparsemm.query.hits import Hit
+from sparsemm.query.naming import dimension_word_scores
 from sparsemm.query.parse import parse_query
-from sparsemm.query.searcher import Hit, Searcher, dimension_word_scores
+from sparsemm.query.searcher import Searcher
 
 log = logging.getLogger(__name__)
 

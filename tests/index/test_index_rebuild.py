@@ -20,7 +20,8 @@ from sparsemm.index import InvertedIndex
 from sparsemm.index import inverted as inverted_mod
 from sparsemm.index import segments as segments_mod
 from sparsemm.models.sr import SRConfig, SRModel
-from sparsemm.query.searcher import INDEX_DIR, Searcher, build_index
+from sparsemm.query.indexing import build_index
+from sparsemm.query.searcher import INDEX_DIR, Searcher
 
 DIM = 30
 

@@ -20,7 +20,8 @@ from sparsemm.models.detectors import (
     DetectorConfig,
     has_detectors,
 )
-from sparsemm.query.searcher import Searcher, build_index
+from sparsemm.query.indexing import build_index
+from sparsemm.query.searcher import Searcher
 from sparsemm.train.detectors import detector_vocabulary, fit_concept_detectors
 
 RNG = np.random.default_rng(0)

@@ -15,7 +15,8 @@ from sparsemm.data.encode import encode_source
 from sparsemm.errors import SparsemmError
 from sparsemm.models.vdr import VDRModel
 from sparsemm.query.code_models import VDRCodeModel, load_code_model
-from sparsemm.query.searcher import Searcher, build_index
+from sparsemm.query.indexing import build_index
+from sparsemm.query.searcher import Searcher
 
 THINGS = ["dog", "cat", "pizza", "car", "boat", "horse"]
 

@@ -13,7 +13,9 @@ from sparsemm.cli.main import main
 from sparsemm.encoders.base import register_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.models.sr import SRModel
-from sparsemm.query.searcher import Searcher, build_index, dimension_labels
+from sparsemm.query.indexing import build_index
+from sparsemm.query.naming import dimension_labels
+from sparsemm.query.searcher import Searcher
 
 WORDS = ("dog", "cat", "pizza", "car", "tree", "ball")
 

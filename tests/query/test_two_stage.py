@@ -16,9 +16,10 @@ from sparsemm.index import InvertedIndex
 from sparsemm.linalg import normalize_rows
 from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query import two_stage
+from sparsemm.query.indexing import build_index
 from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.rank import build_strategy, rank_query
-from sparsemm.query.searcher import Searcher, build_index
+from sparsemm.query.searcher import Searcher
 from sparsemm.query.strategies import ExclusionContext
 from sparsemm.query.two_stage import proxy_vectors, scan_rank, served_rank, sub_context
 

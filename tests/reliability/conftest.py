@@ -18,7 +18,7 @@ for _p in (HERE, TESTS / "web", TESTS.parent / "benchmarks"):
 from reltools import CliResult, run_cli  # noqa: E402
 from webtoy import make_collection, make_sr  # noqa: E402
 
-from sparsemm.query.searcher import build_index  # noqa: E402
+from sparsemm.query.indexing import build_index  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from webtoy import make_collection, make_sr
 from sparsemm.errors import SparsemmError
 from sparsemm.index import InvertedIndex
 from sparsemm.models.sr import SRConfig, SRModel
-from sparsemm.query.searcher import build_index
+from sparsemm.query.indexing import build_index
 
 
 def _segment(root: Path) -> Path:

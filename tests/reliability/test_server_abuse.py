@@ -20,7 +20,8 @@ import pytest
 from load import run_load, search_paths, serve_in_thread
 from webtoy import WORDS, WebKeywordEncoder, make_collection, make_sr
 
-from sparsemm.query.searcher import Searcher, build_index
+from sparsemm.query.indexing import build_index
+from sparsemm.query.searcher import Searcher
 from sparsemm.query.strategies import LRUCache
 from sparsemm.web.app import create_app
 from sparsemm.web.schemas import SearchRequest

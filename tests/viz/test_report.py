@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from sparsemm.errors import SparsemmError
-from sparsemm.query.searcher import Concept, ExcludedCheck, Hit
+from sparsemm.query.hits import Concept, ExcludedCheck, Hit
 from sparsemm.viz.report import (
     DemoReport,
     QueryPanel,

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from webtoy import WebKeywordEncoder, make_collection, make_sr
 
-from sparsemm.query.searcher import Searcher, build_index
+from sparsemm.query.indexing import build_index
+from sparsemm.query.searcher import Searcher
 
 pytest.importorskip("fastapi", reason="the web extra (fastapi) is not installed")
 pytest.importorskip("httpx", reason="FastAPI's TestClient needs httpx")

@@ -94,7 +94,7 @@ def collection_name(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from sparsemm.errors import SparsemmError
-    from sparsemm.query.searcher import build_index
+    from sparsemm.query.indexing import build_index
 
     if args.top_k is not None and args.top_k < 1:
         raise SparsemmError(

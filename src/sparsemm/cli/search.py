@@ -17,8 +17,9 @@ from sparsemm.cli.index import add_backend_args
 DEFAULT_STRATEGY = "match"
 
 if TYPE_CHECKING:
+    from sparsemm.query.hits import Hit
     from sparsemm.query.parse import Query
-    from sparsemm.query.searcher import Hit, Searcher
+    from sparsemm.query.searcher import Searcher
 
 
 def register(sub: argparse._SubParsersAction) -> None:

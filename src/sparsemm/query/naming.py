@@ -20,17 +20,22 @@ Template words that most captions share ("collage", "grid", "photo" on the Fashi
 collages) describe no dimension: a term mentioned by more than ``max_share`` of the items,
 and carried by no item as a label, never names one. A frequent label ("person" on COCO) is a
 concept and stays. :func:`concept_names` is the mutual-information ranking alone (measured,
-lost); :func:`label_precision` is the measure.
+lost); :func:`label_precision` is the measure. :func:`dimension_word_scores` scores every
+caption word of a dimension the same way (the demo report's word clouds, the lift labels of
+``benchmarks/naming.py``), and :func:`name_dimensions` is what ``sparsemm index`` stores.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
+from sparsemm.data.collection import Collection
 from sparsemm.text import CaptionIndex
+from sparsemm.words.bias import tokenize
 
 
 def mentions(index: CaptionIndex, term: str) -> np.ndarray:
@@ -80,8 +85,7 @@ def concept_names(
     mass = np.asarray(x.sum(axis=0)).ravel()
     joint = (x.T @ m).toarray()  # (d, V) activation-weighted mentions
     p_tj = joint / np.maximum(mass, 1e-12)[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        score = p_tj * np.log(np.maximum(p_tj / np.maximum(df / n, 1e-12)[None, :], 1e-12))
+    score = information_terms(p_tj, df, n)
     score[:, (df < min_df) | np.array([t in template for t in terms])] = 0.0
     score[mass <= 0] = 0.0
     out = []
@@ -125,8 +129,7 @@ def top_share_names(
         share = np.asarray(m[sel].mean(axis=0)).ravel()
         w = vals[np.lexsort((rows, -vals))[:k]]
         p_tj = np.asarray(w @ m[sel].toarray()).ravel() / max(float(w.sum()), 1e-12)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            mi = p_tj * np.log(np.maximum(p_tj / np.maximum(df / n, 1e-12), 1e-12))
+        mi = information_terms(p_tj, df, n)
         gain = np.where(ok & (mi > 0), share - base_rate * df / n, 0.0)
         best = np.lexsort((n_words, -mi, -gain))[:top]  # ties: the shorter name
         out.append([terms[b] for b in best if gain[b] > 0.0])
@@ -165,3 +168,79 @@ def label_precision(
     if not precs:
         return 0.0, 0.0
     return float(np.mean(precs)), float(np.mean(named))
+
+
+def information_terms(p: np.ndarray, df: np.ndarray, n: int) -> np.ndarray:
+    """p * log(p / (df / n)): a term's share p among a dimension's (activation-weighted)
+    items against its share df / n of all items, the term's part in the mutual information
+    of term and dimension: high for a term both over-represented and common among the
+    dimension's items, so a rare term seen once does not win. ``p`` (..., V), ``df`` (V,)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return p * np.log(np.maximum(p / np.maximum(df / max(n, 1), 1e-12), 1e-12))
+
+
+def dimension_word_scores(
+    codes: sp.csr_matrix, captions: list[list[str]], min_df: int = 5
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """How characteristic each caption word is of each dimension's items.
+
+    codes (n, d) non-negative; captions[i] the captions of item i. With
+    p(w | j) = sum_i x_ij [w in item i] / sum_i x_ij (activation-weighted share of j's items
+    mentioning w) and lift(w, j) = p(w | j) / (df(w) / n), a word scores
+    p(w | j) * log lift(w, j), its term in the mutual information of word and dimension: over-
+    represented (lift > 1) *and* common among j's items, so a rare word seen once does not win.
+    Words seen in fewer than ``min_df`` items score 0. Returns (words (V,), score (d, V),
+    mass (d,)), mass being each dimension's total activation.
+    """
+    n, d = codes.shape
+    vocab: dict[str, int] = {}
+    rows, cols = [], []
+    for i, caps in enumerate(captions):
+        for w in {t for c in caps for t in tokenize(c)}:
+            rows.append(i)
+            cols.append(vocab.setdefault(w, len(vocab)))
+    mass = np.asarray(abs(codes).sum(axis=0)).ravel()  # (d,)
+    if not vocab:
+        return np.array([], dtype=str), np.zeros((d, 0)), mass
+    words = np.array(sorted(vocab, key=vocab.__getitem__))
+    mention = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(n, len(vocab)))
+    df = np.asarray(mention.sum(axis=0)).ravel()
+    joint = (abs(codes).T @ mention).toarray()  # (d, V) activation-weighted mentions
+    p_wj = joint / np.maximum(mass, 1e-12)[:, None]
+    score = information_terms(p_wj, df, n)
+    score[:, df < min_df] = 0.0
+    score[mass <= 0] = 0.0
+    return words, score, mass
+
+
+def dimension_labels(
+    codes: sp.csr_matrix, captions: list[list[str]], top: int = 6, min_df: int = 5
+) -> list[list[str]]:
+    """Per dimension, the ``top`` caption words most characteristic of the items active on
+    it (scores: :func:`dimension_word_scores`)."""
+    words, score, _ = dimension_word_scores(codes, captions, min_df)
+    out: list[list[str]] = []
+    for j in range(codes.shape[1]):
+        best: Any = np.argsort(-score[j], kind="stable")[:top] if len(words) else []
+        out.append([str(words[b]) for b in best if score[j, b] > 0.0])
+    return out
+
+
+def name_dimensions(col: Collection, codes: sp.csr_matrix, model: Any) -> list[list[str]]:
+    """Names of each dimension from the collection's captions and labels: the model's
+    detector vocabulary (else one built from the collection), ranked by
+    :func:`top_share_names`; none without captions or labels."""
+    from sparsemm.models.detectors import DetectorConfig
+    from sparsemm.train.detectors import detector_vocabulary
+
+    captions = [list(it.get("captions", [])) for it in col.items]
+    labels = [list(it.get("labels") or []) for it in col.items]
+    if not any(captions) and not any(labels):
+        return [[] for _ in range(codes.shape[1])]
+    det = getattr(model, "detectors", None)
+    terms = (
+        list(det.terms)
+        if det is not None
+        else [t for t, _ in detector_vocabulary(captions, labels, DetectorConfig(min_mentions=5))]
+    )
+    return top_share_names(codes, CaptionIndex(captions, labels), terms)

@@ -1,26 +1,20 @@
-"""Search a collection: sparse codes in the inverted index, exclusion strategies, explanations.
+"""Search one indexed collection: :class:`Searcher`, the Python API every front end calls.
 
-``build_index`` encodes a collection's items with a sparse model (SR) and stores the codes in
-an :class:`~sparsemm.index.InvertedIndex` inside the collection folder, with a label for every
-concept dimension. :class:`Searcher` answers parsed queries ("A but not B", several excluded
-terms allowed) with the model's default strategy (``match``: a calibrated match probability
-per item, served through the index by :mod:`sparsemm.query.two_stage`) or any registered
-one, and explains each hit: the concept
-dimensions that matched the include terms (per-dimension contribution q_j x_j to the score)
-and, for every excluded term, the dimensions checked and the item's mass on them.
-
-Dimension labels: the SPINE top words of dimension j when a SPINE run is given (the SR paper's
-reading of a dimension), and a data-derived label, the caption words most over-represented
-among the items that activate j (lift = P(word | item active on j) / P(word)), which is what
-the dimension actually responds to in this collection.
+A :class:`Searcher` opens a collection, its index (or another store holding the same codes:
+Qdrant) and the model the index names. It answers parsed queries ("A but not B", several
+excluded terms allowed) with the model's default strategy (``match``: a calibrated match
+probability per item, served through the index by :mod:`sparsemm.query.two_stage`) or any
+registered one, and explains each hit (:mod:`sparsemm.query.hits`): the concept dimensions
+that matched the include terms and, for every excluded term, the dimensions checked and the
+item's mass on them. Dimension labels come from the index manifest, written by
+:func:`sparsemm.query.indexing.build_index` (names: :mod:`sparsemm.query.naming`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +30,9 @@ from sparsemm.index.store import Store
 from sparsemm.io import read_json
 from sparsemm.linalg import normalize_rows
 from sparsemm.models.base import check_encoders
-from sparsemm.models.detectors import model_weights_sha256
 from sparsemm.models.lit import AlignedTextEncoder, LinearAligner
 from sparsemm.query.code_models import load_code_model
+from sparsemm.query.hits import Concept, ExcludedCheck, Explainer, Hit, term_evidence
 from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.rank import rank_query
 from sparsemm.query.scorers import DetectorScorer
@@ -74,174 +68,6 @@ LEGACY_LABELS = "labels.json"
 CHECK_BATCH = 16  # query terms embedded per encoder call when checking them
 
 
-def dimension_word_scores(
-    codes: sp.csr_matrix, captions: list[list[str]], min_df: int = 5
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """How characteristic each caption word is of each dimension's items.
-
-    codes (n, d) non-negative; captions[i] the captions of item i. With
-    p(w | j) = sum_i x_ij [w in item i] / sum_i x_ij (activation-weighted share of j's items
-    mentioning w) and lift(w, j) = p(w | j) / (df(w) / n), a word scores
-    p(w | j) * log lift(w, j), its term in the mutual information of word and dimension: over-
-    represented (lift > 1) *and* common among j's items, so a rare word seen once does not win.
-    Words seen in fewer than ``min_df`` items score 0. Returns (words (V,), score (d, V),
-    mass (d,)), mass being each dimension's total activation.
-    """
-    n, d = codes.shape
-    vocab: dict[str, int] = {}
-    rows, cols = [], []
-    for i, caps in enumerate(captions):
-        for w in {t for c in caps for t in tokenize(c)}:
-            rows.append(i)
-            cols.append(vocab.setdefault(w, len(vocab)))
-    mass = np.asarray(abs(codes).sum(axis=0)).ravel()  # (d,)
-    if not vocab:
-        return np.array([], dtype=str), np.zeros((d, 0)), mass
-    words = np.array(sorted(vocab, key=vocab.__getitem__))
-    mention = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(n, len(vocab)))
-    df = np.asarray(mention.sum(axis=0)).ravel()
-    joint = (abs(codes).T @ mention).toarray()  # (d, V) activation-weighted mentions
-    p_wj = joint / np.maximum(mass, 1e-12)[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        score = p_wj * np.log(np.maximum(p_wj / (df / n)[None, :], 1e-12))
-    score[:, df < min_df] = 0.0
-    score[mass <= 0] = 0.0
-    return words, score, mass
-
-
-def dimension_labels(
-    codes: sp.csr_matrix, captions: list[list[str]], top: int = 6, min_df: int = 5
-) -> list[list[str]]:
-    """Per dimension, the ``top`` caption words most characteristic of the items active on
-    it (scores: :func:`dimension_word_scores`)."""
-    words, score, _ = dimension_word_scores(codes, captions, min_df)
-    out: list[list[str]] = []
-    for j in range(codes.shape[1]):
-        best: Any = np.argsort(-score[j], kind="stable")[:top] if len(words) else []
-        out.append([str(words[b]) for b in best if score[j, b] > 0.0])
-    return out
-
-
-def name_dimensions(col: Collection, codes: sp.csr_matrix, model: Any) -> list[list[str]]:
-    """Names of each dimension from the collection's captions and labels: the model's
-    detector vocabulary (else one built from the collection), ranked by
-    :func:`sparsemm.query.naming.top_share_names`; none without captions or labels."""
-    from sparsemm.models.detectors import DetectorConfig
-    from sparsemm.query.naming import top_share_names
-    from sparsemm.text import CaptionIndex
-    from sparsemm.train.detectors import detector_vocabulary
-
-    captions = [list(it.get("captions", [])) for it in col.items]
-    labels = [list(it.get("labels") or []) for it in col.items]
-    if not any(captions) and not any(labels):
-        return [[] for _ in range(codes.shape[1])]
-    det = getattr(model, "detectors", None)
-    terms = (
-        list(det.terms)
-        if det is not None
-        else [t for t, _ in detector_vocabulary(captions, labels, DetectorConfig(min_mentions=5))]
-    )
-    return top_share_names(codes, CaptionIndex(captions, labels), terms)
-
-
-def build_index(
-    collection_dir: str | Path,
-    model_dir: str | Path,
-    spine_dir: str | Path | None = None,
-    top_k: int | None = None,
-    overwrite: bool = True,
-    dense_model: str | Path | None = None,
-    progress: bool = False,
-) -> InvertedIndex:
-    """Encode the collection's items (image embeddings / views) with SR; index the codes.
-
-    Writes ``collection_dir/index/``: the inverted index with the dimension labels in its
-    manifest's ``meta["labels"]``, so codes and labels are committed together in one atomic
-    step; a crash leaves the previous index (and its labels) readable. A model that records
-    its training collection's encoders must match the collection's (SparsemmError otherwise).
-    ``dense_model`` names a :class:`~sparsemm.models.lit.LinearAligner` that puts images and
-    query texts in one dense space, for the dense strategies when the collection has two
-    unaligned backbones.
-    """
-    col = open_collection(collection_dir)
-    model = load_code_model(model_dir, top_k)
-    check_encoders(model.training_info, col.manifest, model_dir, collection_dir)
-    if dense_model is not None:
-        aligner = LinearAligner.from_pretrained(dense_model)
-        check_encoders(aligner.training_info, col.manifest, dense_model, collection_dir)
-        if (aligner.config.image_dim, aligner.config.text_dim) != (col.dim, col.text_dim):
-            raise SparsemmError(
-                f"the dense model {dense_model} aligns {aligner.config.image_dim}-d images "
-                f"with {aligner.config.text_dim}-d texts, but the collection has "
-                f"{col.dim}-d images and {col.text_dim}-d texts"
-            )
-    # Unit-length codes: the index's inner product is then the cosine the strategies use
-    # (the photo model's codes hold probabilities, which its scorer reads as they are).
-    codes = model.encode_items(col, progress=progress)
-    codes = normalize_rows(codes) if model.unit_codes else sp.csr_matrix(codes, dtype=np.float32)
-    spine_labels: list[list[str]] = []
-    if spine_dir is not None and model.kind != "sr":
-        raise SparsemmError("--spine labels SR dimensions; a VDR dimension is its own token")
-    if spine_dir is not None:
-        from sparsemm.words.evaluate import top_words
-        from sparsemm.words.spine import SparseWordVectors
-
-        vectors = SparseWordVectors.load(spine_dir)
-        if vectors.dim != codes.shape[1]:
-            raise SparsemmError(
-                f"SPINE has {vectors.dim} dims but the model's codes have {codes.shape[1]}"
-            )
-        spine_labels = [[w for w, _ in top_words(vectors, j, 6)] for j in range(vectors.dim)]
-    names = model.dim_names()
-    # A VDR dimension is a word piece: its token is its label; others are named by the
-    # vocabulary terms their top items share (sparsemm.query.naming).
-    data_labels = [[n] for n in names] if names is not None else name_dimensions(col, codes, model)
-    meta = {
-        "model": str(Path(model_dir).resolve()),
-        # which weights: a model retrained in the same folder is a different model
-        "model_sha256": model_weights_sha256(model_dir),
-        "model_type": model.kind,
-        "spine": str(Path(spine_dir).resolve()) if spine_dir is not None else None,
-        "top_k": model.top_k,
-        "collection_encoder": col.encoder_name,
-        "dense_model": str(Path(dense_model).resolve()) if dense_model is not None else None,
-        "labels": {"data": data_labels, "spine": spine_labels},
-    }
-    # The folder open_collection found: a collection a crash left parked aside gets its
-    # index there (the next collection write replaces both), not in a new bare folder.
-    root = col.root / INDEX_DIR
-    index = InvertedIndex.build(root, codes, col.ids, overwrite=overwrite, meta=meta)
-    # Indexes built before labels moved into the manifest kept them in labels.json.
-    with contextlib.suppress(FileNotFoundError):
-        (root / LEGACY_LABELS).unlink()
-    from sparsemm.query.unit_lists import MIN_ITEMS, remove_unit_lists
-
-    if model.kind == "sr" and len(index) >= MIN_ITEMS:
-        update_unit_lists(col.root, progress=progress)
-    else:
-        remove_unit_lists(col.root)
-    return index
-
-
-def update_unit_lists(collection_dir: str | Path, progress: bool = False) -> UnitLists | None:
-    """Compute and save the collection's unit lists for the served ``match`` when its model
-    has calibrated detectors and it holds at least :data:`~sparsemm.query.unit_lists.MIN_ITEMS`
-    items; otherwise remove lists left from before (they would no longer fit)."""
-    from sparsemm.query.unit_lists import MIN_ITEMS, build_unit_lists, remove_unit_lists
-
-    searcher = Searcher(collection_dir)
-    det = searcher.text_context.detectors
-    if det is None or getattr(det, "calibration", None) is None or len(searcher.index) < MIN_ITEMS:
-        remove_unit_lists(searcher.collection.root)
-        return None
-    strat = searcher.match_strategy()
-    lists = build_unit_lists(
-        strat.scorer, searcher.text_context, searcher.codes, searcher.index, progress=progress
-    )
-    lists.save(searcher.collection.root)
-    return lists
-
-
 def _rebuild_hint(collection_dir: str | Path, root: Path) -> str:
     """How to build a damaged index again: the command with the model its manifest names
     (when it can be read), and the `sparsemm up` way."""
@@ -251,98 +77,6 @@ def _rebuild_hint(collection_dir: str | Path, root: Path) -> str:
         model = None
     cmd = f"sparsemm index {collection_dir} --model {model or 'MODEL_DIR'}"
     return f"`{cmd}`, or for a folder made by `sparsemm up`, run `sparsemm up` again"
-
-
-@dataclass
-class Concept:
-    dim: int
-    weight: float  # contribution q_j * x_j to the include score
-    words: list[str]
-
-
-@dataclass
-class ExcludedCheck:
-    term: str
-    # the term's concept dimensions: the 6 its detector weighs most (a model with
-    # detectors), else the active dims of its query code (those `filter` drops items on)
-    dims: list[int]
-    item_mass: float  # the item's summed value on those dims
-    words: list[str] = field(default_factory=list)
-
-
-@dataclass
-class TermEvidence:
-    """How strongly an item carries one query term, by the served scorer's own evidence.
-
-    With ``match`` (the default), ``value`` is P(term | item), and ``kind`` names its
-    source: "classifier", "face detector", "detector", "code similarity" or "zero-shot"
-    (:mod:`sparsemm.query.scorers`); ``read_as`` lists the concepts the term was read as
-    ("vehicle": car, bus, ...). With ``hybrid``, "detector": ``value`` is P(term present |
-    item) from the term's detector; "code similarity" (no detector for the word): the cosine
-    of the term's query code with the item's code. ``dims``: the concept dimensions behind
-    the value (largest contributions weight_j x_j for this item), with their words.
-    """
-
-    term: str
-    side: str  # "include" | "exclude"
-    kind: str  # the value's source: "detector", "code similarity", "classifier", ...
-    value: float
-    dims: list[int] = field(default_factory=list)
-    words: list[str] = field(default_factory=list)
-    read_as: list[str] = field(default_factory=list)  # the concepts the term was read as
-
-    @property
-    def text(self) -> str:
-        """e.g. ``dog 0.93`` or ``not cat 0.02``."""
-        return f"{'not ' if self.side == 'exclude' else ''}{self.term} {self.value:.2f}"
-
-
-@dataclass
-class Hit:
-    rank: int
-    row: int
-    id: str
-    score: float
-    caption: str
-    labels: list[str]
-    matched: list[Concept] = field(default_factory=list)
-    excluded: list[ExcludedCheck] = field(default_factory=list)
-    # How the served scorer judged each query term: "detector" (the model's, or one fitted
-    # on the collection's captions) or "code similarity" (no detector for that word).
-    scored_by: dict[str, str] = field(default_factory=dict)
-    evidence: list[TermEvidence] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return asdict(self)
-
-
-@dataclass
-class _Explainer:
-    """What explaining the hits of one query needs (built by ``Searcher._explainer``)."""
-
-    include_code: np.ndarray  # (d,) query code of the include terms
-    checks: list[tuple[str, list[int], np.ndarray, list[str]]]  # term, dims, (d,) bool, words
-    dim_words: Callable[[int], list[str]]
-    n_dims: int = 5
-
-    def explain(self, codes: sp.csr_matrix, row: int) -> tuple[list[Concept], list[ExcludedCheck]]:
-        """Matched concepts and excluded-term checks of item ``row`` (codes: sorted CSR)."""
-        lo, hi = codes.indptr[row], codes.indptr[row + 1]
-        dims, vals = codes.indices[lo:hi], codes.data[lo:hi]  # the row's non-zeros
-        contrib = self.include_code[dims] * vals
-        order = np.argsort(-contrib, kind="stable")[: self.n_dims]
-        matched = [
-            Concept(int(dims[i]), float(contrib[i]), self.dim_words(int(dims[i])))
-            for i in order
-            if contrib[i] > 0
-        ]
-        excluded = [
-            ExcludedCheck(term, list(bdims), float(vals[on[dims]].sum()), list(words))
-            for term, bdims, on, words in self.checks
-        ]
-        return matched, excluded
 
 
 class Searcher:
@@ -875,7 +609,7 @@ class Searcher:
             # the probability itself, not the rank key (P at 1% with ties broken)
             p = strat.probability(q.include, q.exclude)
             scores = p if served else p[np.asarray(rows, dtype=np.int64)]
-        why = self._explainer(q)
+        why = self.explainer(q)
         terms: list[tuple[str, str, str, np.ndarray, np.ndarray, list[str]]] = []
         if isinstance(strat, Match):
             for side, group in (("include", q.include), ("exclude", q.exclude)):
@@ -887,7 +621,7 @@ class Searcher:
         for i, (r, sc) in enumerate(zip(rows, scores, strict=True)):
             h = self._hit(offset + i + 1, int(r), float(sc), why, codes, i)
             at = i if at_hits else int(r)  # where the evidence arrays hold this item
-            h.evidence = [self._evidence(codes, i, at, *term) for term in terms]
+            h.evidence = [term_evidence(codes, i, at, self.dim_words, *t) for t in terms]
             h.scored_by = {e.term: e.kind for e in h.evidence}
             hits.append(h)
         return hits
@@ -929,29 +663,8 @@ class Searcher:
         code = normalize_rows(strat.ctx.term_code(term))
         return "code similarity", strat.similarity(term), np.asarray(code, dtype=np.float64)
 
-    def _evidence(
-        self,
-        codes: sp.csr_matrix,
-        i: int,
-        at: int,
-        term: str,
-        side: str,
-        kind: str,
-        values: np.ndarray,
-        weight: np.ndarray,
-        read_as: list[str] | None = None,
-    ) -> TermEvidence:
-        """Evidence for the item whose code is row ``i`` of ``codes`` (sorted CSR) and whose
-        value is ``values[at]``."""
-        lo, hi = codes.indptr[i], codes.indptr[i + 1]
-        dims, vals = codes.indices[lo:hi], codes.data[lo:hi]
-        contrib = weight[dims] * vals
-        top = [int(dims[j]) for j in np.argsort(-contrib, kind="stable")[:3] if contrib[j] > 0]
-        words = [w for j in top for w in self.dim_words(j)[:1]]
-        return TermEvidence(term, side, kind, float(values[at]), top, words, list(read_as or []))
-
     def _hit(
-        self, rank: int, row: int, score: float, why: _Explainer, codes: sp.csr_matrix, i: int
+        self, rank: int, row: int, score: float, why: Explainer, codes: sp.csr_matrix, i: int
     ) -> Hit:
         """Hit for collection ``row``, whose code is row ``i`` of ``codes`` (sorted CSR)."""
         item = self.collection.items[row]
@@ -967,7 +680,7 @@ class Searcher:
         hit.matched, hit.excluded = why.explain(codes, i)
         return hit
 
-    def _explainer(self, q: Query, n_dims: int = 5) -> _Explainer:
+    def explainer(self, q: Query, n_dims: int = 5) -> Explainer:
         """What explaining any hit of ``q`` needs, computed once per query: the include
         code and each excluded term's dimensions with their words: the 6 its detector
         weighs most when the model has one, else those the ``filter`` strategy drops items
@@ -1001,7 +714,7 @@ class Searcher:
             if dims:  # the match scorer's own reading of the include terms
                 include_code = np.zeros(self.index.dim, np.float32)
                 include_code[dims] = 1.0
-        return _Explainer(include_code, checks, self.dim_words, n_dims)
+        return Explainer(include_code, checks, self.dim_words, n_dims)
 
     def _reading_dims(self, match: Match, term: str) -> list[int] | None:
         """Code dimensions a term was read as, when its units are dimensions (the photo
@@ -1034,7 +747,7 @@ class Searcher:
         self, row: int, q: Query, n_dims: int = 5
     ) -> tuple[list[Concept], list[ExcludedCheck]]:
         """Matched concepts (top q_j x_j over the include code) and excluded-term checks."""
-        return self._explainer(q, n_dims).explain(self.item_code(row), 0)
+        return self.explainer(q, n_dims).explain(self.item_code(row), 0)
 
     def search_index(
         self,
@@ -1069,7 +782,7 @@ class Searcher:
         qa = self.text_context.term_code(a)
         qa = qa / max(float(np.linalg.norm(qa)), 1e-12)  # scores = cosine, as in `search`
         res = self.store.search(qa, k=k, exclude=ex)
-        why = self._explainer(q)
+        why = self.explainer(q)
         keep = [i for i, s in enumerate(res.scores) if s > 0]  # no concept in common: no match
         rows = np.asarray(res.rows, dtype=np.int64)[keep]
         codes = sp.csr_matrix(self._codes_of(rows))

@@ -66,7 +66,7 @@ class ResultItem:
 
     @classmethod
     def from_hit(cls, hit: Any, image: str | None, exclude: Iterable[str] = ()) -> ResultItem:
-        """Build from a :class:`sparsemm.query.searcher.Hit` (or its ``to_dict()``);
+        """Build from a :class:`sparsemm.query.hits.Hit` (or its ``to_dict()``);
         ``violates`` is set when one of the hit's labels is an ``exclude`` term."""
         labels = [str(x) for x in _get(hit, "labels") or []]
         banned = {_norm(t) for t in exclude}

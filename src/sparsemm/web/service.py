@@ -29,15 +29,9 @@ from sparsemm import __version__
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.io import read_json
+from sparsemm.query.hits import Concept, ExcludedCheck, Hit
 from sparsemm.query.parse import MAX_QUERY_CHARS, Query, parse_query
-from sparsemm.query.searcher import (
-    INDEX_DIR,
-    MATCH_THRESHOLD,
-    Concept,
-    ExcludedCheck,
-    Hit,
-    Searcher,
-)
+from sparsemm.query.searcher import INDEX_DIR, MATCH_THRESHOLD, Searcher
 from sparsemm.query.strategies import HardFilter, available_strategies
 from sparsemm.web.images import ImageStore, ThumbCache
 from sparsemm.web.lanes import FairSemaphore

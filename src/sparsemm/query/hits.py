@@ -1,0 +1,132 @@
+"""What a search returns: hits, the concepts behind each, and the evidence per query term.
+
+A :class:`Hit` is one ranked item with its score and three readings of why it came back:
+``matched`` (the include code's largest contributions q_j x_j on the item's code),
+``excluded`` (per excluded term, the dimensions checked and the item's mass on them) and
+``evidence`` (per query term, the served scorer's own value for the item: P(term | item)
+with ``match``, with its source). :class:`Explainer` holds what explaining every hit of one
+query needs, computed once per query; :func:`term_evidence` turns a term's per-item values
+and per-dimension weights into one item's :class:`TermEvidence`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+
+@dataclass
+class Concept:
+    dim: int
+    weight: float  # contribution q_j * x_j to the include score
+    words: list[str]
+
+
+@dataclass
+class ExcludedCheck:
+    term: str
+    # the term's concept dimensions: the 6 its detector weighs most (a model with
+    # detectors), else the active dims of its query code (those `filter` drops items on)
+    dims: list[int]
+    item_mass: float  # the item's summed value on those dims
+    words: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TermEvidence:
+    """How strongly an item carries one query term, by the served scorer's own evidence.
+
+    With ``match`` (the default), ``value`` is P(term | item), and ``kind`` names its
+    source: "classifier", "face detector", "detector", "code similarity" or "zero-shot"
+    (:mod:`sparsemm.query.scorers`); ``read_as`` lists the concepts the term was read as
+    ("vehicle": car, bus, ...). With ``hybrid``, "detector": ``value`` is P(term present |
+    item) from the term's detector; "code similarity" (no detector for the word): the cosine
+    of the term's query code with the item's code. ``dims``: the concept dimensions behind
+    the value (largest contributions weight_j x_j for this item), with their words.
+    """
+
+    term: str
+    side: str  # "include" | "exclude"
+    kind: str  # the value's source: "detector", "code similarity", "classifier", ...
+    value: float
+    dims: list[int] = field(default_factory=list)
+    words: list[str] = field(default_factory=list)
+    read_as: list[str] = field(default_factory=list)  # the concepts the term was read as
+
+    @property
+    def text(self) -> str:
+        """e.g. ``dog 0.93`` or ``not cat 0.02``."""
+        return f"{'not ' if self.side == 'exclude' else ''}{self.term} {self.value:.2f}"
+
+
+@dataclass
+class Hit:
+    rank: int
+    row: int
+    id: str
+    score: float
+    caption: str
+    labels: list[str]
+    matched: list[Concept] = field(default_factory=list)
+    excluded: list[ExcludedCheck] = field(default_factory=list)
+    # How the served scorer judged each query term: "detector" (the model's, or one fitted
+    # on the collection's captions) or "code similarity" (no detector for that word).
+    scored_by: dict[str, str] = field(default_factory=dict)
+    evidence: list[TermEvidence] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Explainer:
+    """What explaining the hits of one query needs (built by ``Searcher.explainer``)."""
+
+    include_code: np.ndarray  # (d,) query code of the include terms
+    checks: list[tuple[str, list[int], np.ndarray, list[str]]]  # term, dims, (d,) bool, words
+    dim_words: Callable[[int], list[str]]
+    n_dims: int = 5
+
+    def explain(self, codes: sp.csr_matrix, row: int) -> tuple[list[Concept], list[ExcludedCheck]]:
+        """Matched concepts and excluded-term checks of item ``row`` (codes: sorted CSR)."""
+        lo, hi = codes.indptr[row], codes.indptr[row + 1]
+        dims, vals = codes.indices[lo:hi], codes.data[lo:hi]  # the row's non-zeros
+        contrib = self.include_code[dims] * vals
+        order = np.argsort(-contrib, kind="stable")[: self.n_dims]
+        matched = [
+            Concept(int(dims[i]), float(contrib[i]), self.dim_words(int(dims[i])))
+            for i in order
+            if contrib[i] > 0
+        ]
+        excluded = [
+            ExcludedCheck(term, list(bdims), float(vals[on[dims]].sum()), list(words))
+            for term, bdims, on, words in self.checks
+        ]
+        return matched, excluded
+
+
+def term_evidence(
+    codes: sp.csr_matrix,
+    i: int,
+    at: int,
+    dim_words: Callable[[int], list[str]],
+    term: str,
+    side: str,
+    kind: str,
+    values: np.ndarray,
+    weight: np.ndarray,
+    read_as: list[str] | None = None,
+) -> TermEvidence:
+    """Evidence of one term for the item whose code is row ``i`` of ``codes`` (sorted CSR)
+    and whose value is ``values[at]``: the three dimensions that carry most of the term's
+    weight on the item, with their first words."""
+    lo, hi = codes.indptr[i], codes.indptr[i + 1]
+    dims, vals = codes.indices[lo:hi], codes.data[lo:hi]
+    contrib = weight[dims] * vals
+    top = [int(dims[j]) for j in np.argsort(-contrib, kind="stable")[:3] if contrib[j] > 0]
+    words = [w for j in top for w in dim_words(j)[:1]]
+    return TermEvidence(term, side, kind, float(values[at]), top, words, list(read_as or []))
