@@ -120,13 +120,8 @@ def test_stale_or_silent_server_means_a_local_search(
 def test_searches_past_the_servers_limits_run_locally(
     served: tuple[Path, int], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sparsemm.web import schemas as app
+    from sparsemm.query import request as app  # the one set of limits, the API's too
 
-    assert (running.SERVER_MAX_K, running.SERVER_MAX_OFFSET, running.SERVER_MAX_TERMS) == (
-        app.MAX_K,
-        app.MAX_OFFSET,
-        app.MAX_TERMS,
-    )
     collection, _ = served
     calls: list[str] = []
     monkeypatch.setattr(running, "forward_search", lambda url, *a, **kw: calls.append(url))

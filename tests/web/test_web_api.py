@@ -23,9 +23,9 @@ from webtoy import (
 )
 
 from sparsemm.errors import SparsemmError
+from sparsemm.query.request import build_query
 from sparsemm.query.searcher import Searcher
 from sparsemm.web.app import create_app
-from sparsemm.web.service import build_query
 
 
 def ids(resp) -> list[str]:

@@ -155,4 +155,4 @@ def test_cli_like(web_collection: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main(["search", "--like", "nope", str(web_collection)]) != 0
     assert "no item 'nope'" in capsys.readouterr().err
     assert main(["search", "--like", "d1", str(web_collection), "cat"]) != 0
-    assert "only names what to leave out" in capsys.readouterr().err
+    assert "only takes terms to leave out" in capsys.readouterr().err  # the API's message

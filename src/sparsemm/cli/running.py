@@ -30,26 +30,18 @@ from pathlib import Path
 from typing import Any
 
 from sparsemm.errors import SparsemmError
+from sparsemm.query.request import MAX_K, MAX_OFFSET, MAX_TERMS
 
 log = logging.getLogger(__name__)
 
 # A warm server answers in milliseconds, its first query may take seconds (JIT, detector
 # fits); a local cold search takes longer still. Past this, search locally.
 FORWARD_TIMEOUT_S = 10.0
-# The server's request limits (sparsemm.web.schemas MAX_K, MAX_OFFSET, MAX_TERMS; a test checks
-# they agree): a search past them runs locally, where they do not apply.
-SERVER_MAX_K = 100
-SERVER_MAX_OFFSET = 10_000
-SERVER_MAX_TERMS = 16
 
 
 def within_server_limits(k: int, offset: int, exclude: list[str]) -> bool:
     """Whether the server accepts a search of this size (the CLI itself allows more)."""
-    return (
-        1 <= k <= SERVER_MAX_K
-        and 0 <= offset <= SERVER_MAX_OFFSET
-        and (len(exclude) <= SERVER_MAX_TERMS)
-    )
+    return 1 <= k <= MAX_K and 0 <= offset <= MAX_OFFSET and (len(exclude) <= MAX_TERMS)
 
 
 def runtime_dir() -> Path:

@@ -11,14 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparsemm.cli.index import add_backend_args
-
-# sparsemm.query.searcher.DEFAULT_STRATEGY, written out so that `--help` and
-# `--list-strategies` do not import torch; tests/cli/test_cli_cold_start.py checks it.
-DEFAULT_STRATEGY = "match"
+from sparsemm.query.request import DEFAULT_STRATEGY, QueryRequest, build_request
 
 if TYPE_CHECKING:
-    from sparsemm.query.hits import Hit
-    from sparsemm.query.parse import Query
+    from sparsemm.query.hits import Answer, Hit
     from sparsemm.query.searcher import Searcher
 
 
@@ -106,31 +102,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, positionals=fill_positionals)
 
 
-def _probability(text: str) -> float:
-    """A --min-score value: 0.6 or 60% (SparsemmError, one line, otherwise)."""
-    from sparsemm.errors import SparsemmError
-
-    t = str(text).strip()
-    try:
-        v = float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
-    except ValueError:
-        raise SparsemmError(f"--min-score: not a probability: {text!r} (use 0.6 or 60%)") from None
-    if not 0.0 < v <= 1.0:
-        raise SparsemmError(f"--min-score: a probability in (0, 1] (or 1%-100%), got {text!r}")
-    return v
-
-
 def check_args(args: argparse.Namespace) -> None:
     """What can be refused before anything is loaded (a second or more): -k, --offset,
     --min-score, a collection folder that is not there, a query with no word in it."""
     from sparsemm.errors import SparsemmError
+    from sparsemm.query.request import parse_probability
 
     if args.k < 1:
         raise SparsemmError(f"-k must be at least 1, got {args.k}")
     if args.offset < 0:
         raise SparsemmError(f"--offset must be 0 or more, got {args.offset}")
     if isinstance(args.min_score, str):
-        args.min_score = _probability(args.min_score)
+        args.min_score = parse_probability(args.min_score, "--min-score")
     if args.collection is not None and not Path(args.collection).exists():
         raise SparsemmError(f"{args.collection} does not exist")
     text = " ".join([args.query or "", *args.exclude])
@@ -176,11 +159,6 @@ def list_strategies() -> str:
     return "\n".join(lines)
 
 
-# Terms per include / exclude list: the HTTP API's limit (sparsemm.web.schemas.MAX_TERMS), so the
-# CLI answers no query the API refuses. Longer exclusion lists also stop excluding reliably.
-MAX_TERMS = 16
-
-
 def image_path(searcher: Searcher, row: int) -> str | None:
     """The absolute image path of item ``row`` (None when it has no image)."""
     img = searcher.collection.items[row].get("image")
@@ -188,28 +166,6 @@ def image_path(searcher: Searcher, row: int) -> str | None:
         return None
     p = Path(str(img))
     return str(p if p.is_absolute() else (searcher.collection.root / p).resolve())
-
-
-def _search(searcher: Searcher, query: Query, args: argparse.Namespace) -> list[Hit]:
-    """Hits of ``query``: the model's default (served through the index or store), any
-    strategy by name, or the index's hard filter (``--engine index``)."""
-    from sparsemm.errors import SparsemmError
-
-    args.strategy = args.strategy or ("filter" if args.engine == "index" else None)
-    args.strategy = args.strategy or searcher.default_strategy
-    if args.engine == "index":
-        if args.strategy != "filter" or args.offset:
-            raise SparsemmError("--engine index supports --strategy filter without --offset")
-        return searcher.search_index(query, k=args.k)
-    if args.backend == "qdrant" and not searcher.served(args.strategy):
-        if args.strategy != "filter" or args.offset:
-            raise SparsemmError(
-                f"--backend qdrant serves the default ({searcher.default_strategy}, with a "
-                "model that has detectors: `sparsemm train detectors`) and --strategy filter "
-                "without --offset"
-            )
-        return searcher.search_index(query, k=args.k)
-    return searcher.search(query, k=args.k, strategy=args.strategy, offset=args.offset)
 
 
 def forwardable(args: argparse.Namespace) -> bool:
@@ -254,6 +210,8 @@ def print_answer(answer: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Parse, refuse bad input early, send a plain search to a running server when there is
+    one, else answer it here (Searcher.answer) and print it."""
     from sparsemm.errors import SparsemmError
 
     if args.list_strategies:  # before the searcher's imports (torch): this answers at once
@@ -265,138 +223,85 @@ def run(args: argparse.Namespace) -> int:
 
         limits_ok = within_server_limits(args.k, args.offset, list(args.exclude))
         url = find_server(args.collection) if limits_ok else None
-        answer = url and forward_search(
+        forwarded = url and forward_search(
             url, args.query, list(args.exclude), args.k, args.offset, args.strategy
         )
-        if answer:
-            print_answer(answer)
+        if forwarded:
+            print_answer(forwarded)
             return 0
-    from sparsemm.query.parse import parse_query
-    from sparsemm.query.searcher import Searcher
-
-    if args.like is not None:
-        return run_like(args)
-    if args.collection is None or args.query is None:
+    if args.collection is None or (args.query is None and args.like is None):
         raise SparsemmError(
             'give a collection and a query, e.g. sparsemm search COLLECTION "dog but not cat"'
         )
-    query = parse_query(args.query, exclude=tuple(args.exclude))
-    if len(query.include) > MAX_TERMS or len(query.exclude) > MAX_TERMS:
-        raise SparsemmError(
-            f"a query may hold at most {MAX_TERMS} include and {MAX_TERMS} exclude terms (got "
-            f"{len(query.include)} and {len(query.exclude)}); split it into several searches"
-        )
-    if args.backend == "qdrant":
-        from sparsemm.cli.index import collection_name
-        from sparsemm.index.qdrant import QdrantStore, connect
+    if args.like is not None and args.backend != "local":
+        raise SparsemmError("--like searches the local index (no --backend)")
+    request = build_request(
+        args.query or "",
+        exclude=args.exclude,
+        k=args.k,
+        offset=args.offset,
+        strategy=args.strategy,
+        like=args.like,
+        min_score=args.min_score,
+        engine=args.engine,
+    )
+    with open_searcher(args) as searcher:
+        answer = searcher.answer(request)
+        render(searcher, request, answer, args)
+    return 0
 
-        client = connect(args.url, api_key=args.api_key)
-        with QdrantStore.open(client, collection_name(args)) as store:
-            # The served default reads its candidates and codes from Qdrant.
-            searcher = Searcher(args.collection, store=store)
-            hits = _search(searcher, query, args)
-    else:
-        searcher = Searcher(args.collection)
-        hits = _search(searcher, query, args)
-    unknown = searcher.unknown_words(query)
-    prob = searcher.probabilistic(args.strategy)
-    notes = searcher.notes(query, args.strategy)
-    served = searcher.last_served
-    if served is not None and not served.certified:
-        notes.append(
-            f"the index path stopped at {served.candidates} candidates before proving these "
-            "are the exact top results (very large collections); they are the best of those"
+
+def open_searcher(args: argparse.Namespace) -> Searcher:
+    """The collection's Searcher over the store ``--backend`` names (closed on exit)."""
+    from sparsemm.index.backends import open_store
+    from sparsemm.query.searcher import Searcher
+
+    store = None
+    if args.backend != "local":
+        from sparsemm.cli.index import collection_name
+
+        store = open_store(
+            args.backend, url=args.url, collection=collection_name(args), api_key=args.api_key
         )
-    matches = None
-    if args.min_score is not None:
-        if not prob:
-            raise SparsemmError(
-                f"--min-score keeps matches by probability; the {args.strategy} scorer's "
-                "scores are not probabilities (use the default scorer)"
-            )
-        hits = [h for h in hits if h.score >= args.min_score]
-        matches = searcher.count_matches(query, args.min_score, args.strategy)
+    return Searcher(args.collection, store=store)
+
+
+def render(
+    searcher: Searcher, request: QueryRequest, answer: Answer, args: argparse.Namespace
+) -> None:
+    """Print an answer: JSON, image paths, or the text lines (notes on stderr)."""
+    query, hits, prob = answer.query, answer.hits, answer.probabilistic
     if args.json:
         out = {
+            **({"like": args.like} if request.like is not None else {}),
             "query": {"include": list(query.include), "exclude": list(query.exclude),
                       "text": query.text},
-            "strategy": args.strategy,
+            "strategy": answer.strategy,
             "probabilistic": prob,
-            "min_score": args.min_score,
-            "matches": matches,
-            "certified": served.certified if served is not None else True,
-            "notes": notes,
-            "unknown_words": unknown,
+            "min_score": answer.min_score,
+            "matches": answer.matches,
+            "certified": answer.certified,
+            "notes": answer.notes,
+            "unknown_words": answer.unknown_words,
             "hits": [{**h.to_dict(), "image": image_path(searcher, h.row)} for h in hits],
         }  # fmt: skip
         print(json.dumps(out, indent=1))
-        return 0
-    if unknown:  # on stderr, so piped paths stay clean
-        print(unknown_note(unknown), file=sys.stderr)
-    for note in notes:
+        return
+    if answer.unknown_words:  # on stderr, so piped paths stay clean
+        print(unknown_note(answer.unknown_words), file=sys.stderr)
+    for note in answer.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.paths:
         for h in hits:
             print(image_path(searcher, h.row) or h.id)
-        return 0
+        return
     excl = f"  but not: {', '.join(query.exclude)}" if query.exclude else ""
-    print(f"query: {', '.join(query.include) or '(anything)'}{excl}   [{args.strategy}]")
+    include = f"like {args.like}" if request.like is not None else ", ".join(query.include)
+    print(f"query: {include or '(anything)'}{excl}   [{answer.strategy}]")
     print_hits(hits, args.explain, prob)
-    if matches is not None:
+    if answer.matches is not None and answer.threshold is not None:
         n = len(searcher.collection.items)
-        print(f"{matches} of {n} items match at {percent(args.min_score)} or more")
-    return 0
-
-
-def run_like(args: argparse.Namespace) -> int:
-    """``--like IMAGE_OR_ID ["but not X"]``: Searcher.search_like with the query's exclusions."""
-    from sparsemm.errors import SparsemmError
-    from sparsemm.query.parse import Query, parse_query
-    from sparsemm.query.searcher import Searcher
-
-    if args.collection is None:
-        raise SparsemmError('give a collection, e.g. sparsemm search COLLECTION --like ID "no cat"')
-    if args.engine != "strategy" or args.backend != "local":
-        raise SparsemmError(
-            "--like searches the local index with a strategy (no --engine/--backend)"
-        )
-    text = (args.query or "").strip()
-    query = parse_query(text, exclude=tuple(args.exclude)) if text else None
-    if query is not None and query.include:
-        raise SparsemmError(
-            f"with --like the query only names what to leave out (got {', '.join(query.include)!r} "
-            'to find); write it as "but not X" or "-X"'
-        )
-    exclude = query.exclude if query is not None else tuple(args.exclude)
-    if len(exclude) > MAX_TERMS:
-        raise SparsemmError(f"a query may exclude at most {MAX_TERMS} terms")
-    searcher = Searcher(args.collection)
-    args.strategy = args.strategy or searcher.default_strategy
-    hits = searcher.search_like(
-        args.like, exclude=tuple(exclude), k=args.k, strategy=args.strategy, offset=args.offset
-    )
-    unknown = searcher.unknown_words(Query(exclude=tuple(exclude)) if exclude else Query.empty())
-    if args.json:
-        out = {
-            "like": args.like,
-            "query": {"include": [], "exclude": list(exclude)},
-            "strategy": args.strategy,
-            "unknown_words": unknown,
-            "hits": [{**h.to_dict(), "image": image_path(searcher, h.row)} for h in hits],
-        }
-        print(json.dumps(out, indent=1))
-        return 0
-    if unknown:
-        print(unknown_note(unknown), file=sys.stderr)
-    if args.paths:
-        for h in hits:
-            print(image_path(searcher, h.row) or h.id)
-        return 0
-    excl = f"  but not: {', '.join(exclude)}" if exclude else ""
-    print(f"query: like {args.like}{excl}   [{args.strategy}]")
-    # with match: the share of the picture's concepts an item has, times 1 - P(excluded)
-    print_hits(hits, args.explain, searcher.probabilistic(args.strategy))
-    return 0
+        print(f"{answer.matches} of {n} items match at {percent(answer.threshold)} or more")
 
 
 def _why(way: str) -> str:

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from sparsemm.query.parse import Query
+
 
 @dataclass
 class Concept:
@@ -130,3 +132,20 @@ def term_evidence(
     top = [int(dims[j]) for j in np.argsort(-contrib, kind="stable")[:3] if contrib[j] > 0]
     words = [w for j in top for w in dim_words(j)[:1]]
     return TermEvidence(term, side, kind, float(values[at]), top, words, list(read_as or []))
+
+
+@dataclass
+class Answer:
+    """What one search returns to a front end (:meth:`Searcher.answer`): the parsed query,
+    the strategy that ranked it and its hits, with what a reader of them needs."""
+
+    query: Query
+    strategy: str
+    hits: list[Hit]
+    probabilistic: bool  # the scores are match probabilities ("92% match")
+    min_score: float | None = None  # hits below it were dropped
+    threshold: float | None = None  # what ``matches`` counted at
+    matches: int | None = None  # items in the whole collection at ``threshold`` or more
+    certified: bool = True  # the index path proved these are the exact top hits
+    notes: list[str] = field(default_factory=list)  # how the terms were read, caveats
+    unknown_words: list[str] = field(default_factory=list)  # in no vocabulary we hold

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,10 @@ from sparsemm.linalg import normalize_rows
 from sparsemm.models.base import check_encoders
 from sparsemm.models.lit import AlignedTextEncoder, LinearAligner
 from sparsemm.query.code_models import load_code_model
-from sparsemm.query.hits import Concept, ExcludedCheck, Explainer, Hit, term_evidence
+from sparsemm.query.hits import Answer, Concept, ExcludedCheck, Explainer, Hit, term_evidence
 from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.rank import rank_query
+from sparsemm.query.request import MATCH_THRESHOLD, QueryRequest
 from sparsemm.query.scorers import DetectorScorer
 from sparsemm.query.strategies import (
     ExclusionContext,
@@ -42,6 +44,7 @@ from sparsemm.query.strategies import (
     Hybrid,
     Match,
     ReferenceSet,
+    StrategySpec,
     available_strategies,
     get_spec,
     get_strategy,
@@ -61,9 +64,6 @@ from sparsemm.words.bias import tokenize
 log = logging.getLogger(__name__)
 
 INDEX_DIR = "index"
-# What counts as a match when the scores are probabilities and nobody said otherwise: more
-# likely than not (the CLI's and the page's item count).
-MATCH_THRESHOLD = 0.5
 LEGACY_LABELS = "labels.json"
 CHECK_BATCH = 16  # query terms embedded per encoder call when checking them
 
@@ -169,6 +169,18 @@ class Searcher:
         self._raw_text: CachedTextEncoder | None = None  # shared by aligned space and coder
         self._seen_words: frozenset[str] | None = None  # caption and label words (unknown_words)
         self._unit_lists: Any = False  # not looked for yet (None: none that fit)
+
+    def close(self) -> None:
+        """Close a store this searcher was given (a Qdrant client); the collection's own
+        index needs no closing."""
+        if self.store is not self.index:
+            self.store.close()
+
+    def __enter__(self) -> Searcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def unit_lists(self) -> Any:
@@ -530,6 +542,89 @@ class Searcher:
             return  # search() explains it
         self.check_terms(q, kind)
 
+    def strategy_spec(self, strategy: str | None = None) -> StrategySpec:
+        """The registered strategy a search runs (default: the model's), looked up once per
+        search; SparsemmError for an unknown name or a dense strategy this collection has no
+        shared image-text space for."""
+        name = strategy or self.default_strategy
+        if name not in available_strategies():
+            raise SparsemmError(
+                f"unknown strategy {name!r}; available: {', '.join(available_strategies())}"
+            )
+        spec = get_spec(name)
+        if spec.kind == "dense" and self.dense is None:
+            raise SparsemmError(
+                f"strategy {name!r} is dense, but this collection's images and texts come "
+                "from different backbones with no shared space; rebuild the index with "
+                "`sparsemm index ... --dense-model ALIGNER` or use a sparse strategy"
+            )
+        return spec
+
+    def answer(self, request: QueryRequest) -> Answer:
+        """Run one :class:`~sparsemm.query.request.QueryRequest` as every front end does:
+        the hits (by the model's default scorer unless the request names another, or like
+        an item or image), then what a person reading them needs: whether the scores are
+        match probabilities, the hits at ``min_score`` or more and how many items in all
+        reach it, how the terms were read, words no vocabulary holds, and whether the index
+        path proved the hits exact."""
+        q, k, offset = request.query, request.k, request.offset
+        name = request.strategy or ("filter" if request.engine == "index" else None)
+        spec = self.strategy_spec(name)
+        served = None
+        if request.engine == "index" or (
+            self.store is not self.index and not self.served(spec.name)
+        ):
+            if self.store is not self.index and (spec.name != "filter" or offset):
+                raise SparsemmError(
+                    f"--backend {self.store.backend} serves the default ({self.default_strategy}"
+                    ", with a model that has detectors: `sparsemm train detectors`) and "
+                    "--strategy filter without --offset"
+                )
+            hits = self.search_index(q, k=k)
+        elif request.like is not None:
+            if spec.kind == "dense":
+                raise SparsemmError(
+                    f"strategy {spec.name!r} ranks text embeddings; a like-query is a sparse "
+                    "code (use the default or another sparse strategy)"
+                )
+            with self.like_term(request.like) as term:
+                hits, served = self._ranked(Query((term,), q.exclude), spec, k, offset, {})
+        else:
+            hits, served = self._ranked(q, spec, k, offset, {})
+        hits = [h for h in hits if math.isfinite(h.score)]
+        prob = bool(getattr(spec.cls, "probabilistic", False))
+        if request.min_score is not None and not prob:
+            raise SparsemmError(
+                f"a minimum score keeps matches by probability; the {spec.name} scorer's "
+                "scores are not probabilities (use the default scorer)"
+            )
+        if request.min_score is not None:
+            hits = [h for h in hits if h.score >= request.min_score]
+        threshold = matches = None
+        if prob and request.like is None and (request.count or request.min_score is not None):
+            threshold = request.min_score if request.min_score is not None else MATCH_THRESHOLD
+            matches = self.count_matches(q, threshold, spec.name)
+        notes = self.notes(q, spec.name) if request.like is None else []
+        certified = served is None or served.certified
+        if served is not None and not served.certified:
+            notes.append(
+                f"the index path stopped at {served.candidates} candidates before proving "
+                "these are the exact top results (very large collections); they are the best "
+                "of those"
+            )
+        return Answer(
+            query=q,
+            strategy=spec.name,
+            hits=hits,
+            probabilistic=prob,
+            min_score=request.min_score,
+            threshold=threshold,
+            matches=matches,
+            certified=certified,
+            notes=notes,
+            unknown_words=self.unknown_words(q),
+        )
+
     def search(
         self,
         query: str | Query,
@@ -540,28 +635,28 @@ class Searcher:
         **params: Any,
     ) -> list[Hit]:
         """Top ``k`` hits (after ``offset``) for a query; several excluded terms all apply.
-        ``strategy`` defaults to the model's (``hybrid`` for SR, ``code_arith`` for VDR).
+        ``strategy`` defaults to the model's (``match`` for SR and the concept models,
+        ``code_arith`` for VDR).
 
         The default scorer is served through the index (:meth:`served`: candidates, then
         exact rescoring, certified equal to ranking every item); other strategies rank
         every item with :func:`sparsemm.query.rank.rank_query`, the function the benchmarks
         use. Raises SparsemmError for bad input, including a term the model knows nothing
-        about (:meth:`check_terms`)."""
+        about (:meth:`check_terms`). :meth:`answer` is the same search with what the front
+        ends show around the hits."""
         if k < 1 or offset < 0:
             raise SparsemmError("k must be >= 1 and offset >= 0")
         q = query if isinstance(query, Query) else parse_query(query, exclude=exclude)
-        strategy = strategy or self.default_strategy
-        if strategy not in available_strategies():
-            raise SparsemmError(
-                f"unknown strategy {strategy!r}; available: {', '.join(available_strategies())}"
-            )
-        if get_spec(strategy).kind == "dense" and self.dense is None:
-            raise SparsemmError(
-                f"strategy {strategy!r} is dense, but this collection's images and texts come "
-                "from different backbones with no shared space; rebuild the index with "
-                "`sparsemm index ... --dense-model ALIGNER` or use a sparse strategy"
-            )
+        return self._ranked(q, self.strategy_spec(strategy), k, offset, params)[0]
+
+    def _ranked(
+        self, q: Query, spec: StrategySpec, k: int, offset: int, params: dict[str, Any]
+    ) -> tuple[list[Hit], ServedResult | None]:
+        """The hits of a checked query and strategy, with how the index path served them
+        (None: ranked over every code in memory)."""
+        strategy = spec.name
         served = self.served(strategy, **params)
+        res: ServedResult | None = None
         if served and strategy == "match":
             base = self.text_context
             self.check_terms(q, "match")
@@ -575,7 +670,6 @@ class Searcher:
                 unit_lists=self.unit_lists,
                 **params,
             )
-            self.last_served = res
             rows, scores = res.rows, res.scores
         elif served:
             base = self.text_context
@@ -590,20 +684,19 @@ class Searcher:
                 nonnegative=self.index.nonnegative,  # a remote store holds the same codes
                 **params,
             )
-            self.last_served = res
             rows, scores = res.rows, res.scores
         else:
             base = self.context
-            strat = get_strategy(strategy, base, **params)
+            strat = spec.build(base, **params)
             self.check_terms(q, "match" if isinstance(strat, Match) else strat.kind)
             rows, scores = rank_query(base, q, strat, k=k, offset=offset)
-            self.last_served = None
+        self.last_served = res
         # Explanations read only the hits' codes, from the index's row store; the served
         # path's evidence is computed on a context of just those rows.
         codes = sp.csr_matrix(self._codes_of(rows))
         codes.sort_indices()
         if served:
-            strat = get_strategy(strategy, sub_context(base, codes), **params)
+            strat = spec.build(sub_context(base, codes), **params)
         at_hits = served  # evidence arrays hold the hits in order (else every item)
         if isinstance(strat, Match):
             # the probability itself, not the rank key (P at 1% with ties broken)
@@ -624,7 +717,7 @@ class Searcher:
             h.evidence = [term_evidence(codes, i, at, self.dim_words, *t) for t in terms]
             h.scored_by = {e.term: e.kind for e in h.evidence}
             hits.append(h)
-        return hits
+        return hits, res
 
     def _match_evidence(
         self, strat: Match, term: str
@@ -856,7 +949,6 @@ class Searcher:
         k: int = 10,
         strategy: str | None = None,
         offset: int = 0,
-        **params: Any,
     ) -> list[Hit]:
         """ "More like this, but not X": rank with ``like``'s code (see :meth:`like_code`) as
         the include side and ``exclude`` applied, through the same scorer as a text query.
@@ -868,16 +960,9 @@ class Searcher:
         certified index path as text. Dense strategies are refused: the code is not a text
         embedding.
         """
-        strategy = strategy or self.default_strategy
-        if strategy in available_strategies() and get_spec(strategy).kind == "dense":
-            raise SparsemmError(
-                f"strategy {strategy!r} ranks text embeddings; a like-query is a sparse code "
-                "(use the default or another sparse strategy)"
-            )
-        with self.like_term(like) as term:
-            return self.search(
-                Query((term,), tuple(exclude)), k=k, strategy=strategy, offset=offset, **params
-            )
+        query = Query((), tuple(exclude)) if exclude else Query.empty()
+        request = QueryRequest(query, k, offset, strategy, like)
+        return self.answer(request).hits
 
     @contextlib.contextmanager
     def like_term(self, like: Any) -> Iterator[str]:

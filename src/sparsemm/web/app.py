@@ -46,6 +46,7 @@ from sparsemm import __version__
 from sparsemm.errors import SparsemmError
 from sparsemm.index.inverted import InvertedIndex
 from sparsemm.query.parse import MAX_QUERY_CHARS, Query
+from sparsemm.query.request import build_query, like_exclusions
 from sparsemm.query.searcher import Searcher
 
 try:
@@ -85,8 +86,6 @@ from sparsemm.web.service import (
     IndexUnavailable,
     SearchService,
     ServerBusy,
-    build_query,
-    like_exclusions,
 )
 
 log = logging.getLogger(__name__)

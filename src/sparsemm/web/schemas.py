@@ -8,12 +8,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sparsemm.query.parse import MAX_QUERY_CHARS
+from sparsemm.query.request import MAX_K, MAX_OFFSET, MAX_TERMS
 
 log = logging.getLogger(__name__)
 
-MAX_K = 100
-MAX_OFFSET = 10_000  # deep paging costs a full sort; nobody pages 100 screens of images
-MAX_TERMS = 16  # per include / exclude list
+__all__ = ["MAX_K", "MAX_OFFSET", "MAX_TERMS"]  # the request limits, for the page and tests
 
 
 # ---------------------------------------------------------------------------- API models

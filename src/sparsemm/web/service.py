@@ -10,7 +10,6 @@ import gc
 import hashlib
 import json
 import logging
-import math
 import re
 import threading
 import time
@@ -30,15 +29,15 @@ from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.io import read_json
 from sparsemm.query.hits import Concept, ExcludedCheck, Hit
-from sparsemm.query.parse import MAX_QUERY_CHARS, Query, parse_query
-from sparsemm.query.searcher import INDEX_DIR, MATCH_THRESHOLD, Searcher
+from sparsemm.query.parse import MAX_QUERY_CHARS, Query
+from sparsemm.query.request import QueryRequest, build_request
+from sparsemm.query.searcher import INDEX_DIR, Searcher
 from sparsemm.query.strategies import HardFilter, available_strategies
 from sparsemm.web.images import ImageStore, ThumbCache
 from sparsemm.web.lanes import FairSemaphore
 from sparsemm.web.schemas import (
     MAX_K,
     MAX_OFFSET,
-    MAX_TERMS,
     ConceptOut,
     DimItemOut,
     DimOut,
@@ -77,74 +76,8 @@ MAX_DIM_ITEMS = 100
 # ------------------------------------------------------------------------------- queries
 
 
-def _terms_of(value: Any, side: str) -> Query | None:
-    if not isinstance(value, str):
-        raise SparsemmError(f"{side} terms must be text, got {type(value).__name__}")
-    return parse_query(value) if value.strip() else None
-
-
-def build_query(q: str = "", include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Query:
-    """One :class:`Query` from typed text plus include / exclude term lists.
-
-    ``q`` is parsed with the full grammar; each list value too ("cat, ball" gives two
-    terms; "dog -cat" in ``include`` adds both sides), except that an ``exclude`` value may
-    not itself exclude something. Blank values are skipped; duplicates are dropped, first
-    occurrence wins. Raises SparsemmError for malformed input or too many terms.
-    """
-    if not isinstance(q, str):
-        raise SparsemmError(f"q must be text, got {type(q).__name__}")
-    for values, side in ((include, "include"), (exclude, "exclude")):
-        if isinstance(values, str):
-            raise SparsemmError(f"{side} must be a list of terms, not one string")
-        if len(values) > MAX_TERMS:
-            raise SparsemmError(f"at most {MAX_TERMS} {side} values are accepted per query")
-    inc: list[str] = []
-    exc: list[str] = []
-    if q.strip():
-        base = parse_query(q)
-        inc += base.include
-        exc += base.exclude
-    for value in include:
-        part = _terms_of(value, "include")
-        if part is None:
-            continue
-        inc += part.include
-        exc += part.exclude
-    for value in exclude:
-        part = _terms_of(value, "exclude")
-        if part is None:
-            continue
-        if part.exclude:
-            raise SparsemmError(
-                f"the exclude value {value!r} excludes something itself; list the terms to "
-                "leave out, e.g. 'cat, ball'"
-            )
-        exc += part.include
-    if not inc and not exc:
-        raise SparsemmError("type what to search for, e.g. 'dog' (and what not to: 'cat')")
-    inc = list(dict.fromkeys(inc))
-    exc = list(dict.fromkeys(exc))
-    if len(inc) > MAX_TERMS or len(exc) > MAX_TERMS:
-        raise SparsemmError(f"a query may hold at most {MAX_TERMS} include and exclude terms")
-    return Query(tuple(inc), tuple(exc))
-
-
 def _query_out(q: Query) -> QueryOut:
     return QueryOut(include=list(q.include), exclude=list(q.exclude), text=q.text)
-
-
-def like_exclusions(q: str = "", include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Query:
-    """The exclusions of a "more like this" query: ``q`` and the lists may only leave
-    things out ("but not cat"); nothing at all is fine. SparsemmError for an include term."""
-    if not q.strip() and not any(v.strip() for v in [*include, *exclude] if isinstance(v, str)):
-        return Query.empty()
-    query = build_query(q, include, exclude)
-    if query.include:
-        raise SparsemmError(
-            f"a 'more like this' search only takes terms to leave out (got "
-            f"{', '.join(query.include)!r} to find); write them as 'but not X'"
-        )
-    return query
 
 
 def _stem(word: str) -> str:
@@ -538,67 +471,60 @@ class SearchService:
 
     def search(self, req: SearchRequest, prefix: str = "", image: Any = None) -> SearchOut:
         """A text query, or "more like" ``req.like`` (an item id) or ``image`` (a decoded
-        upload) with the query's exclusions (:meth:`Searcher.search_like`)."""
+        upload) with the query's exclusions (:meth:`Searcher.answer`)."""
         like: Any = image if image is not None else req.like
         with self.pinned():
             if like is not None and image is None:
                 self.row(str(req.like))  # 404 for an unknown item
-            if like is not None:
-                query = like_exclusions(req.q, req.include, req.exclude)
-            else:
-                query = build_query(req.q, req.include, req.exclude)
-            return self._search(req, query, prefix, like, image)
+            request = build_request(
+                req.q,
+                req.include,
+                req.exclude,
+                k=req.k,
+                offset=req.offset,
+                strategy=req.strategy,
+                like=like,
+                min_score=req.min_score,
+                count=True,
+            )
+            return self._search(request, prefix, image)
 
-    def _search(
-        self, req: SearchRequest, query: Query, prefix: str, like: Any, image: Any
-    ) -> SearchOut:
-        strategy = req.strategy or self.searcher.default_strategy
-        label = None
-        heavy = len(query.include) + len(query.exclude) > self.heavy_terms
-        if like is None and not heavy:
+    def _search(self, request: QueryRequest, prefix: str, image: Any) -> SearchOut:
+        query = request.query
+        heavy = request.heavy_terms > self.heavy_terms
+        if request.like is None and not heavy:
             # Text encoding happens before a lane is taken: the waiting requests' texts go
             # through the encoder in shared batches (one thread, torch without the GIL)
             # while the lanes rank other queries. A costly query encodes in its lane.
-            self.searcher.prepare(query, strategy)
+            self.searcher.prepare(query, request.strategy)
         with self.lane(heavy=heavy):
             try:  # the searcher names unknown strategies and terms (Searcher.check_terms)
-                if like is None:
-                    hits = self.searcher.search(
-                        query, k=req.k, strategy=strategy, offset=req.offset
-                    )
-                else:
-                    label = "uploaded image" if image is not None else f"item {req.like}"
-                    hits = self.searcher.search_like(
-                        like, query.exclude, k=req.k, strategy=strategy, offset=req.offset
-                    )
+                answer = self.searcher.answer(request)
             finally:
                 self._bound_caches()
-        hits = [h for h in hits if math.isfinite(h.score)]
-        prob = self.searcher.probabilistic(strategy)
-        threshold = matches = None
-        if prob and req.min_score is not None:
-            hits = [h for h in hits if h.score >= req.min_score]
-        if prob and like is None:
-            threshold = req.min_score if req.min_score is not None else MATCH_THRESHOLD
-            with self.lane(heavy=heavy):
-                matches = self.searcher.count_matches(query, threshold, strategy)
+        label = None
+        if request.like is not None:
+            label = "uploaded image" if image is not None else f"item {request.like}"
+        hits = answer.hits
         # the hits' codes in one read (the excluded-term checks show each item's peak)
         codes = self.searcher.item_codes([h.row for h in hits])
-        log.debug("search %r like %s [%s] -> %d hits", query.text, label, strategy, len(hits))
-        full = len(hits) == req.k and req.offset + req.k <= MAX_OFFSET
+        log.debug(
+            "search %r like %s [%s] -> %d hits", query.text, label, answer.strategy, len(hits)
+        )
+        full = len(hits) == request.k and request.offset + request.k <= MAX_OFFSET
         return SearchOut(
             query=_query_out(query),
-            strategy=strategy,
-            k=req.k,
-            offset=req.offset,
-            next_offset=req.offset + req.k if full else None,
+            strategy=answer.strategy,
+            k=request.k,
+            offset=request.offset,
+            next_offset=request.offset + request.k if full else None,
             total=len(self.collection.items),
             like=label,
-            unknown_words=self.searcher.unknown_words(query),
-            notes=self.searcher.notes(query, strategy) if like is None else [],
-            probabilistic=prob,
-            threshold=threshold,
-            matches=matches,
+            unknown_words=answer.unknown_words,
+            notes=answer.notes,
+            probabilistic=answer.probabilistic,
+            threshold=answer.threshold,
+            matches=answer.matches,
             hits=[
                 self._hit(h, prefix, query.exclude, _code_values(codes, i))
                 for i, h in enumerate(hits)
