@@ -2,6 +2,6 @@
 
 * :mod:`sparsemm.words.vectors` - dense word vectors: a table and file loaders.
 * :mod:`sparsemm.words.spine` - SPINE sparse interpretable word vectors.
-* :mod:`sparsemm.words.bias` - caption tokenisation and the SR sentence bias.
+* :mod:`sparsemm.words.bias` - the SR sentence bias (captions tokenised by :mod:`sparsemm.text`).
 * :mod:`sparsemm.words.evaluate` - word similarity, sparsity and word-intrusion checks.
 """

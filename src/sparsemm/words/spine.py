@@ -43,9 +43,9 @@ from sparsemm.io import (
     write_json,
 )
 from sparsemm.models.base import PretrainedMixin
+from sparsemm.text import STOP_WORDS, is_token, tokenize
 from sparsemm.train.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from sparsemm.train.loop import stop_if_diverged
-from sparsemm.words.bias import STOP_WORDS, is_token, tokenize
 from sparsemm.words.vectors import WordVectors, read_words, write_words
 
 logger = logging.getLogger(__name__)
