@@ -284,7 +284,7 @@ def fresh_words(collection: str | Path, limit: int = 20_000) -> list[str]:
     from sparsemm.data.collection import open_collection
     from sparsemm.errors import SparsemmError
     from sparsemm.query.parse import parse_query
-    from sparsemm.words.bias import tokenize
+    from sparsemm.text import tokenize
 
     col = open_collection(collection)
     words = {w for it in col.items for c in it.get("captions") or [] for w in tokenize(c)}
@@ -306,7 +306,7 @@ def fresh_words(collection: str | Path, limit: int = 20_000) -> list[str]:
 def collection_terms(collection: str | Path, limit: int = 80) -> list[str]:
     """Query terms for a collection: its most common item labels, else caption words."""
     from sparsemm.data.collection import open_collection
-    from sparsemm.words.bias import tokenize
+    from sparsemm.text import tokenize
 
     col = open_collection(collection)
     counts: Counter[str] = Counter(lab for it in col.items for lab in it.get("labels") or [])

@@ -1,7 +1,9 @@
-"""Imports point down the layers (docs/architecture.md): the bottom modules import nothing of
-sparsemm but its error type, and the library layers (encoders, words, data, models, train,
-index, query, baselines) never import the benchmark runs (``sparsemm.eval``), the CLI, the
-web server or the visualisations, even inside a function."""
+"""Imports point down the layers (docs/architecture.md). ``LAYERS`` lists sparsemm's top-level
+modules and packages, lowest first: a module may import its own package and anything in a
+lower layer, never a package beside it or above it, counting every kind of import (at module
+level, inside a function, inside ``if TYPE_CHECKING:``); no two packages import each other;
+the library layers never import the benchmark runs (``sparsemm.eval``), the CLI, the web
+server or the visualisations."""
 
 from __future__ import annotations
 
@@ -11,19 +13,32 @@ from pathlib import Path
 import sparsemm
 
 SRC = Path(sparsemm.__file__).resolve().parent
-BOTTOM = ("errors", "linalg", "lru", "runtime")
-LIBRARY = (
-    "concepts",
-    "encoders",
-    "words",
-    "data",
-    "models",
-    "train",
-    "index",
-    "query",
-    "baselines",
+ROOT = "sparsemm"  # the package itself (__init__.py): the lazily loaded public API, __version__
+
+# Lowest first. A layer's members do not import each other.
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"errors"}),
+    frozenset({"io", "linalg", "lru", "runtime", "text"}),  # import only errors
+    frozenset({"concepts", "encoders", "words", "index", "baselines"}),  # only the bottom
+    frozenset({"data"}),  # sources, collections, encoding: needs the encoders
+    frozenset({"models"}),  # needs data (collections), baselines (SpLiCE), words, concepts
+    frozenset({"train"}),
+    frozenset({"query"}),
+    frozenset({ROOT}),  # the public API re-exports the library
+    frozenset({"eval", "viz", "web"}),  # eval's runners, viz and web read the library
+    frozenset({"cli"}),
 )
-ABOVE = ("eval", "cli", "web", "viz")
+LAYER_OF = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+BOTTOM = tuple(sorted(LAYERS[0] | LAYERS[1]))
+LIBRARY = tuple(sorted(set().union(*LAYERS[2 : LAYER_OF[ROOT]])))  # between bottom and ROOT
+ABOVE = tuple(sorted(set().union(*LAYERS[LAYER_OF[ROOT] + 1 :])))
+
+# (importing module, imported top-level name) pairs let through, each with its reason. An
+# entry no import needs any more fails test_every_allowed_upward_import_is_still_used.
+ALLOWED_UP: dict[tuple[str, str], str] = {
+    ("sparsemm.words.spine", "train"): "train_caption_spine forwards to sparsemm.train.spine "
+    "until the `up` verb (sparsemm/cli/up.py) imports it from there",
+}
 
 
 def _imports(path: Path, package: str = "sparsemm") -> list[str]:
@@ -113,29 +128,174 @@ def _runtime_imports(path: Path, modules: set[str]) -> set[str]:
 
 def test_no_import_circles() -> None:
     """No two sparsemm modules import each other, directly or through others, even inside a
-    function (a package importing its own submodules to re-export them is not a circle)."""
-    files = {}
-    for path in SRC.rglob("*.py"):
-        parts = path.relative_to(SRC.parent).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        files[name] = path
+    function (a package importing its own submodules to re-export them is not a circle;
+    ALLOWED_UP's imports are left out)."""
+    files = _files()
     graph = {
         name: {
             dep
             for dep in _runtime_imports(path, set(files))
-            if dep != name and not name.startswith(f"{dep}.") and not dep.startswith(f"{name}.")
+            if dep != name
+            and not name.startswith(f"{dep}.")
+            and not dep.startswith(f"{name}.")
+            and (name, _top_level(dep)) not in ALLOWED_UP
         }
         for name, path in files.items()
     }
-    # depth-first search for a back edge
+    found = cycles(graph)
+    assert not found, "import circles:\n" + "\n".join(found)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level(module: str) -> str | None:
+    """The top-level sparsemm module or package ``module`` (dotted) belongs to; ROOT for
+    the package itself or a name defined in its __init__ (``from sparsemm import
+    __version__``); None outside sparsemm."""
+    parts = module.split(".")
+    if parts[0] != ROOT:
+        return None
+    if len(parts) == 1:
+        return ROOT
+    name = parts[1]
+    return name if (SRC / name).is_dir() or (SRC / f"{name}.py").is_file() else ROOT
+
+
+def sparsemm_imports(path: Path, module: str) -> list[tuple[int, str]]:
+    """(line, top-level name) of every sparsemm import in the file ``path`` of module
+    ``module`` (dotted): import statements at any depth (in functions, in ``if
+    TYPE_CHECKING:`` blocks), relative imports resolved, and ``importlib.import_module`` /
+    ``__import__`` of a literal name."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            # from sparsemm import words -> sparsemm.words; from sparsemm import x -> ROOT
+            names = [f"{base}.{a.name}" if base == ROOT else base for a in node.names]
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            arg = node.args[0]
+            if (
+                called in ("import_module", "__import__")
+                and isinstance(arg, ast.Constant)
+                and isinstance(arg.value, str)
+            ):
+                names = [arg.value]
+        for name in names:
+            top = _top_level(name)
+            if top is not None:
+                out.append((node.lineno, top))
+    return out
+
+
+def _files() -> dict[str, Path]:
+    return {_module_name(path): path for path in sorted(SRC.rglob("*.py"))}
+
+
+def upward_imports(files: dict[str, Path]) -> list[str]:
+    """Every import of ``files`` (module -> path) that goes to a package beside or above
+    the importing module's own, but those in ALLOWED_UP."""
+    bad = []
+    for module, path in files.items():
+        own = _top_level(module)
+        assert own is not None
+        for line, top in sparsemm_imports(path, module):
+            if top == own or (module, top) in ALLOWED_UP:
+                continue
+            if LAYER_OF.get(top, len(LAYERS)) >= LAYER_OF.get(own, -1):
+                bad.append(f"{module}:{line}: {own} imports {top}")
+    return sorted(bad, key=lambda b: (b.split(":")[0], int(b.split(":")[1])))
+
+
+def test_every_module_is_in_a_layer() -> None:
+    """LAYERS names every top-level module and package of sparsemm, each once."""
+    tops = {_top_level(m) for m in _files()}
+    placed = set().union(*LAYERS)
+    assert tops == placed, f"not in LAYERS: {tops - placed}; in LAYERS but gone: {placed - tops}"
+    assert sum(len(layer) for layer in LAYERS) == len(placed), "a name is in two layers"
+
+
+def test_every_import_points_down() -> None:
+    """Every sparsemm import, at module level, inside a function and inside ``if
+    TYPE_CHECKING:``, goes to the importing module's own package or to a lower layer."""
+    bad = upward_imports(_files())
+    assert not bad, "imports beside or up the layers (LAYERS):\n" + "\n".join(bad)
+
+
+def test_every_allowed_upward_import_is_still_used() -> None:
+    """An ALLOWED_UP entry goes once the import it lets through is gone."""
+    files = _files()
+    for module, top in ALLOWED_UP:
+        found = [t for _, t in sparsemm_imports(files[module], module)]
+        assert top in found, f"{module} no longer imports {top}: remove it from ALLOWED_UP"
+
+
+def test_the_layer_check_sees_every_kind_of_import(tmp_path: Path) -> None:
+    f = tmp_path / "fake.py"
+    f.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "import importlib\n"
+        "from sparsemm.io import write_json\n"  # down: fine
+        "from sparsemm.words.vectors import WordVectors\n"  # its own package: fine
+        "from . import bias\n"  # its own package, relatively: fine
+        "if TYPE_CHECKING:\n"
+        "    from sparsemm.models.base import PretrainedMixin\n"
+        "def g():\n"
+        "    import sparsemm.train.loop\n"
+        "    from ..query import parse\n"
+        "    from sparsemm import __version__, eval\n"
+        "    importlib.import_module('sparsemm.index.inverted')\n"
+    )
+    module = "sparsemm.words.fake"
+    assert sorted(sparsemm_imports(f, module)) == [
+        (3, "io"),
+        (4, "words"),
+        (5, "words"),
+        (7, "models"),
+        (9, "train"),
+        (10, "query"),
+        (11, "eval"),
+        (11, ROOT),
+        (12, "index"),  # beside words, in the same layer: not allowed either
+    ]
+    assert [b.split(": ", 1)[1] for b in upward_imports({module: f})] == [
+        f"words imports {t}" for t in ("models", "train", "query", ROOT, "eval", "index")
+    ]
+
+
+def package_graph(files: dict[str, Path]) -> dict[str, set[str]]:
+    """Top-level name -> the other top-level names its modules import (every kind of
+    import, TYPE_CHECKING included), but those in ALLOWED_UP."""
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        own = _top_level(module)
+        assert own is not None
+        deps = {t for _, t in sparsemm_imports(path, module) if (module, t) not in ALLOWED_UP}
+        graph.setdefault(own, set()).update(deps - {own})
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[str]:
+    """One line per back edge a depth-first search of ``graph`` meets: each a cycle."""
     state: dict[str, int] = {}
-    cycles = []
+    found = []
 
     def visit(node: str, trail: list[str]) -> None:
         state[node] = 1
-        for dep in sorted(graph[node]):
+        for dep in sorted(graph.get(node, ())):
             if state.get(dep) == 1:
-                cycles.append(" -> ".join([*trail[trail.index(dep) :], dep]))
+                found.append(" -> ".join([*trail[trail.index(dep) :], dep]))
             elif dep not in state:
                 visit(dep, [*trail, dep])
         state[node] = 2
@@ -143,7 +303,26 @@ def test_no_import_circles() -> None:
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
-    assert not cycles, "import circles:\n" + "\n".join(cycles)
+    return found
+
+
+def test_no_package_circles() -> None:
+    """No two top-level sparsemm packages (or modules) import each other, directly or
+    through others, counting function-level and TYPE_CHECKING imports."""
+    found = cycles(package_graph(_files()))
+    assert not found, "package circles:\n" + "\n".join(found)
+
+
+def test_the_circle_check_finds_circles(tmp_path: Path) -> None:
+    assert cycles({"words": {"train"}, "train": {"words", "models"}}) == ["train -> words -> train"]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a -> b -> c -> a"]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    f = tmp_path / "bias.py"
+    f.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import sparsemm.train\n")
+    g = tmp_path / "sr.py"
+    g.write_text("from sparsemm.words import bias\n")
+    files = {"sparsemm.words.bias": f, "sparsemm.train.sr": g}
+    assert cycles(package_graph(files)) == ["train -> words -> train"]
 
 
 def test_run_presets_are_data_files() -> None:

@@ -39,7 +39,7 @@ _LAZY = {
     "Collection": "sparsemm.data.collection",
     "train_sr": "sparsemm.train.sr",
     "train_sr_on_collection": "sparsemm.train.sr",
-    "train_caption_spine": "sparsemm.words.spine",
+    "train_caption_spine": "sparsemm.train.spine",
     "sr_pairs_from_collection": "sparsemm.train.sr",
     "build_index": "sparsemm.query.indexing",
     "InvertedIndex": "sparsemm.index.inverted",
@@ -74,8 +74,8 @@ if TYPE_CHECKING:
     from sparsemm.query.parse import Query, parse_query
     from sparsemm.query.searcher import Searcher
     from sparsemm.query.strategies import available_strategies
+    from sparsemm.train.spine import train_caption_spine
     from sparsemm.train.sr import sr_pairs_from_collection, train_sr, train_sr_on_collection
-    from sparsemm.words.spine import train_caption_spine
 
 
 def __getattr__(name: str) -> Any:

@@ -1,5 +1,6 @@
 """Array helpers shared by every layer (bottom layer: imports nothing of sparsemm but its
-error type): row normalisation of dense and sparse matrices."""
+error type): row normalisation of dense and sparse matrices, the check of an embedding
+matrix."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any, TypeAlias
 
 import numpy as np
 import scipy.sparse as sp
+
+from sparsemm.errors import SparsemmError
 
 # Dense ndarray or any scipy sparse matrix; typed loosely because scipy ships no stubs.
 Matrix: TypeAlias = Any
@@ -33,3 +36,16 @@ def normalize_rows(x: Matrix) -> Matrix:
         return out
     x = np.asarray(x, dtype=np.float32)
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def check_embeddings(arr: np.ndarray, dim: int | None, what: str) -> np.ndarray:
+    """Validate a dense (n, d) float matrix: right shape, finite values."""
+    arr = np.asarray(arr)
+    if arr.ndim != 2:
+        raise SparsemmError(f"{what}: expected a 2-D (n, d) array, got shape {arr.shape}")
+    if dim is not None and arr.shape[1] != dim:
+        raise SparsemmError(f"{what}: expected dimension {dim}, got {arr.shape[1]}")
+    if not np.isfinite(arr).all():
+        bad = int((~np.isfinite(arr)).any(axis=1).sum())
+        raise SparsemmError(f"{what}: {bad} row(s) contain NaN or inf; re-encode those items")
+    return arr.astype(np.float32, copy=False)

@@ -1,18 +1,68 @@
-"""Text helpers shared by every layer: singular content tokens and caption mention lookup.
+"""Text helpers shared by every layer: caption tokens, singular content tokens and caption
+mention lookup.
+
+Tokenisation rule (:func:`tokenize`; one definition used everywhere in sparsemm):
+
+1. lower-case the text;
+2. split on every character that is not a letter (whitespace, digits, punctuation,
+   apostrophes, underscores), so "don't" -> "don", "t" and "tennis-racket" -> "tennis",
+   "racket";
+3. drop the words in ``STOP_WORDS`` (below).
 
 ``term_tokens`` is the tokenizer of query terms, caption mentions and detector vocabularies
-(:func:`sparsemm.words.bias.tokenize`, then a crude English singular), so "dogs", "Dog." and
-"dog" are one term. :class:`CaptionIndex` answers "does some caption of item i mention t?".
+(:func:`tokenize`, then a crude English singular), so "dogs", "Dog." and "dog" are one
+term. :class:`CaptionIndex` answers "does some caption of item i mention t?".
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
 
 from sparsemm.errors import SparsemmError
-from sparsemm.words.bias import tokenize
+
+# Runs of letters (any script): \w minus digits and underscore.
+_WORD_RE = re.compile(r"[^\W\d_]+")
+
+# English function words: articles, pronouns, auxiliaries and modal verbs, prepositions,
+# conjunctions, common adverbs/determiners, plus the fragments that splitting on apostrophes
+# leaves behind ("it's" -> "s", "don't" -> "don" + "t", "we'll" -> "ll", ...). Content words
+# that matter for image captions (colours, numbers written as words, "top", "front", "side")
+# are deliberately kept.
+STOP_WORDS: frozenset[str] = frozenset(
+    """
+    a an the
+    i me my myself mine we us our ours ourselves you your yours yourself yourselves
+    he him his himself she her hers herself it its itself they them their theirs themselves
+    this that these those who whom whose which what whatever whoever
+    am is are was were be been being have has had having do does did doing done
+    will would shall should can could may might must ought
+    and or but nor if then else than because as so though although while whereas unless
+    until whether
+    of at by for with without within about against between into through during before after
+    above below to from up down in out on off over under again further upon onto via per
+    toward towards among amongst across along around behind beside besides beyond near
+    here there when where why how
+    all any both each few more most other some such no not only own same too very just
+    also even ever yet still already quite rather
+    s t d ll m o re ve y
+    don didn doesn isn aren wasn weren hasn haven hadn won wouldn shouldn couldn mustn
+    needn shan mightn ain
+    """.split()
+)
+
+
+def tokenize(text: str, stop_words: frozenset[str] = STOP_WORDS) -> list[str]:
+    """Lower-cased letter runs of ``text`` minus ``stop_words`` (see module docstring)."""
+    return [w for w in _WORD_RE.findall(text.lower()) if w not in stop_words]
+
+
+def is_token(word: str, stop_words: frozenset[str] = STOP_WORDS) -> bool:
+    """True when ``tokenize`` can produce ``word`` (lower-case letters only, not a stop word)."""
+    return tokenize(word, stop_words) == [word]
+
 
 TERM_TEMPLATE = "a photo of a {}"  # how a label-like query term is embedded (DESIGN.md)
 TEMPLATE_MAX_WORDS = 3  # longer terms are phrases, embedded as written (parse.MAX_TERM_WORDS)
@@ -36,7 +86,7 @@ def singular(token: str) -> str:
 
 
 def term_tokens(text: str) -> list[str]:
-    """Content tokens of ``text`` (the sparsemm.words tokenizer) in singular form."""
+    """Content tokens of ``text`` (:func:`tokenize`) in singular form."""
     return [singular(t) for t in tokenize(text)]
 
 

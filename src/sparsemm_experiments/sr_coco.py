@@ -30,10 +30,11 @@ from sparsemm.models.base import PretrainedMixin, encoder_record
 from sparsemm.models.sr import SRConfig, SRModel
 from sparsemm.runtime import torch_threads
 from sparsemm.train.detectors import ensure_model_detectors
+from sparsemm.train.spine import train_caption_spine
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 from sparsemm.words.bias import sentence_bias
 from sparsemm.words.evaluate import top_words
-from sparsemm.words.spine import SparseWordVectors, train_caption_spine
+from sparsemm.words.spine import SparseWordVectors
 from sparsemm.words.vectors import WordVectors
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def prepare_spine(
     glove: WordVectors | None = None,
 ) -> SparseWordVectors:
     """Train SPINE once (cached in ``out``) on the GloVe words plus ``train_captions``'
-    words, with ``cfg``'s sizes (:func:`~sparsemm.words.spine.train_caption_spine`)."""
+    words, with ``cfg``'s sizes (:func:`~sparsemm.train.spine.train_caption_spine`)."""
     return train_caption_spine(
         out,
         train_captions,

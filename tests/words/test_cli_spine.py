@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from sparsemm.cli.main import main
-from sparsemm.words.spine import SPINE, SparseWordVectors
+from sparsemm.models.spine import SPINE
+from sparsemm.words.spine import SparseWordVectors
 from sparsemm.words.vectors import WordVectors, load_word_vectors
 
 

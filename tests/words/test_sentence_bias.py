@@ -3,7 +3,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from sparsemm.words.bias import STOP_WORDS, is_token, sentence_bias, tokenize
+from sparsemm.text import STOP_WORDS, is_token, tokenize
+from sparsemm.words.bias import sentence_bias
 from sparsemm.words.spine import SparseWordVectors
 
 

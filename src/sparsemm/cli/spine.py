@@ -92,12 +92,8 @@ def register(subparsers: Any) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from sparsemm.data.sources import read_coco
     from sparsemm.io import write_json
-    from sparsemm.words.spine import (
-        SpineConfig,
-        build_sparse_vectors,
-        train_spine,
-        training_vocabulary,
-    )
+    from sparsemm.models.spine import SpineConfig, build_sparse_vectors
+    from sparsemm.train.spine import train_spine, training_vocabulary
     from sparsemm.words.vectors import load_glove, save_word_vectors
 
     if args.threads is not None:

@@ -46,6 +46,7 @@ from sparsemm.io import (  # sha256_file: re-exported
     write_json,
     write_jsonl,
 )
+from sparsemm.linalg import check_embeddings
 
 logger = logging.getLogger(__name__)
 
@@ -53,19 +54,6 @@ FORMAT = "sparsemm.collection"
 VERSION = 1  # the format this sparsemm writes
 MIN_VERSION = 1  # the oldest format it still reads
 SKIPPED = "skipped.jsonl"
-
-
-def check_embeddings(arr: np.ndarray, dim: int | None, what: str) -> np.ndarray:
-    """Validate a dense (n, d) float matrix: right shape, finite values."""
-    arr = np.asarray(arr)
-    if arr.ndim != 2:
-        raise SparsemmError(f"{what}: expected a 2-D (n, d) array, got shape {arr.shape}")
-    if dim is not None and arr.shape[1] != dim:
-        raise SparsemmError(f"{what}: expected dimension {dim}, got {arr.shape[1]}")
-    if not np.isfinite(arr).all():
-        bad = int((~np.isfinite(arr)).any(axis=1).sum())
-        raise SparsemmError(f"{what}: {bad} row(s) contain NaN or inf; re-encode those items")
-    return arr.astype(np.float32, copy=False)
 
 
 @dataclass

@@ -33,7 +33,6 @@ from tqdm.auto import tqdm
 
 from sparsemm.data.collection import (
     Collection,
-    check_embeddings,
     collection_lock,
     open_collection,
     write_collection,
@@ -41,6 +40,7 @@ from sparsemm.data.collection import (
 from sparsemm.data.sources import Item, guess_format, read_items
 from sparsemm.encoders.base import Encoder, get_encoder, l2_normalize
 from sparsemm.errors import SparsemmError
+from sparsemm.linalg import check_embeddings
 
 logger = logging.getLogger(__name__)
 

@@ -299,6 +299,19 @@ def read_captions_csv(path: str | Path) -> list[Item]:
 # -- image folders ------------------------------------------------------------------------
 
 
+def image_key(path: str | Path) -> str:
+    """What identifies one version of an image file: its resolved path, size and mtime."""
+    p = Path(path).expanduser()
+    try:
+        st = p.stat()
+    except OSError as exc:
+        raise SparsemmError(
+            f"image {p} of the collection cannot be read ({exc.strerror or exc}); re-encode "
+            "the collection (sparsemm up / sparsemm encode)"
+        ) from exc
+    return f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+
+
 def read_image_folder(path: str | Path) -> list[Item]:
     """Every image under ``path`` (recursive; hidden files/folders skipped), sorted.
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from sparsemm.data.collection import Collection, collection_lock, open_collection, write_collection
 from sparsemm.data.encode import _encoder_info, encode_images_skipping
-from sparsemm.data.sources import Item, read_image_folder, read_items
+from sparsemm.data.sources import Item, image_key, read_image_folder, read_items
 from sparsemm.encoders.base import l2_normalize
 from sparsemm.errors import SparsemmError
 
@@ -137,8 +137,6 @@ class NormRecordingEncoder:
         normalize: bool = True,
         progress: bool = False,
     ) -> np.ndarray:
-        from sparsemm.models.concepts import image_key
-
         raw = np.asarray(
             self.inner.encode_image(images, batch_size=batch_size, normalize=False), np.float32
         )

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from sparsemm.data.collection import check_embeddings
 from sparsemm.encoders.base import ImageInput, l2_normalize, register_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.io import load_npy
+from sparsemm.linalg import check_embeddings
 
 _MODALITIES = ("text", "image")
 

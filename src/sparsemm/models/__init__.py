@@ -6,5 +6,6 @@
 * :mod:`sparsemm.models.concepts` - caption-free ImageNet-class concept codes.
 * :mod:`sparsemm.models.lit` - a linear contrastive aligner (dense baseline).
 * :mod:`sparsemm.models.detectors` - per-word concept detectors saved with a model.
+* :mod:`sparsemm.models.spine` - SPINE, the autoencoder that makes sparse word vectors.
 * :mod:`sparsemm.models.base` - ``save_pretrained`` / ``from_pretrained`` for all of them.
 """

@@ -226,7 +226,7 @@ def fit_temperature(
     (a fitted scale <= 0: too few images, or an untrained model) the scale is
     ``fallback_scale`` (CLIP's own logit scale) and only the bias is fitted, to the share
     of present pairs."""
-    from sparsemm.train.detectors import fit_logistic
+    from sparsemm.models.detectors import fit_logistic
 
     y = np.asarray(sp.csr_matrix(codes).toarray() > 0, dtype=np.float64).ravel()
     x = np.asarray(cosines, dtype=np.float64).ravel()

@@ -48,6 +48,7 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
+from sparsemm.data.sources import image_key
 from sparsemm.errors import SparsemmError
 from sparsemm.models.base import PretrainedMixin
 from sparsemm.text import TERM_TEMPLATE  # the query side embeds terms with the same template
@@ -566,19 +567,6 @@ def imagenet_class_wnids() -> tuple[str, ...]:
 
 NORMS_DIR = "concepts"  # inside the collection folder
 NORMS_FILE = "norms.json"
-
-
-def image_key(path: str | Path) -> str:
-    """What identifies one version of an image file: its resolved path, size and mtime."""
-    p = Path(path).expanduser()
-    try:
-        st = p.stat()
-    except OSError as exc:
-        raise SparsemmError(
-            f"image {p} of the collection cannot be read ({exc.strerror or exc}); re-encode "
-            "the collection (sparsemm up / sparsemm encode)"
-        ) from exc
-    return f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}"
 
 
 def read_norms(collection_root: str | Path) -> dict[str, float]:

@@ -279,6 +279,31 @@ class ConceptDetectors:
         return {"terms": len(self.terms), "dim": self.dim, "config": asdict(self.config)}
 
 
+def fit_logistic(features: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """Unregularised logistic regression (a few features, many rows): (weights, bias). The
+    match calibrations (:mod:`sparsemm.train.detectors`) and the CLIP concept model's
+    zero-shot temperature are fitted with it."""
+    import torch
+
+    from sparsemm.runtime import torch_threads
+
+    with torch_threads(1):
+        x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float64))
+        t = torch.from_numpy(np.ascontiguousarray(y, dtype=np.float64))
+        w = torch.zeros(x.shape[1], dtype=torch.float64, requires_grad=True)
+        b = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+        opt = torch.optim.LBFGS([w, b], max_iter=200, line_search_fn="strong_wolfe")
+
+        def closure() -> Any:
+            opt.zero_grad()
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(x @ w + b, t)
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        return w.detach().numpy(), float(b.detach()[0])
+
+
 def model_weights_sha256(model_dir: str | Path) -> str | None:
     """SHA-256 of a model folder's current ``model.safetensors`` (None when absent)."""
     from sparsemm.models.base import WEIGHTS_FILE as MODEL_WEIGHTS

@@ -6,4 +6,5 @@
   :mod:`sparsemm.train.lexlip`, :mod:`sparsemm.train.lit` - one plain function per model.
 * :mod:`sparsemm.train.losses` - every loss, returning named components.
 * :mod:`sparsemm.train.detectors` - fitting the concept detectors saved with a model.
+* :mod:`sparsemm.train.spine` - SPINE, whose word vectors give SR its caption bias.
 """

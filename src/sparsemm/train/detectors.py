@@ -21,7 +21,7 @@ import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
 from sparsemm.linalg import normalize_rows
-from sparsemm.models.detectors import ConceptDetectors, DetectorConfig
+from sparsemm.models.detectors import ConceptDetectors, DetectorConfig, fit_logistic
 from sparsemm.text import CaptionIndex, term_text, term_tokens
 
 logger = logging.getLogger(__name__)
@@ -281,29 +281,6 @@ CALIBRATION_MIN_POSITIVES = 200
 # train split by sentence R@5 - neg-violation@5 over {0, -1, -2, -3, -4, -7}
 # (docs/concepts.md).
 PHRASE_PRIOR_SHIFT = -3.0
-
-
-def fit_logistic(features: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
-    """Unregularised logistic regression (a few features, many rows): (weights, bias)."""
-    import torch
-
-    from sparsemm.runtime import torch_threads
-
-    with torch_threads(1):
-        x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float64))
-        t = torch.from_numpy(np.ascontiguousarray(y, dtype=np.float64))
-        w = torch.zeros(x.shape[1], dtype=torch.float64, requires_grad=True)
-        b = torch.zeros(1, dtype=torch.float64, requires_grad=True)
-        opt = torch.optim.LBFGS([w, b], max_iter=200, line_search_fn="strong_wolfe")
-
-        def closure() -> Any:
-            opt.zero_grad()
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(x @ w + b, t)
-            loss.backward()
-            return loss
-
-        opt.step(closure)
-        return w.detach().numpy(), float(b.detach()[0])
 
 
 def detector_targets(

@@ -1,7 +1,8 @@
 """Word vectors and the caption bias SR learns from.
 
 * :mod:`sparsemm.words.vectors` - dense word vectors: a table and file loaders.
-* :mod:`sparsemm.words.spine` - SPINE sparse interpretable word vectors.
-* :mod:`sparsemm.words.bias` - caption tokenisation and the SR sentence bias.
+* :mod:`sparsemm.words.spine` - SPINE's sparse interpretable word vectors (the model is
+  :mod:`sparsemm.models.spine`, its training :mod:`sparsemm.train.spine`).
+* :mod:`sparsemm.words.bias` - the SR sentence bias (captions tokenised by :mod:`sparsemm.text`).
 * :mod:`sparsemm.words.evaluate` - word similarity, sparsity and word-intrusion checks.
 """

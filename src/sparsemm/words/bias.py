@@ -1,70 +1,24 @@
-"""Caption tokenisation and the SR sentence bias built from SPINE word vectors.
+"""The SR sentence bias built from SPINE word vectors.
 
 The SR model (sparse disentangled representations for exclusion queries) steers its sparse
 code for an image/caption towards the SPINE dimensions of the words in the caption. That
 "sentence bias" is, per caption, the mean of the SPINE vectors of its content words,
-L2-normalised (SPINE: Subramanian et al. 2018, AAAI).
-
-Tokenisation rule (one definition used everywhere in sparsemm.words):
-
-1. lower-case the text;
-2. split on every character that is not a letter (whitespace, digits, punctuation,
-   apostrophes, underscores), so "don't" -> "don", "t" and "tennis-racket" -> "tennis",
-   "racket";
-3. drop the words in ``STOP_WORDS`` (below).
+L2-normalised (SPINE: Subramanian et al. 2018, AAAI). Captions are split into words by
+:func:`sparsemm.text.tokenize` (its rule is in :mod:`sparsemm.text`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
 
-if TYPE_CHECKING:  # spine.py imports this module's tokenizer
+from sparsemm.text import STOP_WORDS, tokenize
+
+if TYPE_CHECKING:
     from sparsemm.words.spine import SparseWordVectors
-
-# Runs of letters (any script): \w minus digits and underscore.
-_WORD_RE = re.compile(r"[^\W\d_]+")
-
-# English function words: articles, pronouns, auxiliaries and modal verbs, prepositions,
-# conjunctions, common adverbs/determiners, plus the fragments that splitting on apostrophes
-# leaves behind ("it's" -> "s", "don't" -> "don" + "t", "we'll" -> "ll", ...). Content words
-# that matter for image captions (colours, numbers written as words, "top", "front", "side")
-# are deliberately kept.
-STOP_WORDS: frozenset[str] = frozenset(
-    """
-    a an the
-    i me my myself mine we us our ours ourselves you your yours yourself yourselves
-    he him his himself she her hers herself it its itself they them their theirs themselves
-    this that these those who whom whose which what whatever whoever
-    am is are was were be been being have has had having do does did doing done
-    will would shall should can could may might must ought
-    and or but nor if then else than because as so though although while whereas unless
-    until whether
-    of at by for with without within about against between into through during before after
-    above below to from up down in out on off over under again further upon onto via per
-    toward towards among amongst across along around behind beside besides beyond near
-    here there when where why how
-    all any both each few more most other some such no not only own same too very just
-    also even ever yet still already quite rather
-    s t d ll m o re ve y
-    don didn doesn isn aren wasn weren hasn haven hadn won wouldn shouldn couldn mustn
-    needn shan mightn ain
-    """.split()
-)
-
-
-def tokenize(text: str, stop_words: frozenset[str] = STOP_WORDS) -> list[str]:
-    """Lower-cased letter runs of ``text`` minus ``stop_words`` (see module docstring)."""
-    return [w for w in _WORD_RE.findall(text.lower()) if w not in stop_words]
-
-
-def is_token(word: str, stop_words: frozenset[str] = STOP_WORDS) -> bool:
-    """True when ``tokenize`` can produce ``word`` (lower-case letters only, not a stop word)."""
-    return tokenize(word, stop_words) == [word]
 
 
 def caption_word_counts(
