@@ -15,8 +15,8 @@ open by a misbehaving client: most send nothing, every 10th trickles a header by
 second (a slow-loris; the server drops it and it reconnects); ``--heavy-clients`` of the
 clients send the costliest query the API accepts (16 include + 16 exclude distinct words);
 the well-behaved clients' and the heavy clients' figures are reported apart.
-``--fresh-words`` makes every request's words distinct and never seen before (issue 16's
-"distinct words" target: nothing is cached).
+``--fresh-words`` makes every request's words distinct and never seen before, so that nothing
+is cached and every request pays for its text encoding, as a real user's new query does.
 
     python benchmarks/load.py --collection C --clients 100 --duration 30 --abuse
     python benchmarks/load.py --collection C --clients 100 --duration 30 --fresh-words

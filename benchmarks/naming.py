@@ -10,9 +10,10 @@ measured on its ``test`` items (so a name cannot fit the very items it is scored
   web page shows it) is mentioned by that hit's captions or labels.
 
 Namers: "lift words" (the caption words most over-represented among a dimension's items,
-the naming before issue 16) and ``sparsemm.query.naming.top_share_names`` at several
-base-rate weights (the vocabulary terms most shared by a dimension's top items, minus a
-share of their base rate; template words never name a dimension).
+the earlier naming, kept as the baseline to beat) and
+``sparsemm.query.naming.top_share_names`` at several base-rate weights (the vocabulary
+terms most shared by a dimension's top items, minus a share of their base rate; template
+words never name a dimension).
 
     python benchmarks/naming.py runs/collages-demo/collection runs/demo/collection
 """

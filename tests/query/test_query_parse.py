@@ -71,8 +71,9 @@ CASES = [
     ('A plate of food "with a fork', ["plate of food with a fork"], []),
 ]
 
-# Sentences with negation: one family of cues per line (issue 15's list), several
-# negations, plurals, any position, across sentence boundaries.
+# Sentences with negation: one family of cues per line (the cue list of docs/negation.md, so
+# that each cue is tested), several negations, plurals, any position, across sentence
+# boundaries.
 SENTENCES = [
     # "no X", "there is/are no X", presence filler after the object
     ("A man is making pizzas in a kitchen, but there is no chair in sight.",

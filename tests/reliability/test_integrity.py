@@ -1,4 +1,4 @@
-"""Damaged index segments and model weights are refused by name (issue 19, item 1).
+"""Damaged index segments and model weights are refused by name, never read as data.
 
 Index segment files and model weights carry a SHA-256 written when they are saved and
 checked when they are opened; values are checked for NaN/inf even when the checksum is

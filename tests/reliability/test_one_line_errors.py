@@ -1,4 +1,4 @@
-"""Inputs that used to end in a traceback or a silent wrong default (issue 19, items 4, 6).
+"""Inputs that used to end in a traceback or a silent wrong default, which a user cannot act on.
 
 Each now ends in one ``error:`` line and exit 2 (the CLI error contract), or - for a symlink
 loop as an item's image - in that item being skipped like any unreadable image.

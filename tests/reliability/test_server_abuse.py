@@ -1,7 +1,8 @@
-"""The server under abuse (issue 19 items 2 and 5): idle and slow-loris connections, malformed
-requests, slow queries beside fast ones, thread-safe caches, and a re-index under a running
-server. Real uvicorn servers on free loopback ports; no timed assertions (events order the
-concurrent steps; the full figures come from ``benchmarks/load.py --abuse``)."""
+"""The server under the abuse a server on a network meets: idle and slow-loris
+connections, malformed requests, slow queries beside fast ones, thread-safe caches, and a
+re-index under a running server. Real uvicorn servers on free loopback ports; no timed
+assertions (events order the concurrent steps; the full figures come from
+``benchmarks/load.py --abuse``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Training that goes NaN stops with one line naming the setting (issue 19, items 3 and 6).
+"""Training that goes NaN stops with one line naming the setting, so a user can change it.
 
 A diverged run used to report success and save a NaN model (``train sr --tau 0``); now
 settings that cannot train are refused up front, the loop stops at the first non-finite

@@ -141,7 +141,7 @@ VERSION = 3  # 3: one-byte impacts in the posting lists (segments.ARRAYS_V3); 2:
 # Rows per accumulator block: 64k float32 = 256 KiB, stays in a 512 KiB L2 while it is filled
 # and scanned. Measured against 32k (one process, queries alternated, one core): 1M items
 # 2.31 -> 2.10 ms plain, 2.69 -> 2.37 ms with exclusions; 100k 0.28 -> 0.21 ms; Zipf-skewed
-# dims unchanged; 128k no better (docs/results.md, "Session 10").
+# dims unchanged; 128k no better (docs/results.md, "Tried and lost: speed").
 BLOCK = 65536
 # ... and only for k <= PRUNE_MAX_K: at k = 1000 the k-th score sits among many rows, the
 # candidates to rescore are many and pruning measured 0.5x of the plain scan (1M items).

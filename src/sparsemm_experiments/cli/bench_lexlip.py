@@ -5,6 +5,7 @@ Examples::
     sparsemm bench lexlip -o runs/lexlip --collection runs/demo/collection \\
         --collages runs/collages-demo/collection
     sparsemm bench lexlip -o /tmp/lexlip-quick --quick
+    sparsemm bench lexlip -o runs/lexlip-quick --quick --check   # ... against expected figures
 
 Without ``--collection`` the COCO file under ``--data`` is encoded with MiniLM (cached in
 OUT/coco-collection); without ``--collages`` a collage collection is built (cached in
@@ -73,6 +74,12 @@ def register_bench(benches: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="then compare metrics.json with the preset's expected figures "
+        "(presets/lexlip[_quick].expected.json): a table, exit 1 on a miss",
+    )
     p.set_defaults(func=run)
 
 
@@ -125,6 +132,19 @@ def run(args: argparse.Namespace) -> int:
 
     if args.no_coco and args.no_collages:
         raise SparsemmError("nothing to run: --no-coco and --no-collages together")
+    preset = "lexlip_quick" if args.quick else "lexlip"
+    if args.check:
+        from sparsemm_experiments.expected import start_check
+
+        start_check(
+            preset,
+            {
+                "--pretrain-steps": args.pretrain_steps is not None,
+                "--contrastive-steps": args.contrastive_steps is not None,
+                "--methods": bool(args.methods),
+                "--seed": args.seed != 0,
+            },
+        )
     cfg = QUICK if args.quick else LexLIPRunConfig()
     changes: dict[str, Any] = {"seed": args.seed}
     if args.pretrain_steps is not None:
@@ -161,4 +181,8 @@ def run(args: argparse.Namespace) -> int:
             f"LexLIP-Dense {dense.get('t2i_R@1', float('nan')):.3f}; "
             f"{res['exclusion']['n_queries']} exclusion queries"
         )
+    if args.check:
+        from sparsemm_experiments.expected import report_check
+
+        return report_check(preset, metrics)
     return 0

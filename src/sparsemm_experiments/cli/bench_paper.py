@@ -5,6 +5,7 @@ Examples::
     sparsemm bench paper --data ../shared/data -o runs/paper
     sparsemm bench paper --collection runs/demo/collection -o runs/paper   # reuse an encoding
     sparsemm bench paper --quick -o /tmp/paper-quick                        # CI-sized
+    sparsemm bench paper --quick -o runs/paper-quick --check     # ... against expected figures
 
 Registered into ``sparsemm bench`` by :func:`register_bench`.
 """
@@ -58,6 +59,12 @@ def register_bench(benches: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="reduced size (160 images, tiny models)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="then compare metrics.json with the preset's expected figures "
+        "(presets/paper[_quick].expected.json): a table, exit 1 on a miss",
+    )
     p.set_defaults(func=run_paper)
 
 
@@ -80,6 +87,24 @@ def run_paper(args: argparse.Namespace) -> int:
     kwargs.update(
         vdr=not args.no_vdr, splice=not args.no_splice, no_bias=not args.no_nobias, seed=args.seed
     )
+    preset = "paper_quick" if args.quick else "paper"
+    if args.check:
+        from sparsemm_experiments.expected import start_check
+
+        start_check(
+            preset,
+            {
+                "--dims": bool(args.dims),
+                "--main-dim": args.main_dim is not None,
+                "--sr-epochs": args.sr_epochs is not None,
+                "--spine-epochs": args.spine_epochs is not None,
+                "--vdr-steps": args.vdr_steps is not None,
+                "--no-vdr": args.no_vdr,
+                "--no-splice": args.no_splice,
+                "--no-nobias": args.no_nobias,
+                "--seed": args.seed != 0,
+            },
+        )
     cfg = PaperBenchConfig(**kwargs)
     if args.collection is None and not (data / "coco" / "val2017.json").is_file():
         raise SparsemmError(
@@ -101,4 +126,8 @@ def run_paper(args: argparse.Namespace) -> int:
         )
     )
     print(f"total {m['seconds']['total']:.0f} s; config: {dataclasses.asdict(cfg)}")
+    if args.check:
+        from sparsemm_experiments.expected import report_check
+
+        return report_check(preset, m)
     return 0

@@ -5,6 +5,7 @@ Examples::
     sparsemm bench vdr -o runs/vdr-bench --proxy runs/demo/collection --proxy-sr runs/demo/sr \\
         --collages runs/collages-demo/collection
     sparsemm bench vdr -o /tmp/vdr-quick --quick
+    sparsemm bench vdr -o runs/vdr-quick --quick --check   # ... against expected figures
 
 Without ``--proxy`` / ``--collages`` the default collections (``runs/demo/collection``,
 ``runs/collages-demo/collection``) are used when present. ``--quick`` encodes its own tiny
@@ -78,6 +79,12 @@ def register_bench(benches: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="then compare metrics.json with the preset's expected figures "
+        "(presets/vdr[_quick].expected.json): a table, exit 1 on a miss",
+    )
     p.set_defaults(func=run)
 
 
@@ -200,6 +207,23 @@ def run(args: argparse.Namespace) -> int:
     from sparsemm.runtime import torch_threads
     from sparsemm_experiments.vdr_runs import QUICK, VDRRunConfig, run_vdr_bench
 
+    preset = "vdr_quick" if args.quick else "vdr"
+    if args.check:
+        from sparsemm_experiments.expected import start_check
+
+        start_check(
+            preset,
+            {
+                "--steps": args.steps is not None,
+                "--batch-size": args.batch_size is not None,
+                "--top-k": args.top_k is not None,
+                "--methods": bool(args.methods),
+                "--init": args.init is not None,
+                "--no-bow-ablation": args.no_bow_ablation,
+                "--no-zero-shot": args.no_zero_shot,
+                "--seed": args.seed != 0,
+            },
+        )
     cfg = VDRRunConfig(**QUICK) if args.quick else VDRRunConfig()
     changes: dict[str, Any] = {"seed": args.seed, "ablate_bow": not args.no_bow_ablation}
     if args.no_zero_shot:
@@ -244,4 +268,8 @@ def run(args: argparse.Namespace) -> int:
             f"{name}: VDR t2i AP@1 {ret.get('t2i_AP@1', float('nan')):.3f}, "
             f"i2t AP@10 {ret.get('i2t_AP@10', float('nan')):.3f}; " + "; ".join(parts)
         )
+    if args.check:
+        from sparsemm_experiments.expected import report_check
+
+        return report_check(preset, metrics)
     return 0

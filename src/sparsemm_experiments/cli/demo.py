@@ -3,7 +3,7 @@
 ``sparsemm demo`` (or ``demo collages``) runs the offline demo on real pixels: Fashion-MNIST
 collages -> EfficientNet-Lite0 + MiniLM -> SPINE -> SR and the dense alignment baseline ->
 index -> exclusion benchmark -> HTML report. ``sparsemm demo coco`` runs the SR pipeline on
-the COCO caption-proxy (issue 2's report).
+the COCO caption-proxy (its report: SPINE against raw GloVe, SR against dense retrieval).
 """
 
 from __future__ import annotations
