@@ -248,8 +248,8 @@ def caption_model(out: Path, col: Any, force: bool, progress: bool) -> Path:
     killed run leaves the previous model."""
     from sparsemm.io import replace_dir
     from sparsemm.models.base import CONFIG_FILE
+    from sparsemm.train.spine import train_caption_spine
     from sparsemm.train.sr import SRTrainConfig, train_sr_on_collection
-    from sparsemm.words.spine import train_caption_spine
 
     target = out / SR_MODEL
     if (target / CONFIG_FILE).is_file() and not force:

@@ -34,8 +34,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.data.collection import Collection
-from sparsemm.text import CaptionIndex
-from sparsemm.words.bias import tokenize
+from sparsemm.text import CaptionIndex, tokenize
 
 
 def mentions(index: CaptionIndex, term: str) -> np.ndarray:

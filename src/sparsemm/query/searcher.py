@@ -58,8 +58,7 @@ from sparsemm.query.two_stage import (
     sub_context,
 )
 from sparsemm.query.unit_lists import UnitLists
-from sparsemm.text import singular
-from sparsemm.words.bias import tokenize
+from sparsemm.text import singular, tokenize
 
 log = logging.getLogger(__name__)
 

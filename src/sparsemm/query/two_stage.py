@@ -82,7 +82,7 @@ SCAN_ROWS = 65536  # rows per chunk when a query is ranked by scanning the row s
 # Rows an index search fetches by default: the largest pool size (the first pool times a
 # power of 4) within 1 / FETCH_SHARE of the items and FETCH_MAX. The heap of a larger fetch
 # costs every search; a smaller one sends the queries whose pool outgrows it to a second
-# search. Measured (docs/results.md, "Session 10", served_rank alone, one core): at 100k
+# search. Measured with served_rank alone on one core (benchmarks/two_stage.py): at 100k
 # items 256 rows beat 1,024 (COCO label pairs p50 3.09 / 3.73 ms, collages 0.99 / 1.54 ms);
 # at 1M, 1,024 beat 4,096 (COCO 26.7 / 29.3 ms) and 512 (mean 40.2 / 47.4 ms: more second
 # searches).

@@ -4,7 +4,7 @@
 the count above zero, so a request arriving just then takes it before the waiter that
 was woken for it, and the woken waiter goes back to the end of the queue. Under 100
 clients that made a few requests wait several times longer than the rest (measured in
-docs/results.md, "Session 10"). Here ``release`` hands the slot straight to the oldest
+docs/results.md, "Server load"). Here ``release`` hands the slot straight to the oldest
 waiter, so lanes are taken in arrival order.
 """
 

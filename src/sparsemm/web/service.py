@@ -281,7 +281,7 @@ class SearchService:
         server that has loaded what it serves. A collection's item records are hundreds of
         thousands of Python objects, and every full pass of the cyclic garbage collector
         walked them all with every thread stopped: 0.4 s at 100k items, a dozen times in
-        30 s under load (measured in docs/results.md, "Session 10"). Frozen objects are
+        30 s under load (docs/results.md, "Server load"). Frozen objects are
         still freed when their last reference goes. A reload unfreezes the heap; once no
         request uses the replaced version any more, it is collected and the heap is frozen
         again (so a version kept alive only by a reference cycle is not kept forever).

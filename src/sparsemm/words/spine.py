@@ -22,7 +22,7 @@ from sparsemm.io import (
     save_csr,
     write_json,
 )
-from sparsemm.words.vectors import WordVectors, read_words, write_words
+from sparsemm.words.vectors import read_words, write_words
 
 SPARSE_WORD_VECTORS_FORMAT = "sparsemm.sparse_word_vectors"
 FORMAT_VERSION = 1
@@ -107,21 +107,3 @@ class SparseWordVectors:
         matrix = load_csr(d / "vectors.npz")
         check_finite(matrix.data, d / "vectors.npz", remedy)
         return cls(read_words(d / "words.txt", expected=matrix.shape[0]), matrix)
-
-
-def train_caption_spine(
-    out: str | Path,
-    captions: Sequence[str],
-    latent_dim: int = 1000,
-    top_words: int = 5000,
-    epochs: int = 100,
-    seed: int = 0,
-    progress: bool = False,
-    glove: WordVectors | None = None,
-) -> SparseWordVectors:
-    """Moved to :func:`sparsemm.train.spine.train_caption_spine`; this forwarder stays only
-    until ``sparsemm up`` (``sparsemm/cli/up.py``) imports it from there, and is the one
-    import up the layers that ``tests/test_layers.py`` lets through."""
-    from sparsemm.train.spine import train_caption_spine as train
-
-    return train(out, captions, latent_dim, top_words, epochs, seed, progress, glove)
