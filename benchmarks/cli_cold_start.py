@@ -65,7 +65,7 @@ def server_running(collection: Path) -> bool:
     """Whether a `sparsemm serve` of ``collection`` has announced itself (sparsemm >= the
     forwarding change; older versions have no such module)."""
     try:
-        from sparsemm.cli.running import find_server
+        from sparsemm.pipeline.running import find_server
     except ImportError:
         return False
     return find_server(collection) is not None

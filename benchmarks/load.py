@@ -336,7 +336,7 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", **options: Any) -> Iterat
     yields the port and stops the server on exit."""
     import uvicorn
 
-    from sparsemm.cli.serve import server_options
+    from sparsemm.pipeline.serve import server_options
 
     sock = bound_socket(host)
     config = uvicorn.Config(app, log_level="warning", **server_options(**options))
@@ -434,7 +434,7 @@ def _serve_child(collection: str, toy: bool, workers: int, batch_texts: bool) ->
     torch.set_num_threads(1)
     import uvicorn
 
-    from sparsemm.cli.serve import server_options
+    from sparsemm.pipeline.serve import server_options
     from sparsemm.web.app import create_app
 
     app = create_app(

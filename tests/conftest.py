@@ -11,7 +11,7 @@ import pytest
 @pytest.fixture(autouse=True, scope="session")
 def _runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """`sparsemm serve` records running servers in the runtime dir
-    (sparsemm.cli.running): keep the tests' records out of the user's."""
+    (sparsemm.pipeline.running): keep the tests' records out of the user's."""
     before = os.environ.get("SPARSEMM_RUNTIME_DIR")
     os.environ["SPARSEMM_RUNTIME_DIR"] = str(tmp_path_factory.mktemp("runtime"))
     yield

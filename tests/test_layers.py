@@ -26,6 +26,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"query"}),
     frozenset({ROOT}),  # the public API re-exports the library
     frozenset({"eval", "viz", "web"}),  # eval's runners, viz and web read the library
+    frozenset({"pipeline"}),  # up, index, serve: what the CLI verbs run
     frozenset({"cli"}),
 )
 LAYER_OF = {name: i for i, layer in enumerate(LAYERS) for name in layer}

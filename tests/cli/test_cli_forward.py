@@ -1,5 +1,5 @@
 """`sparsemm search` forwards to a running `sparsemm serve` of the same collection
-(sparsemm.cli.running): same output, no local model load; local search when none answers."""
+(sparsemm.pipeline.running): same output, no local model load; local search when none answers."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from fakes import fashion_collection
-from sparsemm.cli import running
 from sparsemm.cli.main import main
+from sparsemm.pipeline import running
 
 uvicorn = pytest.importorskip("uvicorn", reason="the web extra (uvicorn) is not installed")
 

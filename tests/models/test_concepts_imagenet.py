@@ -18,7 +18,6 @@ pytest.importorskip("skimage")
 import skimage.data as skdata
 from PIL import Image
 
-from sparsemm.cli.up import minilm_info
 from sparsemm.data.collection import open_collection
 from sparsemm.data.sync import read_photos, sync_folder
 from sparsemm.encoders.base import get_encoder
@@ -31,6 +30,7 @@ from sparsemm.models.concepts import (
     record_norms,
     top_k_rows,
 )
+from sparsemm.pipeline.up import minilm_info
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

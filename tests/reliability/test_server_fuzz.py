@@ -26,9 +26,9 @@ from webtoy import WebKeywordEncoder
 import sparsemm.web.service as web_service
 from sparsemm.errors import SparsemmError
 from sparsemm.query.parse import MAX_QUERY_CHARS
+from sparsemm.query.request import build_query
 from sparsemm.query.searcher import Searcher
 from sparsemm.web.app import create_app
-from sparsemm.web.service import build_query
 
 LOCAL = {"host": "127.0.0.1"}
 
@@ -124,7 +124,7 @@ def test_unexpected_failures_are_json_500_without_details(
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("secret internal detail")
 
-    monkeypatch.setattr(app.state.service.searcher, "search", boom)
+    monkeypatch.setattr(app.state.service.searcher, "answer", boom)
     resp = client.get("/api/search", params={"q": "dog"})
     assert resp.status_code == 500
     assert resp.json() == {"error": "internal server error; see the server log"}

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sparsemm.cli.main import main
-from sparsemm.cli.serve import allowed_hosts, is_loopback
+from sparsemm.pipeline.serve import allowed_hosts, is_loopback
 
 uvicorn = pytest.importorskip("uvicorn", reason="the web extra (uvicorn) is not installed")
 
@@ -33,7 +33,9 @@ def test_serve_binds_loopback_by_default(
     (call,) = served
     assert call["host"] == "127.0.0.1" and call["port"] == 8123
     # (the app itself warns about the toy collection's decoy images; that is not the bind)
-    assert not [r for r in caplog.records if r.name == "sparsemm.cli.serve" and r.levelno >= 30]
+    assert not [
+        r for r in caplog.records if r.name == "sparsemm.pipeline.serve" and r.levelno >= 30
+    ]
     assert call["app"].state.service.health().items > 0
 
 

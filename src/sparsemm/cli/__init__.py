@@ -4,5 +4,5 @@
 commands, so ``sparsemm --help`` stays fast. Everyday verbs: ``up`` (a folder of photos to a
 search page), ``encode``, ``train``, ``index``, ``search``, ``serve``; the main job is
 ``demo``; ``bench``, ``spine``, ``collages`` and ``export`` reproduce and extend the papers.
-:mod:`sparsemm.cli.running` lets ``search`` forward to a running ``serve``.
+:mod:`sparsemm.pipeline.running` lets ``search`` forward to a running ``serve``.
 """

@@ -170,7 +170,7 @@ def image_path(searcher: Searcher, row: int) -> str | None:
 
 def forwardable(args: argparse.Namespace) -> bool:
     """A plain search of the local store (the text output without --explain): the one a
-    running `sparsemm serve` answers the same way (sparsemm.cli.running)."""
+    running `sparsemm serve` answers the same way (sparsemm.pipeline.running)."""
     return not (
         args.no_server
         or args.min_score is not None
@@ -219,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     check_args(args)
     if forwardable(args):
-        from sparsemm.cli.running import find_server, forward_search, within_server_limits
+        from sparsemm.pipeline.running import find_server, forward_search, within_server_limits
 
         limits_ok = within_server_limits(args.k, args.offset, list(args.exclude))
         url = find_server(args.collection) if limits_ok else None
