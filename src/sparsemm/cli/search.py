@@ -7,6 +7,7 @@ import json
 import math
 import sys
 import unicodedata
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -200,13 +201,22 @@ def print_answer(answer: dict) -> None:
         print(unknown_note(list(answer["unknown_words"])), file=sys.stderr)
     for note in answer.get("notes") or []:
         print(f"note: {note}", file=sys.stderr)
-    excl = f"  but not: {', '.join(query['exclude'])}" if query["exclude"] else ""
-    print(f"query: {', '.join(query['include']) or '(anything)'}{excl}   [{answer['strategy']}]")
+    print(header(", ".join(query["include"]), query["exclude"], answer["strategy"]))
     prob = bool(answer.get("probabilistic"))
     for h in hits:
-        print(f"{h['rank']:>3}. {h['id']}  {score_text(h['score'], prob)}  {h['caption']}".rstrip())
+        print(hit_line(h["rank"], h["id"], h["score"], h["caption"], prob))
     if not hits:
         print("no results")
+
+
+def header(include: str, exclude: Sequence[str], strategy: str) -> str:
+    """The first line of the text output: what was searched, by which scorer."""
+    excl = f"  but not: {', '.join(exclude)}" if exclude else ""
+    return f"query: {include or '(anything)'}{excl}   [{strategy}]"
+
+
+def hit_line(rank: int, item_id: str, score: float, caption: str, probabilistic: bool) -> str:
+    return f"{rank:>3}. {item_id}  {score_text(score, probabilistic)}  {caption}".rstrip()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -295,9 +305,8 @@ def render(
         for h in hits:
             print(image_path(searcher, h.row) or h.id)
         return
-    excl = f"  but not: {', '.join(query.exclude)}" if query.exclude else ""
     include = f"like {args.like}" if request.like is not None else ", ".join(query.include)
-    print(f"query: {include or '(anything)'}{excl}   [{answer.strategy}]")
+    print(header(include, query.exclude, answer.strategy))
     print_hits(hits, args.explain, prob)
     if answer.matches is not None and answer.threshold is not None:
         n = len(searcher.collection.items)
@@ -315,7 +324,7 @@ def _why(way: str) -> str:
 def print_hits(hits: list[Hit], explain: bool, probabilistic: bool = False) -> None:
     """The text output's result lines (and with ``explain`` the why of each)."""
     for h in hits:
-        print(f"{h.rank:>3}. {h.id}  {score_text(h.score, probabilistic)}  {h.caption}".rstrip())
+        print(hit_line(h.rank, h.id, h.score, h.caption, probabilistic))
         if explain:
             for c in h.matched:
                 print(f"       matched dim {c.dim} (+{c.weight:.3f}): {', '.join(c.words[:5])}")

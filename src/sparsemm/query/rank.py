@@ -18,9 +18,8 @@ import numpy as np
 
 from sparsemm.errors import SparsemmError
 from sparsemm.query.parse import Query
+from sparsemm.query.request import DEFAULT_STRATEGY
 from sparsemm.query.strategies import ExclusionContext, Strategy, get_strategy, top_rows
-
-DEFAULT_STRATEGY = "match"  # the served default for SR codes (README, docs/concepts.md)
 
 
 def build_strategy(ctx: ExclusionContext, strategy: str | Strategy, **params: Any) -> Strategy:

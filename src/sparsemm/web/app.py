@@ -84,6 +84,7 @@ from sparsemm.web.service import (
     DEFAULT_WORKERS,
     MAX_DIM_ITEMS,
     IndexUnavailable,
+    NotFound,
     SearchService,
     ServerBusy,
 )
@@ -179,7 +180,9 @@ def create_app(
     async def _user_error(request: Request, exc: SparsemmError) -> JSONResponse:
         if isinstance(exc, ServerBusy | IndexUnavailable):
             return JSONResponse({"error": str(exc)}, status_code=503, headers={"retry-after": "1"})
-        return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse(
+            {"error": str(exc)}, status_code=404 if isinstance(exc, NotFound) else 400
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _bad_params(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -22,7 +22,6 @@ from urllib.parse import quote
 
 import numpy as np
 import scipy.sparse as sp
-from fastapi import HTTPException
 
 from sparsemm import __version__
 from sparsemm.data.collection import Collection
@@ -33,6 +32,7 @@ from sparsemm.query.parse import MAX_QUERY_CHARS, Query
 from sparsemm.query.request import QueryRequest, build_request
 from sparsemm.query.searcher import INDEX_DIR, Searcher
 from sparsemm.query.strategies import HardFilter, available_strategies
+from sparsemm.text import singular
 from sparsemm.web.images import ImageStore, ThumbCache
 from sparsemm.web.lanes import FairSemaphore
 from sparsemm.web.schemas import (
@@ -80,15 +80,17 @@ def _query_out(q: Query) -> QueryOut:
     return QueryOut(include=list(q.include), exclude=list(q.exclude), text=q.text)
 
 
-def _stem(word: str) -> str:
-    return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
-
-
 def violations(labels: Sequence[str], exclude: Sequence[str]) -> list[str]:
     """The excluded terms that one of ``labels`` names (case and a plural 's' ignored;
     'person' matches the label 'person', 'dogs' the label 'dog')."""
-    have = {_stem(" ".join(re.findall(r"[\w-]+", str(lab).lower()))) for lab in labels}
-    return [t for t in exclude if _stem(" ".join(re.findall(r"[\w-]+", t.lower()))) in have]
+    have = {_label_key(str(lab)) for lab in labels}
+    return [t for t in exclude if _label_key(t) in have]
+
+
+def _label_key(text: str) -> str:
+    """A label or term compared without case and number: its words, each in singular
+    (:func:`sparsemm.text.singular`, the form the detectors and captions use)."""
+    return " ".join(singular(w) for w in re.findall(r"[\w-]+", text.lower()))
 
 
 # ------------------------------------------------------------------------------- service
@@ -129,6 +131,10 @@ class ServerBusy(SparsemmError):
 
 class IndexUnavailable(SparsemmError):
     """The index changed on disk and could not be reopened (HTTP 503)."""
+
+
+class NotFound(SparsemmError):
+    """No such item or dimension (HTTP 404)."""
 
 
 @dataclass(frozen=True)
@@ -533,7 +539,7 @@ class SearchService:
 
     def row(self, item_id: str) -> int:
         if item_id not in self.row_of:
-            raise HTTPException(404, "unknown item id")
+            raise NotFound("unknown item id")
         return self.row_of[item_id]
 
     def explain(
@@ -587,7 +593,7 @@ class SearchService:
 
     def _dim(self, dim: int, n: int, prefix: str) -> DimOut:
         if not 0 <= dim < self.n_dims:
-            raise HTTPException(404, f"no dimension {dim}; dimensions are 0..{self.n_dims - 1}")
+            raise NotFound(f"no dimension {dim}; dimensions are 0..{self.n_dims - 1}")
         # the dim's posting list through the index: highest value first, ties by lower row
         res = self.searcher.index.search((np.array([dim]), np.array([1.0], np.float32)), k=n)
         rows, vals = np.asarray(res.rows), np.asarray(res.scores)
