@@ -168,6 +168,7 @@ class Searcher:
         self._raw_text: CachedTextEncoder | None = None  # shared by aligned space and coder
         self._seen_words: frozenset[str] | None = None  # caption and label words (unknown_words)
         self._unit_lists: Any = False  # not looked for yet (None: none that fit)
+        self._match: Match | None = None  # the match scorer over the text context
 
     def close(self) -> None:
         """Close a store this searcher was given (a Qdrant client); the collection's own
@@ -443,9 +444,16 @@ class Searcher:
                     )
 
     def match_strategy(self, ctx: ExclusionContext | None = None, **params: Any) -> Match:
-        """The match scorer over ``ctx`` (default: the text context, for readings)."""
-        strat = get_strategy("match", ctx if ctx is not None else self.text_context, **params)
+        """The match scorer over ``ctx`` (default: the text context, for readings; that one
+        is built once per text context and reused by every search)."""
+        base = ctx if ctx is not None else self.text_context
+        reuse = ctx is None and not params
+        if reuse and self._match is not None and self._match.ctx is base:
+            return self._match
+        strat = get_strategy("match", base, **params)
         assert isinstance(strat, Match)
+        if reuse:
+            self._match = strat
         return strat
 
     def check_match(self, query: Query) -> None:
@@ -510,7 +518,10 @@ class Searcher:
         strategy's scores are not probabilities."""
         if not self.probabilistic(strategy):
             return None
-        q = query if isinstance(query, Query) else parse_query(query)
+        return self._count(query if isinstance(query, Query) else parse_query(query), threshold)
+
+    def _count(self, q: Query, threshold: float) -> int:
+        """:meth:`count_matches` for the match scorer."""
         self.check_terms(q, "match")
         if self.served("match"):
             return count_matches(
@@ -602,7 +613,7 @@ class Searcher:
         threshold = matches = None
         if prob and request.like is None and (request.count or request.min_score is not None):
             threshold = request.min_score if request.min_score is not None else MATCH_THRESHOLD
-            matches = self.count_matches(q, threshold, spec.name)
+            matches = self._count(q, threshold)
         notes = self.notes(q, spec.name) if request.like is None else []
         certified = served is None or served.certified
         if served is not None and not served.certified:
@@ -779,8 +790,7 @@ class Searcher:
         on (the active dims of the term's query code)."""
         ctx = self.text_context
         a = q.include_text
-        filt = get_strategy("filter", ctx, dims="query")
-        assert isinstance(filt, HardFilter)
+        filt: HardFilter | None = None  # built only for a term nothing else reads
         checks = []
         model = self.model.detectors
         match = self.match_strategy() if self.default_strategy == "match" else None
@@ -796,6 +806,10 @@ class Searcher:
                 on = np.zeros(len(w), dtype=bool)
                 on[[j for j in np.argsort(-w, kind="stable")[:6] if w[j] > 0]] = True
             else:
+                if filt is None:
+                    built = get_strategy("filter", ctx, dims="query")
+                    assert isinstance(built, HardFilter)
+                    filt = built
                 on = filt.b_weights(a, b) > 0  # (d,) bool: the dims `filter` drops items on
             dims = [int(j) for j in np.flatnonzero(on)]
             words = sorted({w for j in dims[:3] for w in self.dim_words(j)[:2]})
