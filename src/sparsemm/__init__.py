@@ -29,6 +29,8 @@ _LAZY = {
     # searching
     "Searcher": "sparsemm.query.searcher",
     "Hit": "sparsemm.query.hits",
+    "Answer": "sparsemm.query.hits",
+    "build_request": "sparsemm.query.request",
     "parse_query": "sparsemm.query.parse",
     "Query": "sparsemm.query.parse",
     "available_strategies": "sparsemm.query.strategies",
@@ -46,6 +48,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "Answer",
     "Collection",
     "Hit",
     "InvertedIndex",
@@ -55,6 +58,7 @@ __all__ = [
     "__version__",
     "available_strategies",
     "build_index",
+    "build_request",
     "encode_source",
     "open_collection",
     "parse_query",
@@ -69,9 +73,10 @@ if TYPE_CHECKING:
     from sparsemm.data.collection import Collection, open_collection, write_collection
     from sparsemm.data.encode import encode_source
     from sparsemm.index.inverted import InvertedIndex
-    from sparsemm.query.hits import Hit
+    from sparsemm.query.hits import Answer, Hit
     from sparsemm.query.indexing import build_index
     from sparsemm.query.parse import Query, parse_query
+    from sparsemm.query.request import build_request
     from sparsemm.query.searcher import Searcher
     from sparsemm.query.strategies import available_strategies
     from sparsemm.train.spine import train_caption_spine
