@@ -65,7 +65,13 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installe
     ) from exc
 
 
-from sparsemm.web.images import IMAGE_TYPES, MAX_UPLOAD_BYTES, decode_upload
+from sparsemm.web.images import (
+    IMAGE_TYPES,
+    MAX_UPLOAD_BYTES,
+    DecodeBusy,
+    decode_upload,
+    upload_bytes,
+)
 from sparsemm.web.middleware import (
     LOCAL_HOSTS,
     MAX_BODY_BYTES,
@@ -178,7 +184,7 @@ def create_app(
 
     @app.exception_handler(SparsemmError)
     async def _user_error(request: Request, exc: SparsemmError) -> JSONResponse:
-        if isinstance(exc, ServerBusy | IndexUnavailable):
+        if isinstance(exc, ServerBusy | IndexUnavailable | DecodeBusy):
             return JSONResponse({"error": str(exc)}, status_code=503, headers={"retry-after": "1"})
         return JSONResponse(
             {"error": str(exc)}, status_code=404 if isinstance(exc, NotFound) else 400
@@ -259,7 +265,9 @@ def create_app(
         data = await request.body()
         if len(data) > MAX_UPLOAD_BYTES:
             raise HTTPException(413, f"the image is larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
-        image = decode_upload(data)
+        data = upload_bytes(data, request.headers.get("content-type", ""))
+        # decoded off the event loop, at most DECODE_SLOTS at once (the rest get 503)
+        image = await run_in_threadpool(decode_upload, data)
         return await run_in_threadpool(service.search, params, prefix(request), image)
 
     @app.get("/thumbs/{item_id:path}", include_in_schema=False)

@@ -18,7 +18,16 @@ from sparsemm.errors import SparsemmError
 log = logging.getLogger(__name__)
 
 MAX_UPLOAD_BYTES = 8 * 2**20  # a query image (POST /api/search/image); a phone photo fits
-MAX_UPLOAD_PIXELS = 40_000_000  # decoded size cap: a small file can expand to huge pixels
+# Decoded size cap, read from the header before anything is decoded: a 5 KB PNG can expand to
+# 40 megapixels (120 MB as RGB). 24 MP holds a phone photo and is well under Pillow's own
+# bomb limit (about 89 MP).
+MAX_UPLOAD_PIXELS = 24_000_000
+# Longest side a query image is reduced to once decoded: the encoders read 224-384 px, so
+# a larger copy is memory held for nothing.
+QUERY_IMAGE_SIDE = 1024
+# Uploads decoded at once; another finds the server busy (503) instead of adding its
+# hundred megabytes to the server's memory.
+DECODE_SLOTS = 2
 THUMB_PX = 256  # longest side of a thumbnail (the page shows cards at 256 px)
 THUMB_CACHE_BYTES = 32 * 2**20  # thumbnails kept in memory, least recently used dropped
 # Suffixes served from /images/ and their media types; any other referenced file is not served.
@@ -177,27 +186,74 @@ class ThumbCache:
             return None
 
 
+_decode_slots = threading.BoundedSemaphore(DECODE_SLOTS)
+
+
+class DecodeBusy(SparsemmError):
+    """Every decode slot is taken (HTTP 503: try again in a moment)."""
+
+
 def decode_upload(data: bytes) -> Any:
-    """A query image from an upload's bytes (a PIL image, RGB); SparsemmError when it is
-    empty, too large or not an image."""
+    """A query image from an upload's bytes (a PIL image, RGB, at most
+    :data:`QUERY_IMAGE_SIDE` px a side); SparsemmError when it is empty, too large or not
+    an image, :class:`DecodeBusy` when :data:`DECODE_SLOTS` uploads are being decoded.
+
+    The size is checked from the header before any pixel is decoded; a JPEG is decoded at
+    a reduced scale straight away (``draft``); the full-size buffer of other formats is
+    dropped as soon as the reduced copy exists. Run it off the event loop."""
     from PIL import Image
 
     if not data:
         raise SparsemmError("send the query image as the request body (PNG, JPEG, WebP, ...)")
     if len(data) > MAX_UPLOAD_BYTES:
         raise SparsemmError(f"the image is larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
+    if not _decode_slots.acquire(blocking=False):
+        raise DecodeBusy("the server is decoding other uploads; try again in a moment")
     try:
-        img = Image.open(io.BytesIO(data))
-        if img.width * img.height > MAX_UPLOAD_PIXELS:
+        try:
+            img = Image.open(io.BytesIO(data))
+            if img.width * img.height > MAX_UPLOAD_PIXELS:
+                raise SparsemmError(
+                    f"the image has {img.width}x{img.height} pixels; send one under "
+                    f"{MAX_UPLOAD_PIXELS // 10**6} megapixels"
+                )
+            if img.format == "JPEG":
+                img.draft("RGB", (QUERY_IMAGE_SIDE, QUERY_IMAGE_SIDE))
+            img.thumbnail((QUERY_IMAGE_SIDE, QUERY_IMAGE_SIDE))
+            return img.convert("RGB")
+        except SparsemmError:
+            raise
+        except Exception as exc:  # PIL raises several types for a non-image or a broken file
             raise SparsemmError(
-                f"the image has {img.width}x{img.height} pixels; send one under "
-                f"{MAX_UPLOAD_PIXELS // 10**6} megapixels"
-            )
-        return img.convert("RGB")
-    except SparsemmError:
-        raise
-    except Exception as exc:  # PIL raises several types for a non-image or a broken file
+                "the upload is not an image this server can read; send a PNG, JPEG, GIF, "
+                "WebP or BMP file"
+            ) from exc
+    finally:
+        _decode_slots.release()
+
+
+def upload_bytes(body: bytes, content_type: str) -> bytes:
+    """The image bytes of an upload: the body itself, or, for a form upload
+    (``multipart/form-data``, as ``curl -F image=@photo.jpg`` and HTML forms send), its
+    ``image`` part (else its first file part). SparsemmError when a form holds no file."""
+    if not content_type.lower().startswith("multipart/form-data"):
+        return body
+    from email.parser import BytesParser
+    from email.policy import HTTP
+
+    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1", "replace")
+    message = BytesParser(policy=HTTP).parsebytes(head + body)
+    files = [
+        part
+        for part in message.iter_parts()
+        if part.get_param("filename", header="content-disposition") is not None
+        or part.get_param("name", header="content-disposition") == "image"
+    ]
+    named = [p for p in files if p.get_param("name", header="content-disposition") == "image"]
+    if not files:
         raise SparsemmError(
-            "the upload is not an image this server can read; send a PNG, JPEG, GIF, WebP "
-            "or BMP file"
-        ) from exc
+            "the form holds no image file; send it as the field 'image' "
+            "(curl -F image=@photo.jpg) or as the raw request body"
+        )
+    data = (named or files)[0].get_payload(decode=True)
+    return bytes(data) if isinstance(data, bytes | bytearray) else b""

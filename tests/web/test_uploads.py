@@ -1,0 +1,125 @@
+"""Image uploads are bounded work (issue 32): the size is read from the header before any
+pixel is decoded, at most DECODE_SLOTS decode at once (the rest get 503), the decoded query
+image is small, and a standard form upload (``curl -F image=@photo.jpg``) is accepted."""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from webtoy import StripeImageEncoder, WebKeywordEncoder, draw
+
+from sparsemm.errors import SparsemmError
+from sparsemm.query.searcher import Searcher
+from sparsemm.web import images
+from sparsemm.web.app import create_app
+
+fastapi = pytest.importorskip("fastapi", reason="the web extra is not installed")
+from fastapi.testclient import TestClient  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def client(web_collection: Path) -> Iterator[TestClient]:
+    searcher = Searcher(
+        web_collection, encoder=WebKeywordEncoder(), image_encoder=StripeImageEncoder()
+    )
+    with TestClient(create_app(searcher=searcher), base_url="http://127.0.0.1") as c:
+        yield c
+
+
+def _png(size: tuple[int, int], mode: str = "1") -> bytes:
+    out = io.BytesIO()
+    Image.new(mode, size).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_a_decompression_bomb_is_refused_from_its_header(client: TestClient) -> None:
+    bomb = _png((7280, 5456))  # 39.7 megapixels in a few KB: what once took 6 GB
+    assert len(bomb) < 10_000
+    r = client.post("/api/search/image", content=bomb)
+    assert r.status_code == 400 and "megapixels" in r.json()["error"]
+    assert images.MAX_UPLOAD_PIXELS < Image.MAX_IMAGE_PIXELS  # below Pillow's own limit
+
+
+def test_a_decoded_query_image_is_reduced() -> None:
+    img = images.decode_upload(_png((3000, 2000), "RGB"))
+    assert max(img.size) == images.QUERY_IMAGE_SIDE and img.mode == "RGB"
+    out = io.BytesIO()
+    Image.new("RGB", (4000, 3000), (200, 10, 10)).save(out, format="JPEG")
+    jpeg = images.decode_upload(out.getvalue())
+    assert max(jpeg.size) <= images.QUERY_IMAGE_SIDE
+
+
+def test_uploads_beyond_the_decode_slots_are_told_to_retry(
+    client: TestClient, tmp_path: Path
+) -> None:
+    draw(["pizza"], tmp_path / "q.png")
+    query = (tmp_path / "q.png").read_bytes()
+    held = [images._decode_slots.acquire(blocking=False) for _ in range(images.DECODE_SLOTS)]
+    try:
+        assert all(held)
+        r = client.post("/api/search/image", content=query)
+        assert r.status_code == 503 and r.headers.get("retry-after")
+        assert "try again" in r.json()["error"]
+    finally:
+        for _ in held:
+            images._decode_slots.release()
+    r = client.post("/api/search/image", content=query)
+    assert r.status_code == 200, r.text
+
+
+def test_concurrent_decodes_never_exceed_the_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    inside, most = 0, 0
+    lock = threading.Lock()
+    real_open = Image.open
+
+    def slow_open(fp, *a, **kw):  # type: ignore[no-untyped-def]
+        nonlocal inside, most
+        with lock:
+            inside += 1
+            most = max(most, inside)
+        try:
+            threading.Event().wait(0.05)
+            return real_open(fp, *a, **kw)
+        finally:
+            with lock:
+                inside -= 1
+
+    monkeypatch.setattr(Image, "open", slow_open)
+    data = _png((64, 48), "RGB")
+    results: list[str] = []
+
+    def one() -> None:
+        try:
+            images.decode_upload(data)
+            results.append("ok")
+        except images.DecodeBusy:
+            results.append("busy")
+
+    threads = [threading.Thread(target=one) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most <= images.DECODE_SLOTS and "busy" in results and "ok" in results
+
+
+def test_a_form_upload_is_accepted(client: TestClient, tmp_path: Path) -> None:
+    path = tmp_path / "q.png"
+    draw(["pizza", "car"], path)
+    r = client.post(
+        "/api/search/image",
+        params={"exclude": "car", "strategy": "filter"},
+        files={"image": ("photo.png", path.read_bytes(), "image/png")},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["like"] == "uploaded image"
+    # a form without a file part says how to send one
+    r = client.post("/api/search/image", files={"note": (None, "no file")})
+    assert r.status_code == 400 and "curl -F image=@photo.jpg" in r.json()["error"]
+    with pytest.raises(SparsemmError, match="no image file"):
+        images.upload_bytes(b"--b--\r\n", "multipart/form-data; boundary=b")
