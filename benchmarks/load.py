@@ -21,6 +21,14 @@ is cached and every request pays for its text encoding, as a real user's new que
     python benchmarks/load.py --collection C --clients 100 --duration 30 --abuse
     python benchmarks/load.py --collection C --clients 100 --duration 30 --fresh-words
 
+Upload-abuse mode (``--uploaders N``): the clients run twice for ``--duration``, first
+alone, then beside N uploaders that POST a decompression-bomb-sized PNG (a few KB that
+decode to 39.7 megapixels) to ``/api/search/image`` over and over; it reports the good
+clients' throughput with uploaders as a share of it without, their p99, the uploads'
+answers and the server's memory (peak and current resident set, from /proc).
+
+    python benchmarks/load.py --toy --clients 20 --duration 30 --uploaders 8
+
 ``--toy`` builds a synthetic collection in a temp folder: ``--toy-items`` items, each with
 1-4 of 200 concepts, a keyword encoder and a hand-made SR model (dimension j = concept j).
 ``--collection`` serves an indexed collection (``sparsemm index``) with its own text
@@ -465,6 +473,74 @@ async def _abuse_run(
     return good, bad, await abuse
 
 
+def bomb_png() -> bytes:
+    """A PNG of a few KB that decodes to 7280 x 5456 = 39.7 megapixels."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("1", (7280, 5456)).save(out, format="PNG")
+    return out.getvalue()
+
+
+async def _uploader(
+    host: str, port: int, body: bytes, deadline: float, timeout: float, answers: Counter[str]
+) -> None:
+    """POST ``body`` as a query image until ``deadline``, counting the answers."""
+    head = (
+        f"POST /api/search/image HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Content-Type: image/png\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode("ascii")
+    reader: asyncio.StreamReader | None = None
+    writer: asyncio.StreamWriter | None = None
+    while time.perf_counter() < deadline:
+        try:
+            if writer is None:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port), timeout
+                )
+            assert reader is not None
+            writer.write(head + body)
+            status, _, close = await asyncio.wait_for(_read_response(reader), timeout)
+            answers[f"HTTP {status}"] += 1
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+            answers[type(exc).__name__] += 1
+            close = True
+        if close and writer is not None:
+            writer.close()
+            reader = writer = None
+    if writer is not None:
+        writer.close()
+
+
+async def _upload_run(
+    args: argparse.Namespace, port: int, paths: list[str]
+) -> tuple[LoadReport, Counter[str]]:
+    """The clients beside ``args.uploaders`` bomb uploaders."""
+    host, body, answers = "127.0.0.1", bomb_png(), Counter[str]()
+    deadline = time.perf_counter() + args.duration
+    good, *_ = await asyncio.gather(
+        run_load(host, port, paths, args.clients, args.duration, args.timeout),
+        *(
+            _uploader(host, port, body, deadline, args.timeout, answers)
+            for _ in range(args.uploaders)
+        ),
+    )
+    return good, answers
+
+
+def process_memory(pid: int) -> dict[str, float]:
+    """Peak and current resident set of a process, in MB (Linux /proc)."""
+    out: dict[str, float] = {}
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "VmRSS"):
+                out["peak_mb" if key == "VmHWM" else "rss_mb"] = int(value.split()[0]) / 1024
+    return out
+
+
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(
@@ -501,6 +577,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--fresh-words", action="store_true", help="never-seen words in every request")
     p.add_argument(
+        "--uploaders",
+        type=int,
+        default=0,
+        help="clients posting decompression-bomb PNGs beside the clients (after a run alone)",
+    )
+    p.add_argument(
         "--search-threads", type=int, default=DEFAULT_WORKERS, help="the server's search lanes"
     )
     p.add_argument(
@@ -516,6 +598,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _serve_child(args.serve, args.toy, args.search_threads, not args.no_batch_texts)
         return 0
 
+    extra: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="sparsemm-load-") as tmp:
         if args.toy:
             t0 = time.perf_counter()
@@ -555,6 +638,30 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 log.info("abusive connections: %s", dict(abuse))
                 print(f"heavy clients: {heavy.summary()}")
+            elif args.uploaders:
+                alone = asyncio.run(
+                    run_load("127.0.0.1", port, paths, args.clients, args.duration, args.timeout)
+                )
+                print(f"without uploaders: {alone.summary()}")
+                before = process_memory(server.pid)
+                report, answers = asyncio.run(_upload_run(args, port, paths))
+                memory = process_memory(server.pid)
+                share = report.throughput_rps / max(alone.throughput_rps, 1e-9)
+                print(f"uploads answered: {dict(answers)}")
+                print(
+                    f"with {args.uploaders} uploaders: the clients keep {100 * share:.0f}% of "
+                    f"their req/s, p99 {report.p99_ms:.0f} ms; server memory peak "
+                    f"{memory.get('peak_mb', float('nan')):.0f} MB, now "
+                    f"{memory.get('rss_mb', float('nan')):.0f} MB (before the uploads "
+                    f"{before.get('rss_mb', float('nan')):.0f} MB)"
+                )
+                extra = {
+                    "alone": asdict(alone),
+                    "uploads": dict(answers),
+                    "kept_share": share,
+                    "memory_before": before,
+                    "memory_after": memory,
+                }
             else:
                 report = asyncio.run(
                     run_load("127.0.0.1", port, paths, args.clients, args.duration, args.timeout)
@@ -571,7 +678,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         config["git_commit"] = _git_commit()
         (args.out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        (args.out / "metrics.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
+        metrics = {**asdict(report), **extra}
+        (args.out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return 0 if report.errors == 0 else 1
 
 
