@@ -758,15 +758,6 @@ class InvertedIndex(Store):
             start += seg.count
         self._set_state(manifest, loaded)
 
-    def _rows_above(self, dims: np.ndarray, threshold: float) -> np.ndarray:
-        """(n,) bool: items whose value on any of ``dims`` is > ``threshold`` (what a filter
-        Exclusion drops), read off the posting lists of those dims."""
-        out = np.zeros(self._count, np.bool_)
-        for s in self._segments:
-            for d in np.asarray(dims, np.int64).tolist():
-                out[s.start + s.rows_above(d, threshold)] = True
-        return out
-
     # ----- search ---------------------------------------------------------------------------
 
     def _workspace(self, segs: list[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
