@@ -1,6 +1,6 @@
-"""The Qdrant backend (through qdrant-client's local mode) gives exactly the local backend's
-results: sparse, filter and penalty exclusions, dense, hybrid, ties; plus resumable uploads
-and `sparsemm index/search --backend qdrant` end to end."""
+"""The Qdrant backend (through qdrant-client's local mode) gives exactly the inverted index's
+results: sparse, filter and penalty exclusions, ties; plus resumable uploads and `sparsemm
+index/search --backend qdrant` end to end."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from sparsemm.cli.main import main
 from sparsemm.data.collection import write_collection
 from sparsemm.encoders.base import register_encoder
 from sparsemm.errors import SparsemmError
-from sparsemm.index import Exclusion, LocalStore, SearchResult, Store
-from sparsemm.index.qdrant import QdrantConfig, QdrantStore, active_lists, connect
+from sparsemm.index import Exclusion, InvertedIndex, SearchResult
+from sparsemm.index.qdrant import META_KEY, QdrantConfig, QdrantStore, active_lists, connect
 from sparsemm.models.sr import SRConfig, SRModel
 
 pytestmark = [
@@ -27,29 +27,26 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Local mode performs exact:UserWarning"),
 ]
 
-DIM, DD = 24, 6
+DIM = 24
 THRESHOLDS = (0.0, 0.5)
 
 
-def _same(a: SearchResult, b: SearchResult) -> None:
-    np.testing.assert_array_equal(a.rows, b.rows)
-    np.testing.assert_array_equal(a.scores, b.scores)  # bit for bit
-    assert a.ids == b.ids
+def _same(local: SearchResult, qd: SearchResult) -> None:
+    """The index's hits scoring > 0 (it may rank zero scores after them; Qdrant leaves
+    them out) equal Qdrant's: rows, ids and scores bit for bit."""
+    pos = local.scores > 0
+    np.testing.assert_array_equal(local.rows[pos], qd.rows)
+    np.testing.assert_array_equal(local.scores[pos], qd.scores)  # bit for bit
+    assert [i for i, p in zip(local.ids, pos, strict=True) if p] == qd.ids
 
 
 def _pair(
-    tmp_path: Path, codes: sp.csr_matrix, dense: np.ndarray | None, batch: int = 37
-) -> tuple[LocalStore, QdrantStore]:
+    tmp_path: Path, codes: sp.csr_matrix, batch: int = 37
+) -> tuple[InvertedIndex, QdrantStore]:
     ids = [f"x{i}" for i in range(codes.shape[0])]
-    local = LocalStore.build(tmp_path / "ix", codes, ids, dense=dense)
-    q = QdrantStore.create(
-        connect(":memory:"),
-        "items",
-        DIM,
-        None if dense is None else dense.shape[1],
-        QdrantConfig(thresholds=THRESHOLDS),
-    )
-    q.upload(codes, ids, dense, batch_size=batch)
+    local = InvertedIndex.build(tmp_path / "ix", codes, ids)
+    q = QdrantStore.create(connect(":memory:"), "items", DIM, QdrantConfig(thresholds=THRESHOLDS))
+    q.upload(codes, ids, batch_size=batch)
     return local, q
 
 
@@ -63,35 +60,31 @@ def _exclusions(rng: np.random.Generator) -> list[Exclusion | None]:
 
 
 @pytest.mark.parametrize("dyadic", [True, False])
-def test_identical_results_to_the_local_backend(tmp_path: Path, dyadic: bool) -> None:
+def test_identical_results_to_the_inverted_index(tmp_path: Path, dyadic: bool) -> None:
     """Dyadic data has many exact ties (broken by row); float data has rounding near-ties."""
     rng = np.random.default_rng(11)
     codes = random_codes(rng, 200, DIM, max_nnz=6, dyadic=dyadic)
-    dense = (
-        rng.choice(np.array([-1.0, 0.0, 0.5, 1.0], np.float32), size=(200, DD))
-        if dyadic
-        else rng.standard_normal((200, DD)).astype(np.float32)
-    )
-    local, qd = _pair(tmp_path, codes, dense)
-    stores: list[Store] = [local, qd]
-    assert [len(s) for s in stores] == [200, 200] and qd.dense_dim == DD
+    local, qd = _pair(tmp_path, codes)
+    assert [len(local), len(qd)] == [200, 200]
     for _ in range(6):
         q = np.zeros(DIM, np.float32)
         dims = rng.choice(DIM, 5, replace=False)
         q[dims] = rng.choice(np.array([0.25, 0.5, 1.0]), 5) if dyadic else rng.random(5)
-        v = rng.standard_normal(DD)
         for ex in _exclusions(rng):
             for k in (1, 8, 250):
-                _same(*(s.search(q, k, ex) for s in stores))
-            _same(*(s.search_hybrid(q, v, 6, ex, candidates=30) for s in stores))
-            if ex is None or ex.mode == "filter":
-                _same(*(s.search_dense(v, 8, ex) for s in stores))
+                _same(local.search(q, k, ex), qd.search(q, k, ex))
+            # the served path's candidate lists: Qdrant's are exact (err 0)
+            res, err = qd.search_quantized((np.flatnonzero(q), q[q != 0]), 8)
+            assert err == 0.0
+            _same(local.search(q, 8), res)
+    rows = np.array([5, 199, 0, 5])
+    assert (qd.codes(rows) != local.codes(rows)).nnz == 0 and qd.codes(rows).has_sorted_indices
 
 
 def test_ties_at_the_cut_fetch_past_the_limit(tmp_path: Path) -> None:
     """100 items with one equal score: the k returned are the lowest rows, as locally."""
     codes = sp.csr_matrix(np.tile(np.eye(1, DIM, 3, dtype=np.float32), (100, 1)))
-    local, qd = _pair(tmp_path, codes, None)
+    local, qd = _pair(tmp_path, codes)
     q = np.eye(1, DIM, 3, dtype=np.float32)[0]
     _same(local.search(q, 5), qd.search(q, 5))
     assert qd.search(q, 5).rows.tolist() == [0, 1, 2, 3, 4]
@@ -104,13 +97,11 @@ def test_threshold_compared_like_the_index() -> None:
     assert active_lists(csr, 0.0) == [[0, 1], [1, 2]]
 
 
-def test_unserved_threshold_and_dense_errors(tmp_path: Path) -> None:
+def test_unserved_threshold_and_other_errors(tmp_path: Path) -> None:
     codes = random_codes(np.random.default_rng(0), 30, DIM, max_nnz=4)
-    _, qd = _pair(tmp_path, codes, None)
+    _, qd = _pair(tmp_path, codes)
     with pytest.raises(SparsemmError, match="thresholds"):
         qd.search(np.ones(DIM), 3, Exclusion([1, 2], threshold=0.3))
-    with pytest.raises(SparsemmError, match="no dense vectors"):
-        qd.search_dense(np.ones(DD), 3)
     with pytest.raises(SparsemmError, match="already exists"):
         QdrantStore.create(qd.client, "items", DIM)
     with pytest.raises(SparsemmError, match="no collection"):
@@ -126,25 +117,43 @@ def test_unserved_threshold_and_dense_errors(tmp_path: Path) -> None:
 def test_resume_and_orphan_points(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     codes = random_codes(rng, 90, DIM, max_nnz=5)
-    dense = rng.standard_normal((90, DD)).astype(np.float32)
     ids = [f"x{i}" for i in range(90)]
-    local = LocalStore.build(tmp_path / "ix", codes, ids, dense=dense)
+    local = InvertedIndex.build(tmp_path / "ix", codes, ids)
     client = connect(":memory:")
-    qd = QdrantStore.create(client, "c", DIM, DD, QdrantConfig(thresholds=THRESHOLDS))
-    qd.add(codes[:40], ids[:40], dense[:40], batch_size=16)
+    qd = QdrantStore.create(client, "c", DIM, QdrantConfig(thresholds=THRESHOLDS))
+    qd.add(codes[:40], ids[:40], batch_size=16)
     # a crash after Qdrant took rows 40.. but before the count was recorded: orphans
-    client.upsert("c", qd._points(40, codes[40:60], ids[40:60], dense[40:60]), wait=True)
+    client.upsert("c", qd._points(40, codes[40:60], ids[40:60]), wait=True)
     qd = QdrantStore.open(client, "c")
     assert len(qd) == 40
     q = np.asarray(codes[45].toarray()).ravel()
     assert all(r < 40 for r in qd.search(q, 20).rows.tolist())
     with pytest.raises(SparsemmError, match="not the first"):
-        qd.upload(codes[1:], ids[1:], dense[1:])
-    assert qd.upload(codes, ids, dense, batch_size=16) == 50
+        qd.upload(codes[1:], ids[1:])
+    with pytest.raises(SparsemmError, match="not the first"):  # fewer than it holds
+        qd.upload(codes[:10], ids[:10])
+    other = codes.copy()
+    other.data[0] += 1
+    with pytest.raises(SparsemmError, match="not the first"):  # other values, same ids
+        qd.upload(other, ids)
+    assert qd.upload(codes, ids, batch_size=16) == 50
     assert len(QdrantStore.open(client, "c")) == 90
+    assert qd.upload(codes, ids) == 0  # nothing left
     for ex in (None, Exclusion([1, 5], threshold=0.5)):
         _same(local.search(q, 10, ex), qd.search(q, 10, ex))
-        _same(local.search_dense(dense[3], 10, ex), qd.search_dense(dense[3], 10, ex))
+
+
+def test_a_collection_of_an_earlier_version_opens(tmp_path: Path) -> None:
+    """Collections written when the store also held dense vectors name them in their
+    metadata; they open and search as before."""
+    codes = random_codes(np.random.default_rng(5), 30, DIM, max_nnz=4)
+    local, qd = _pair(tmp_path, codes)
+    meta = dict(qd._meta, dense_dim=None, max_dense_norm=0.0)
+    meta["config"] = dict(meta["config"], dense_name="dense", exact_dense=True)
+    qd.client.update_collection("items", metadata={META_KEY: meta})
+    old = QdrantStore.open(qd.client, "items")
+    q = np.asarray(codes[7].toarray()).ravel()
+    _same(local.search(q, 10), old.search(q, 10))
 
 
 # ------------------------------------------------------------------------------- the CLI

@@ -1,7 +1,6 @@
-"""SPINE word vectors, saved dense word vectors and the dense vectors stored beside an index
-carry SHA-256 checksums in their manifests, verified on open, and are checked for NaN/inf:
-a changed or damaged file is refused naming it; folders written before the checksums open
-with a warning."""
+"""SPINE word vectors, saved dense word vectors and checkpoints carry SHA-256 checksums in
+their manifests, verified on open, and are checked for NaN/inf: a changed or damaged file is
+refused naming it; folders written before the checksums open with a warning."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ import pytest
 import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
-from sparsemm.index.store import LocalStore
 from sparsemm.words.spine import SparseWordVectors
 from sparsemm.words.vectors import WordVectors, load_word_vectors, save_word_vectors
 
@@ -77,26 +75,6 @@ def test_dense_word_vectors_are_checksummed(tmp_path: Path) -> None:
     _flip_last_byte(folder / "vectors.npy")
     with pytest.raises(SparsemmError, match=r"vectors\.npy does not match its checksum"):
         load_word_vectors(folder, mmap=True)
-
-
-def test_dense_store_chunks_are_checksummed(tmp_path: Path) -> None:
-    rng = np.random.default_rng(0)
-    codes = sp.random(30, 16, density=0.3, format="csr", dtype=np.float32, random_state=1)
-    dense = rng.standard_normal((30, 5)).astype(np.float32)
-    ids = [f"i{i}" for i in range(30)]
-    LocalStore.build(tmp_path / "ix", codes[:20], ids[:20], dense=dense[:20])
-    store = LocalStore.open(tmp_path / "ix")
-    store.add(codes[20:], ids[20:], dense[20:])
-    chunks = sorted((tmp_path / "ix").glob("dense-*/chunk-*.npy"))
-    assert len(chunks) == 2
-    manifest = json.loads((chunks[0].parent / "manifest.json").read_text())
-    assert all(len(c["sha256"]) == 64 for c in manifest["chunks"])
-    LocalStore.open(tmp_path / "ix")  # opens cleanly
-    _flip_last_byte(chunks[1])
-    with pytest.raises(SparsemmError, match=r"chunk-.*\.npy does not match its checksum"):
-        LocalStore.open(tmp_path / "ix")
-    with pytest.raises(SparsemmError, match="NaN or inf"):
-        store.add(codes[:1], ["x"], np.full((1, 5), np.nan, np.float32))
 
 
 @pytest.mark.parametrize("damaged", ["model.safetensors", "optim.safetensors"])

@@ -123,11 +123,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def upload_qdrant(
-    index: Any, args: argparse.Namespace, dense: Any = None, client: Any = None
-) -> None:
-    """Upload an index's items (and optional dense (n, d) embeddings) to Qdrant: create the
-    collection (or, if it exists and --overwrite is not given, resume into it)."""
+def upload_qdrant(index: Any, args: argparse.Namespace, client: Any = None) -> None:
+    """Upload an index's items to Qdrant: create the collection (or, if it exists and
+    --overwrite is not given, resume into it)."""
     import numpy as np
 
     from sparsemm.errors import SparsemmError
@@ -140,15 +138,14 @@ def upload_qdrant(
     cfg = QdrantConfig(
         thresholds=tuple(thresholds), shard_number=args.shards, replication_factor=args.replicas
     )
-    dense_dim = None if dense is None else int(np.asarray(dense).shape[1])
     if args.overwrite or not client.collection_exists(name):
-        store = QdrantStore.create(client, name, index.dim, dense_dim, cfg, overwrite=True)
+        store = QdrantStore.create(client, name, index.dim, cfg, overwrite=True)
     else:
         store = QdrantStore.open(client, name)
-        if store.dim != index.dim or store.dense_dim != dense_dim:
+        if store.dim != index.dim:
             raise SparsemmError(
-                f"Qdrant collection {name!r} holds other dimensions ({store.dim}, dense "
-                f"{store.dense_dim}); pass --overwrite to recreate it"
+                f"Qdrant collection {name!r} holds codes of {store.dim} dims, the index "
+                f"{index.dim}; pass --overwrite to recreate it"
             )
         if set(store.config.thresholds) != set(cfg.thresholds):
             raise SparsemmError(
@@ -157,6 +154,6 @@ def upload_qdrant(
             )
     codes = index.codes(np.arange(len(index)))
     added = store.upload(
-        codes, list(index.ids), dense, batch_size=args.batch_size, progress=not args.no_progress
+        codes, list(index.ids), batch_size=args.batch_size, progress=not args.no_progress
     )
     print(f"qdrant: {len(store)} items in collection {name!r} ({added} uploaded now)")

@@ -1,23 +1,22 @@
 """Sparse-code stores: the embedded inverted index (default) and the Qdrant backend.
 
-``InvertedIndex`` is the on-disk index itself; ``Store`` is the backend-neutral interface
-(``LocalStore`` over an InvertedIndex folder, ``sparsemm.index.qdrant.QdrantStore`` over a
-Qdrant collection, imported lazily because it needs the ``qdrant`` extra).
+``Store`` is the one interface the served path reads (size, dimension, codes by row, exact
+top-k search); ``InvertedIndex`` (the on-disk index) and
+``sparsemm.index.qdrant.QdrantStore`` (a Qdrant collection, imported lazily because it needs
+the ``qdrant`` extra) implement it, and ``open_store`` opens either by name.
 """
 
 from __future__ import annotations
 
 from sparsemm.index.backends import BACKENDS, open_store
 from sparsemm.index.inverted import Exclusion, InvertedIndex, SearchResult
-from sparsemm.index.store import LocalStore, Store, fuse_rrf
+from sparsemm.index.store import Store
 
 __all__ = [
     "BACKENDS",
     "Exclusion",
     "InvertedIndex",
-    "LocalStore",
     "SearchResult",
     "Store",
-    "fuse_rrf",
     "open_store",
 ]

@@ -1,14 +1,14 @@
-"""Store backends by name: :func:`open_store` opens the embedded inverted index
-(``local``) or a Qdrant collection (``qdrant``, imported only when asked for, as it needs
-the ``qdrant`` extra)."""
+"""Store backends by name: :func:`open_store` is the one function that opens a
+:class:`~sparsemm.index.store.Store`: the embedded inverted index (``local``) or a Qdrant
+collection (``qdrant``, imported only when asked for, as it needs the ``qdrant`` extra)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from sparsemm.errors import SparsemmError
-from sparsemm.index.store import LocalStore, Store
+from sparsemm.index.inverted import InvertedIndex
+from sparsemm.index.store import Store
 
 BACKENDS = ("local", "qdrant")
 
@@ -20,18 +20,17 @@ def open_store(
     url: str | None = None,
     collection: str | None = None,
     api_key: str | None = None,
-    **options: Any,
 ) -> Store:
-    """Open an existing store: ``local`` at ``path``, or ``qdrant`` ``collection`` at ``url``."""
+    """Open an existing store: ``local``, the inverted index folder at ``path``; ``qdrant``,
+    the collection named ``collection`` on the server at ``url``."""
     if backend == "local":
         if path is None:
             raise SparsemmError("the local backend needs the index folder (path)")
-        return LocalStore.open(path)
+        return InvertedIndex.open(path)
     if backend == "qdrant":
         from sparsemm.index.qdrant import QdrantStore, connect
 
         if not collection:
             raise SparsemmError("the qdrant backend needs a collection name")
-        client = connect(url, api_key=api_key, **options)
-        return QdrantStore.open(client, collection)
+        return QdrantStore.open(connect(url, api_key=api_key), collection)
     raise SparsemmError(f"unknown store backend {backend!r}; choose one of {', '.join(BACKENDS)}")

@@ -1,5 +1,9 @@
 """Embedded inverted index over sparse codes: the project's default store.
 
+:class:`InvertedIndex` implements the store interface (:class:`~sparsemm.index.store.Store`,
+backend ``local``) that the served path reads; it is built and appended to with its own
+``build``/``add`` below.
+
 Items are sparse codes ``(n, dim)`` float32 (any sign) with a parallel list of string ids.
 Search is exact top-k by inner product, computed over the query's dimensions only, with
 optional exclusion of dimensions (hard filter or score penalty) and an optional row subset.
@@ -103,7 +107,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -127,6 +131,7 @@ from sparsemm.index.segments import (
     write_segment,
     writer_lock,
 )
+from sparsemm.index.store import Store
 from sparsemm.io import (
     fsync_dir,
     read_json,
@@ -366,12 +371,15 @@ def plan_exclusion(exclude: Exclusion | None, dim: int) -> Plan:
 # --------------------------------------------------------------------------------------------
 
 
-class InvertedIndex:
+class InvertedIndex(Store):
     """An on-disk inverted index of sparse codes (see the module docstring for the format).
 
     Use ``InvertedIndex.create(path, dim)`` or ``InvertedIndex.build(path, codes, ids)`` to
-    make one and ``InvertedIndex.open(path)`` to read one.
+    make one and ``InvertedIndex.open(path)`` to read one. As a
+    :class:`~sparsemm.index.store.Store` it needs no closing (its maps go with the object).
     """
+
+    backend: ClassVar[str] = "local"
 
     def __init__(
         self,
@@ -629,7 +637,8 @@ class InvertedIndex:
         return rows[:1] if single else rows
 
     def codes(self, rows: int | Sequence[int] | np.ndarray) -> sp.csr_matrix:
-        """Stored codes of ``rows`` as a (len(rows), dim) float32 CSR matrix."""
+        """Stored codes of ``rows`` as a (len(rows), dim) float32 CSR matrix (each row's dims
+        ascending, as the row store keeps them)."""
         r = np.atleast_1d(np.asarray(rows))
         if r.size and (not np.issubdtype(r.dtype, np.integer) or r.ndim != 1):
             raise SparsemmError(f"rows must be integers, got {r.dtype}")
@@ -748,15 +757,6 @@ class InvertedIndex:
             loaded.append(seg)
             start += seg.count
         self._set_state(manifest, loaded)
-
-    def _rows_above(self, dims: np.ndarray, threshold: float) -> np.ndarray:
-        """(n,) bool: items whose value on any of ``dims`` is > ``threshold`` (what a filter
-        Exclusion drops), read off the posting lists of those dims."""
-        out = np.zeros(self._count, np.bool_)
-        for s in self._segments:
-            for d in np.asarray(dims, np.int64).tolist():
-                out[s.start + s.rows_above(d, threshold)] = True
-        return out
 
     # ----- search ---------------------------------------------------------------------------
 

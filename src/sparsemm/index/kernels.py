@@ -391,20 +391,6 @@ def row_banned(
 
 
 @njit(cache=True, nogil=True)
-def row_values(
-    row_indptr: np.ndarray, row_dims: np.ndarray, row_vals: np.ndarray, rows: np.ndarray, d: int
-) -> np.ndarray:  # pragma: no cover - numba
-    """(len(rows),) f32: each segment row's value on dim d from the row store (0 if absent)."""
-    out = np.zeros(rows.shape[0], np.float32)
-    qd = np.full(1, d, np.int64)
-    one = np.ones(1, np.float32)
-    qo = query_order(qd)
-    for i in range(rows.shape[0]):
-        out[i] = row_score(row_indptr, row_dims, row_vals, rows[i], qd, one, qo)
-    return out
-
-
-@njit(cache=True, nogil=True)
 def decode_rows(
     row_indptr: np.ndarray, row_dims: np.ndarray, row_vals: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba

@@ -1,10 +1,11 @@
-"""The Qdrant backend: the same store interface on a Qdrant server or cluster.
+"""The Qdrant backend: the store interface (:class:`~sparsemm.index.store.Store`) on a Qdrant
+server or cluster, plus the resumable upload that fills a collection.
 
 Needs ``qdrant-client`` (``pip install 'sparsemm[qdrant]'``). How the store maps onto Qdrant:
 
 * one Qdrant collection per store; point id = the item's row (0, 1, ... in insertion order);
-* named vectors per point: the sparse concept code (``code``, a Qdrant sparse vector, dot
-  product) and, when the store has them, the dense embedding (``dense``, Distance.DOT);
+* one named vector per point: the sparse concept code (``code``, a Qdrant sparse vector, dot
+  product);
 * payload: ``id`` (the item's string id, keyword-indexed) and, for every configured filter
   threshold t, ``active_gt_<t>``: the dims on which the item's value is > t (integer list,
   lookup-indexed);
@@ -13,22 +14,23 @@ Needs ``qdrant-client`` (``pip install 'sparsemm[qdrant]'``). How the store maps
   thresholds the collection was created with and refused for others (the local index takes
   any threshold). A penalty exclusion is score-based: its dims enter the query vector with
   weight -penalty * w_j;
-* collection metadata ``sparsemm``: format, dims, vector names, thresholds, the number of
-  committed items ``count`` and the largest item norms (for the rescoring bound below).
+* collection metadata ``sparsemm``: format, dims, vector name, thresholds, the number of
+  committed items ``count`` and the largest item norm (for the rescoring bound below).
 
 Exactness: Qdrant sums scores in its own order and precision, so near-ties may round
 differently from the local index. A search therefore fetches every candidate whose Qdrant
 score is within a provable bound of the k-th (``QueryTerms.error_bound``: the float32
 rounding of an m-term dot product, bounded with the query's weights and the largest stored
-item norm; Cauchy-Schwarz for dense vectors),
-rescores those exactly with the local kernel's arithmetic, and breaks ties by row: results
-equal the local backend's bit for bit. The fetch doubles its limit until the bound shows
-nothing unfetched can enter (usually one request of k + 1 points).
+item norm), rescores those exactly with the local kernel's arithmetic, and breaks ties by
+row: results with a score > 0 equal the inverted index's bit for bit. The fetch doubles its
+limit until the bound shows nothing unfetched can enter (usually one request of k + 1
+points).
 
-Bulk upload (``upload``/``add``) goes in batches of ``batch_size`` points (``wait=True``),
-each followed by a metadata update of ``count``; an interrupted upload resumes from
-``count`` (upserts are idempotent: re-sent rows overwrite themselves). Points past
-``count`` (sent but not yet recorded) are ignored by searches. One writer at a time.
+Bulk upload (``upload``/``add``, this backend only) goes in batches of ``batch_size``
+points (``wait=True``), each followed by a metadata update of ``count``; an interrupted
+upload resumes from ``count`` (upserts are idempotent: re-sent rows overwrite themselves).
+Points past ``count`` (sent but not yet recorded) are ignored by searches. One writer at a
+time.
 """
 
 from __future__ import annotations
@@ -43,14 +45,16 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
-from sparsemm.index.inverted import Exclusion, QueryLike, SearchResult, check_items, check_k
+from sparsemm.index.inverted import (
+    Exclusion,
+    QueryLike,
+    SearchResult,
+    check_codes,
+    check_items,
+    check_k,
+)
 from sparsemm.index.scoring import (
-    U32,
     Plan,
-    check_dense,
-    check_dense_query,
-    dense_plan,
-    dense_scores,
     iter_batches,
     ranked,
     sparse_query_terms,
@@ -146,21 +150,17 @@ class QdrantConfig:
     """How a store's Qdrant collection is laid out (kept in the collection's metadata)."""
 
     sparse_name: str = "code"  # named sparse vector holding the concept code
-    dense_name: str = "dense"  # named dense vector (dense/hybrid search)
     thresholds: tuple[float, ...] = (0.0,)  # filter thresholds served by active-dim payloads
     shard_number: int | None = None  # shards across the cluster's nodes (None: server default)
     replication_factor: int | None = None  # copies of each shard (None: server default, 1)
     write_consistency_factor: int | None = None  # replicas that must ack a write
-    on_disk: bool = False  # sparse index, dense vectors and payload memory-mapped, not in RAM
-    exact_dense: bool = True  # dense search by full scan (exact); False: HNSW (approximate)
+    on_disk: bool = False  # sparse index and payload memory-mapped, not in RAM
 
     def __post_init__(self) -> None:
         ts = tuple(float(t) for t in self.thresholds)
         if not ts or any(not math.isfinite(t) or t < 0 for t in ts):
             raise SparsemmError(f"filter thresholds must be finite and >= 0, got {ts}")
         object.__setattr__(self, "thresholds", tuple(sorted(set(ts))))
-        if self.sparse_name == self.dense_name:
-            raise SparsemmError("the sparse and dense vector names must differ")
 
 
 def active_field(threshold: float) -> str:
@@ -197,16 +197,14 @@ class QdrantStore(Store):
         client: Any,
         name: str,
         dim: int,
-        dense_dim: int | None = None,
         config: QdrantConfig | None = None,
         overwrite: bool = False,
     ) -> QdrantStore:
-        """Create collection ``name`` for ``dim``-d codes (and ``dense_dim``-d vectors)."""
+        """Create collection ``name`` for ``dim``-d codes."""
         models = _qdrant().models
         cfg = config or QdrantConfig()
-        for what, v in (("dim", dim), ("dense_dim", dense_dim)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise SparsemmError(f"{what} must be a positive integer, got {v!r}")
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise SparsemmError(f"dim must be a positive integer, got {dim!r}")
         if client.collection_exists(name):
             if not overwrite:
                 raise SparsemmError(
@@ -214,24 +212,17 @@ class QdrantStore(Store):
                     "it (overwrite=True / --overwrite)"
                 )
             client.delete_collection(name)
-        vectors = {}
-        if dense_dim is not None:
-            vectors[cfg.dense_name] = models.VectorParams(
-                size=dense_dim, distance=models.Distance.DOT, on_disk=cfg.on_disk
-            )
         meta = {
             "format": FORMAT,
             "version": VERSION,
             "dim": int(dim),
-            "dense_dim": dense_dim,
             "config": {**asdict(cfg), "thresholds": list(cfg.thresholds)},
             "count": 0,
             "max_norm": 0.0,
-            "max_dense_norm": 0.0,
         }
         client.create_collection(
             name,
-            vectors_config=vectors,
+            vectors_config={},
             sparse_vectors_config={
                 cfg.sparse_name: models.SparseVectorParams(
                     index=models.SparseIndexParams(on_disk=cfg.on_disk)
@@ -252,7 +243,7 @@ class QdrantStore(Store):
                     type=models.IntegerIndexType.INTEGER, lookup=True, range=False
                 ),
             )
-        logger.info("created Qdrant collection %s (dim %d, dense %s)", name, dim, dense_dim)
+        logger.info("created Qdrant collection %s (dim %d)", name, dim)
         return cls(client, name, meta)
 
     @classmethod
@@ -277,7 +268,9 @@ class QdrantStore(Store):
 
     def _set_meta(self, meta: dict[str, Any]) -> None:
         self._meta = meta
-        cfg = dict(meta["config"])
+        # collections of earlier versions also name a dense vector (no longer read): dropped
+        known = set(QdrantConfig.__dataclass_fields__)
+        cfg = {key: v for key, v in meta["config"].items() if key in known}
         cfg["thresholds"] = tuple(cfg["thresholds"])
         self.config = QdrantConfig(**cfg)
         self._count = int(meta["count"])
@@ -296,21 +289,21 @@ class QdrantStore(Store):
         return int(self._meta["dim"])
 
     @property
-    def dense_dim(self) -> int | None:
-        d = self._meta.get("dense_dim")
-        return None if d is None else int(d)
+    def nonnegative(self) -> bool:
+        """False: the collection does not record its smallest value, so it cannot vouch
+        (a :class:`~sparsemm.query.searcher.Searcher` takes the answer from the collection's
+        own index, which holds the same codes)."""
+        return False
 
     def __len__(self) -> int:
         return self._count
 
     def __repr__(self) -> str:
-        return f"QdrantStore({self.name!r}, count={self._count}, dense_dim={self.dense_dim})"
+        return f"QdrantStore({self.name!r}, count={self._count})"
 
     # ----- writing --------------------------------------------------------------------------
 
-    def _points(
-        self, start: int, csr: sp.csr_matrix, ids: list[str], dense: np.ndarray | None
-    ) -> list[Any]:
+    def _points(self, start: int, csr: sp.csr_matrix, ids: list[str]) -> list[Any]:
         models = _qdrant().models
         cfg = self.config
         actives = {active_field(t): active_lists(csr, t) for t in cfg.thresholds}
@@ -322,22 +315,41 @@ class QdrantStore(Store):
                     indices=csr.indices[lo:hi].tolist(), values=csr.data[lo:hi].tolist()
                 )
             }
-            if dense is not None:
-                vec[cfg.dense_name] = dense[i].tolist()
             payload: dict[str, Any] = {ID_FIELD: item_id}
             for key, lists in actives.items():
                 payload[key] = lists[i]
             points.append(models.PointStruct(id=start + i, vector=vec, payload=payload))
         return points
 
+    def upload(
+        self, codes: Any, ids: Sequence[str], *, batch_size: int = 1024, progress: bool = False
+    ) -> int:
+        """Bulk-load items; resumable. Returns the number of items added now.
+
+        If the collection already holds m items they must be the first m given (an
+        interrupted upload of the same data): only the rest is added. Other data raises
+        SparsemmError.
+        """
+        csr = check_codes(codes, self.dim)
+        id_list = [str(i) for i in ids]
+        n, m = len(id_list), len(self)
+        if csr.shape[0] != n:
+            raise SparsemmError(f"{csr.shape[0]} codes for {n} ids; they must match")
+        if m > n or (m and not self._same_prefix(csr[:m], id_list[:m])):
+            raise SparsemmError(
+                f"the store already holds {m} items that are not the first {m} of these; "
+                "upload into a new store (or recreate it) instead of resuming"
+            )
+        if m == n:
+            logger.info("store holds all %d items already; nothing to upload", n)
+            return 0
+        if m:
+            logger.info("resuming upload at item %d of %d", m, n)
+        self.add(csr[m:], id_list[m:], batch_size=batch_size, progress=progress)
+        return n - m
+
     def add(
-        self,
-        codes: Any,
-        ids: Sequence[str],
-        dense: Any = None,
-        *,
-        batch_size: int = 1024,
-        progress: bool = False,
+        self, codes: Any, ids: Sequence[str], *, batch_size: int = 1024, progress: bool = False
     ) -> None:
         """Append items in batches of ``batch_size`` (each committed: see the module doc)."""
         from tqdm.auto import tqdm
@@ -345,13 +357,6 @@ class QdrantStore(Store):
         models = _qdrant().models
         csr, id_list = check_items(codes, ids, self.dim)
         n = len(id_list)
-        if (dense is None) != (self.dense_dim is None):
-            raise SparsemmError(
-                "this store holds dense vectors: pass dense=(n, d) embeddings"
-                if dense is None
-                else "this store holds no dense vectors; create it with dense_dim"
-            )
-        arr = None if dense is None else check_dense(dense, n, self.dense_dim)
         self.reload()
         bar = tqdm(total=n, disable=not progress, unit="item", desc=f"qdrant {self.name}")
         try:
@@ -375,17 +380,11 @@ class QdrantStore(Store):
                             f"collection {self.name!r}"
                         )
                 sub = csr[lo:hi]
-                sub_dense = None if arr is None else arr[lo:hi]
-                self.client.upsert(
-                    self.name, self._points(self._count, sub, batch_ids, sub_dense), wait=True
-                )
+                self.client.upsert(self.name, self._points(self._count, sub, batch_ids), wait=True)
                 norms = np.sqrt(np.asarray(sub.multiply(sub).sum(axis=1), np.float64)).ravel()
                 meta = dict(self._meta)
                 meta["count"] = self._count + (hi - lo)
                 meta["max_norm"] = max(float(meta["max_norm"]), float(norms.max(initial=0.0)))
-                if sub_dense is not None:
-                    dn = np.linalg.norm(sub_dense.astype(np.float64), axis=1).max(initial=0.0)
-                    meta["max_dense_norm"] = max(float(meta["max_dense_norm"]), float(dn))
                 self.client.update_collection(self.name, metadata={META_KEY: meta})
                 self._set_meta(meta)
                 bar.update(hi - lo)
@@ -393,15 +392,16 @@ class QdrantStore(Store):
             bar.close()
         logger.info("Qdrant collection %s: %d items (+%d)", self.name, self._count, n)
 
-    def _same_prefix(self, codes: sp.csr_matrix, ids: list[str], dense: np.ndarray | None) -> bool:
-        """Spot-check 64 rows spread over the prefix (first and last included)."""
+    def _same_prefix(self, codes: sp.csr_matrix, ids: list[str]) -> bool:
+        """Whether the collection's first len(ids) items are these: spot-checks 64 rows
+        spread over the prefix (first and last included)."""
         m = len(ids)
         rows = np.unique(np.linspace(0, m - 1, num=min(m, 64)).round().astype(np.int64))
+        cfg = self.config
         got = self.client.retrieve(
             self.name, ids=rows.tolist(), with_payload=[ID_FIELD], with_vectors=True
         )
         by_row = {int(p.id): p for p in got}
-        cfg = self.config
         for r in rows.tolist():
             p = by_row.get(r)
             if p is None or p.payload.get(ID_FIELD) != ids[r]:
@@ -414,10 +414,6 @@ class QdrantStore(Store):
                 np.asarray(val, np.float32), codes.data[lo:hi]
             ):
                 return False
-            if dense is not None:
-                dv = np.asarray((p.vector or {}).get(cfg.dense_name, []), np.float32)
-                if not np.array_equal(dv, dense[r]):
-                    return False
         return True
 
     # ----- search ---------------------------------------------------------------------------
@@ -468,11 +464,10 @@ class QdrantStore(Store):
             ]
         )
 
-    def _collect(
-        self, fetch: Callable[[int], list[Any]], k: int, delta: float, positive: bool
-    ) -> list[Any]:
-        """Points that may be in the exact top k (module doc): fetch k + 1, doubling the limit
-        while an unfetched point could still be within ``2 delta`` of the k-th score."""
+    def _collect(self, fetch: Callable[[int], list[Any]], k: int, delta: float) -> list[Any]:
+        """Points that may be in the exact top k with a score > 0 (module doc): fetch k + 1,
+        doubling the limit while an unfetched point could still be within ``2 delta`` of the
+        k-th score."""
         limit = k + 1
         while True:
             pts = fetch(limit)
@@ -480,7 +475,7 @@ class QdrantStore(Store):
             if len(pts) < limit:
                 return valid  # everything matching was fetched
             last = float(pts[-1].score)
-            if positive and last + delta <= 0:
+            if last + delta <= 0:
                 return valid  # whatever is left scores <= 0 exactly
             if len(valid) >= k and last < float(valid[k - 1].score) - 2 * delta:
                 return valid
@@ -494,12 +489,10 @@ class QdrantStore(Store):
         k: int,
         delta: float,
         rescore: Callable[[list[Any]], np.ndarray],
-        positive: bool,
-        params: Any = None,
     ) -> SearchResult:
-        """Exact top k of ``query`` against the named vector ``using``: the candidates of
-        :meth:`_collect`, rescored by ``rescore(points)`` (n,) f32, ties by row; with
-        ``positive`` only scores > 0."""
+        """Exact top k of ``query`` against the named vector ``using``, scores > 0 only: the
+        candidates of :meth:`_collect`, rescored by ``rescore(points)`` (n,) f32, ties by
+        row."""
 
         def fetch(limit: int) -> list[Any]:
             return list(
@@ -508,24 +501,29 @@ class QdrantStore(Store):
                     query=query,
                     using=using,
                     query_filter=flt,
-                    search_params=params,
                     limit=limit,
                     with_payload=[ID_FIELD],
                     with_vectors=[using],
                 ).points
             )
 
-        pts = self._collect(fetch, k, delta, positive)
+        pts = self._collect(fetch, k, delta)
         scores = rescore(pts)
         rows = np.asarray([int(p.id) for p in pts], np.int64)
-        if positive:
-            keep = scores > 0
-            rows, scores = rows[keep], scores[keep]
+        keep = scores > 0
+        rows, scores = rows[keep], scores[keep]
         return ranked(rows, scores, k, {int(p.id): str(p.payload[ID_FIELD]) for p in pts})
 
     def search(
-        self, query: QueryLike, k: int = 10, exclude: Exclusion | None = None
+        self,
+        query: QueryLike,
+        k: int = 10,
+        exclude: Exclusion | None = None,
+        *,
+        with_ids: bool = True,
     ) -> SearchResult:
+        """Exact top ``k`` with score > 0 (:meth:`Store.search`; the ids come with the
+        points, so ``with_ids`` changes nothing)."""
         models = _qdrant().models
         k = check_k(k)
         terms = sparse_query_terms(query, exclude, self.dim)
@@ -549,24 +547,4 @@ class QdrantStore(Store):
 
         vector = models.SparseVector(indices=qdims, values=qvals)
         delta = terms.error_bound(float(self._meta["max_norm"]))
-        return self._exact_top(vector, name, flt, k, delta, rescore, positive=True)
-
-    def search_dense(
-        self, vector: Any, k: int = 10, exclude: Exclusion | None = None
-    ) -> SearchResult:
-        models = _qdrant().models
-        k = check_k(k)
-        q = check_dense_query(vector, self.dense_dim)
-        flt = self._filter(dense_plan(exclude, self.dim))
-        if self._count == 0:
-            return SearchResult(np.zeros(0, np.int64), [], np.zeros(0, np.float32))
-        name = self.config.dense_name
-
-        def rescore(pts: list[Any]) -> np.ndarray:
-            mat = np.asarray([p.vector[name] for p in pts], np.float32).reshape(len(pts), len(q))
-            return dense_scores(mat, q)
-
-        dn = float(np.linalg.norm(q.astype(np.float64)))
-        delta = 4.0 * (len(q) + 2) * U32 * dn * float(self._meta["max_dense_norm"]) + 1e-30
-        params = models.SearchParams(exact=self.config.exact_dense)
-        return self._exact_top(q.tolist(), name, flt, k, delta, rescore, False, params)
+        return self._exact_top(vector, name, flt, k, delta, rescore)

@@ -1,13 +1,12 @@
-"""What the store backends share (:class:`~sparsemm.index.store.LocalStore` over the
-inverted index, :class:`~sparsemm.index.qdrant.QdrantStore` over Qdrant): exact float32
-scoring of candidate rows as the inverted index's kernel sums them, the checked form of a
-sparse query and its exclusion plan, top-k selection with the index's tie rule, and the
-checks of dense vectors and batch sizes."""
+"""What a store backend that scores elsewhere needs to give the inverted index's exact
+results (:class:`~sparsemm.index.qdrant.QdrantStore` over Qdrant): exact float32 scoring of
+candidate rows as the inverted index's kernel sums them, the checked form of a sparse query
+and its exclusion plan, top-k selection with the index's tie rule, and the check of batch
+sizes."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
 
 import numpy as np
 from numba import njit
@@ -26,7 +25,7 @@ U32 = 2.0**-24  # unit roundoff of float32
 
 
 # --------------------------------------------------------------------------------------------
-# Exact scoring shared by the backends
+# Exact scoring as the inverted index's kernel does it
 # --------------------------------------------------------------------------------------------
 
 
@@ -55,29 +54,6 @@ def sparse_rescore(
                 acc += qw[j] * vals[a]
         out[r] = acc
     return out
-
-
-@njit(cache=True, nogil=True)
-def _dense_kernel(mat: np.ndarray, q: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
-    n, d = mat.shape
-    out = np.empty(n, np.float32)
-    for r in range(n):
-        acc = 0.0
-        for j in range(d):
-            acc += np.float64(mat[r, j]) * np.float64(q[j])
-        out[r] = np.float32(acc)
-    return out
-
-
-def dense_scores(mat: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Inner products (n,) float32 of ``mat`` (n, d) f32 rows with ``q`` (d,) f32.
-
-    Each row is summed sequentially in float64 and rounded once, so a row's score does not
-    depend on which other rows are scored with it (BLAS would): the local brute force and
-    the rescoring of Qdrant's candidates give bit-identical scores.
-    """
-    m = np.ascontiguousarray(mat, dtype=np.float32)
-    return _dense_kernel(m, np.ascontiguousarray(q, dtype=np.float32))
 
 
 def sparse_query_terms(query: QueryLike, exclude: Exclusion | None, dim: int) -> QueryTerms:
@@ -146,42 +122,6 @@ def ranked(
     """The top k of parallel (rows, scores) (:func:`top_k_pairs`), with ``ids[row]`` as ids."""
     top_rows, top_scores = top_k_pairs(rows, scores, k)
     return SearchResult(rows=top_rows, ids=[ids[r] for r in top_rows.tolist()], scores=top_scores)
-
-
-def check_dense(dense: Any, n: int, dense_dim: int | None, what: str = "dense") -> np.ndarray:
-    """Validate dense embeddings (n, dense_dim) -> float32 C-contiguous."""
-    arr = np.asarray(dense)
-    if arr.ndim != 2 or arr.shape[0] != n or not np.issubdtype(arr.dtype, np.number):
-        raise SparsemmError(f"{what}: expected a numeric ({n}, d) matrix, got shape {arr.shape}")
-    if dense_dim is not None and arr.shape[1] != dense_dim:
-        raise SparsemmError(f"{what}: the store holds {dense_dim}-d vectors, got {arr.shape[1]}")
-    out = np.ascontiguousarray(arr, dtype=np.float32)
-    if not np.isfinite(out).all():
-        raise SparsemmError(f"{what}: contains NaN or inf; re-encode those items")
-    return out
-
-
-def check_dense_query(vector: Any, dense_dim: int | None) -> np.ndarray:
-    if dense_dim is None:
-        raise SparsemmError(
-            "this store holds no dense vectors; index the items with dense embeddings "
-            "to use dense or hybrid search"
-        )
-    q = np.asarray(vector, dtype=np.float64).ravel()
-    if q.shape != (dense_dim,):
-        raise SparsemmError(f"dense query: expected {dense_dim} values, got {q.size}")
-    if not np.isfinite(q).all():
-        raise SparsemmError("dense query contains NaN or inf")
-    return q.astype(np.float32)
-
-
-def dense_plan(exclude: Exclusion | None, dim: int) -> Plan:
-    plan = plan_exclusion(exclude, dim)
-    if plan.extra_dims.size:
-        raise SparsemmError(
-            "a penalty exclusion changes sparse scores; dense search takes only filter exclusions"
-        )
-    return plan
 
 
 def iter_batches(n: int, batch_size: int) -> Iterator[tuple[int, int]]:

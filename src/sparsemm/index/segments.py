@@ -35,7 +35,6 @@ from sparsemm.index.kernels import (
     encode_gaps,
     global_rows,
     quantize_lists,
-    row_values,
     truncate_lists,
     valid_layout,
 )
@@ -217,19 +216,6 @@ class Segment:
             return np.zeros(len(self.post_indptr) - 1, np.bool_)
         return self.list_stats[3] > 0
 
-    def list_rows(self, d: int) -> np.ndarray:
-        """Segment rows (int64) of posting list d's postings (fillers of gap-coded rows
-        included: their values are 0)."""
-        bounds = self.post_blocks[d]
-        lens = np.diff(bounds)
-        base = np.repeat(np.arange(len(bounds) - 1, dtype=np.int64) * self.block_size, lens)
-        local = self.post_rows[bounds[0] : bounds[-1]].astype(np.int64)
-        if self.post_rows.dtype == np.uint8:  # gaps: a running sum restarted at each block
-            cs = np.cumsum(local)
-            before = np.concatenate([[0], cs])[bounds[:-1] - bounds[0]]
-            local = cs - np.repeat(before, lens) - 1
-        return base + local
-
     def dense_lists(self) -> tuple[np.ndarray, np.ndarray]:
         """(slot (dim,) int32, dense (n_long, count) f32) of the long posting lists, built
         on first use (DENSE_RATIO); for a v3 segment, those of its impacts (uint8)."""
@@ -303,19 +289,6 @@ class Segment:
             got = (one_block(ptr), rows, t_vals)
             self._approx[keep] = got
         return got
-
-    def rows_above(self, d: int, threshold: float) -> np.ndarray:
-        """Segment rows (int64) whose value on dim d is > threshold, from list d (v3: the
-        impacts narrow the rows down, the row store decides)."""
-        lo, hi = int(self.post_indptr[d]), int(self.post_indptr[d + 1])
-        rows = self.list_rows(d)
-        vals = np.asarray(self.post_vals[lo:hi], np.float64)  # compared as the kernel does
-        if not self.quantized:
-            return rows[vals > threshold]
-        _imp, scale, qerr = self.impact_lists()[:3]
-        rows = rows[vals * np.float64(scale[d]) + qerr[d] >= threshold]
-        exact = row_values(self.row_indptr, self.row_dims, self.row_vals, rows, d)
-        return rows[np.asarray(exact, np.float64) > threshold]
 
 
 def impact_scale(dmax: np.ndarray) -> np.ndarray:

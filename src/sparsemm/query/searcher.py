@@ -108,7 +108,7 @@ class Searcher:
             )
         # Where the served path reads candidates and codes: the collection's own index, or a
         # store holding the same items (e.g. a Qdrant collection).
-        self.store: Any = store if store is not None else self.index
+        self.store: Store = store if store is not None else self.index
         if list(self.index.ids) != self.collection.ids:
             raise SparsemmError(
                 f"the index in {root} does not match the collection's items; rebuild it"

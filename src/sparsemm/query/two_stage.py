@@ -62,13 +62,13 @@ holding negative code values.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
-from sparsemm.index.inverted import InvertedIndex
+from sparsemm.index.store import Store
 from sparsemm.linalg import normalize_rows
 from sparsemm.query.parse import Query
 from sparsemm.query.rank import build_strategy, score_query
@@ -90,16 +90,6 @@ FETCH_MAX = 1024
 FETCH_SHARE = 500
 # A pool that would grow past 1 / SCAN_SHARE of the items is replaced by the exact scan.
 SCAN_SHARE = 4
-
-
-class CodeSource(Protocol):
-    """What the served path needs from a store: exact top-n and stored codes by row."""
-
-    def __len__(self) -> int: ...
-
-    def search(self, query: Any, k: int = 10) -> Any: ...  # -> SearchResult (rows, scores)
-
-    def codes(self, rows: Any) -> sp.csr_matrix: ...
 
 
 @dataclass
@@ -197,16 +187,17 @@ class _ProxyList:
         self.asked = 0  # k of the last search (0: not searched yet)
         self.err = 0.0  # most an item's score in the search differs from its exact one
         self.used_err = 0.0  # the err in the bound top() last returned
-        self.quantized = True  # searches an InvertedIndex with search_quantized
+        self.quantized = True  # searches with search_quantized (exact for Qdrant: err 0)
         self.searches = 0
 
-    def top(self, source: CodeSource, n: int, fetch: int, cap: int) -> tuple[np.ndarray, float]:
+    def top(self, source: Store, n: int, fetch: int, cap: int) -> tuple[np.ndarray, float]:
         """(rows, bound): the top ``n`` rows by the inner product, and the largest value of
         this bound for an item outside them: the n-th score plus residual and constant;
         -inf when they are every item; the constant alone (score 0) when the source returned
-        fewer (a :class:`~sparsemm.index.store.Store` returns only scores > 0, so every
-        item it left out scores <= 0). The first search fetches ``fetch`` rows; a pool that
-        outgrows them is searched again once, for ``cap`` rows (the largest pool)."""
+        fewer (a :class:`~sparsemm.index.store.Store` may leave out items scoring <= 0, as
+        Qdrant does, so every item it left out scores <= 0). The first search fetches
+        ``fetch`` rows; a pool that outgrows them is searched again once, for ``cap`` rows
+        (the largest pool)."""
         total = len(source)
         if not len(self.dims):  # the proxy is 0 for every item
             rows = np.arange(min(n, total), dtype=np.int64)
@@ -222,20 +213,18 @@ class _ProxyList:
         self.used_err = self.err
         return self.rows[:n], float(self.scores[n - 1]) + self.extra + self.err
 
-    def _search(self, source: CodeSource) -> None:
-        if isinstance(source, InvertedIndex) and self.quantized:
-            # one byte per posting value: scores within err of the exact ones, so the bound
-            # adds err (rows are all the served path reads)
+    def _search(self, source: Store) -> None:
+        if self.quantized:
+            # the inverted index reads one byte per posting value: scores within err of the
+            # exact ones, so the bound adds err (rows are all the served path reads)
             res, self.err = source.search_quantized((self.dims, self.w), k=self.asked)
-        elif isinstance(source, InvertedIndex):
-            res, self.err = source.search((self.dims, self.w), k=self.asked, with_ids=False), 0.0
         else:
-            res, self.err = source.search((self.dims, self.w), k=self.asked), 0.0
+            res, self.err = source.search((self.dims, self.w), k=self.asked, with_ids=False), 0.0
         self.rows = np.asarray(res.rows, dtype=np.int64)
         self.scores = np.asarray(res.scores, dtype=np.float64)
         self.searches += 1
 
-    def exact(self, source: CodeSource) -> None:
+    def exact(self, source: Store) -> None:
         """Search again, exactly, for the same rows: when only the quantised search's err
         kept the last bound from certifying the result."""
         self.quantized = False
@@ -243,7 +232,7 @@ class _ProxyList:
 
 
 def _rescore(
-    source: CodeSource,
+    source: Store,
     ctx: ExclusionContext,
     query: Query,
     strategy: str,
@@ -255,7 +244,7 @@ def _rescore(
 
 
 def served_rank(
-    source: CodeSource,
+    source: Store,
     ctx: ExclusionContext,
     query: Query,
     strategy: str = "hybrid",
@@ -277,7 +266,7 @@ def served_rank(
     :data:`FETCH_MAX`, at least the first pool).
     ``nonnegative``: whether the source's
     codes have no negative value (None: ask the source, ``source.nonnegative``; a source
-    that cannot tell is scanned)."""
+    that cannot vouch is scanned)."""
     if k < 1 or offset < 0:
         raise SparsemmError("k must be >= 1 and offset >= 0")
     if candidates < 1 or max_candidates < candidates:
@@ -285,7 +274,7 @@ def served_rank(
     strat = build_strategy(ctx, strategy, **params)
     want = offset + k
     if nonnegative is None:
-        nonnegative = bool(getattr(source, "nonnegative", False))
+        nonnegative = source.nonnegative
     if not (nonnegative and bounded(strat, query)):
         return scan_rank(source, ctx, query, strategy, k, offset, **params)
     assert isinstance(strat, Hybrid)
@@ -367,7 +356,7 @@ def served_rank(
 
 
 def served_match(
-    source: CodeSource,
+    source: Store,
     ctx: ExclusionContext,
     query: Query,
     k: int = 10,
@@ -416,7 +405,7 @@ def served_match(
             if res is not None:
                 return res
     if nonnegative is None:
-        nonnegative = bool(getattr(source, "nonnegative", False))
+        nonnegative = source.nonnegative
     bound = _match_bound(strat, ctx, query) if nonnegative and query.include else None
     if bound is None:
         return scan_rank(source, ctx, query, "match", k, offset, **params)
@@ -517,7 +506,7 @@ def _listed_units(strat: Any, query: Query) -> list[tuple[int, float]] | None:
 
 
 def _served_units(
-    source: CodeSource,
+    source: Store,
     ctx: ExclusionContext,
     query: Query,
     strat: Any,
@@ -587,7 +576,7 @@ def _match_bound(strat: Any, ctx: ExclusionContext, query: Query) -> Any:
 
 
 def count_matches(
-    source: CodeSource,
+    source: Store,
     ctx: ExclusionContext,
     query: Query,
     threshold: float,
@@ -609,7 +598,7 @@ def count_matches(
     strat = build_strategy(ctx, "match", **params)
     assert isinstance(strat, Match)
     if nonnegative is None:
-        nonnegative = bool(getattr(source, "nonnegative", False))
+        nonnegative = source.nonnegative
 
     def p_of(rows: np.ndarray) -> np.ndarray:
         sub = build_strategy(sub_context(ctx, source.codes(rows)), "match", **params)
@@ -670,7 +659,7 @@ def _merge(
 
 
 def scan_rank(
-    source: CodeSource,
+    source: Store,
     ctx: ExclusionContext,
     query: Query,
     strategy: str = "hybrid",
