@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
 
 # sparsemm.index.backends.BACKENDS, written out so that building the parser does not import
 # the index (numba, scipy); tests/cli/test_cli_cold_start.py checks that they agree.
@@ -89,71 +88,38 @@ def add_backend_args(p: argparse.ArgumentParser, writing: bool = False) -> None:
 
 
 def collection_name(args: argparse.Namespace) -> str:
-    return str(args.collection_name or Path(args.collection).resolve().name)
+    from sparsemm.pipeline.index import qdrant_name
+
+    return qdrant_name(args.collection, args.collection_name)
 
 
 def run(args: argparse.Namespace) -> int:
-    from sparsemm.errors import SparsemmError
-    from sparsemm.query.indexing import build_index
+    from sparsemm.pipeline.index import index
 
-    if args.top_k is not None and args.top_k < 1:
-        raise SparsemmError(
-            f"--top-k must be a positive number of non-zeros per code, got {args.top_k}; "
-            "leave it out for the model's own k"
-        )
-    client = None
-    if args.backend == "qdrant":  # before the local index is rebuilt: fail fast
-        from sparsemm.index.qdrant import connect
-
-        client = connect(args.url, api_key=args.api_key)
-    index = build_index(
+    report = index(
         args.collection,
         args.model,
-        spine_dir=args.spine,
+        spine=args.spine,
         top_k=args.top_k,
         dense_model=args.dense_model,
+        backend=args.backend,
+        url=args.url,
+        collection_name=args.collection_name,
+        api_key=args.api_key,
+        batch_size=args.batch_size,
+        overwrite=args.overwrite,
+        filter_thresholds=args.filter_threshold,
+        shards=args.shards,
+        replicas=args.replicas,
         progress=not args.no_progress,
     )
     print(
-        f"indexed {len(index)} items ({index.nnz / max(len(index), 1):.1f} non-zeros each, "
-        f"{index.dim} dims) -> {args.collection / 'index'}"
+        f"indexed {report.items} items ({report.nonzeros_per_item:.1f} non-zeros each, "
+        f"{report.dims} dims) -> {report.index_dir}"
     )
-    if args.backend == "qdrant":
-        upload_qdrant(index, args, client=client)
+    if report.qdrant_collection is not None:
+        print(
+            f"qdrant: {report.qdrant_items} items in collection {report.qdrant_collection!r} "
+            f"({report.uploaded} uploaded now)"
+        )
     return 0
-
-
-def upload_qdrant(index: Any, args: argparse.Namespace, client: Any = None) -> None:
-    """Upload an index's items to Qdrant: create the collection (or, if it exists and
-    --overwrite is not given, resume into it)."""
-    import numpy as np
-
-    from sparsemm.errors import SparsemmError
-    from sparsemm.index.qdrant import QdrantConfig, QdrantStore, connect
-    from sparsemm.query.strategies import HardFilter
-
-    name = collection_name(args)
-    client = client if client is not None else connect(args.url, api_key=args.api_key)
-    thresholds = args.filter_threshold or [0.0, float(HardFilter.params["threshold"])]
-    cfg = QdrantConfig(
-        thresholds=tuple(thresholds), shard_number=args.shards, replication_factor=args.replicas
-    )
-    if args.overwrite or not client.collection_exists(name):
-        store = QdrantStore.create(client, name, index.dim, cfg, overwrite=True)
-    else:
-        store = QdrantStore.open(client, name)
-        if store.dim != index.dim:
-            raise SparsemmError(
-                f"Qdrant collection {name!r} holds codes of {store.dim} dims, the index "
-                f"{index.dim}; pass --overwrite to recreate it"
-            )
-        if set(store.config.thresholds) != set(cfg.thresholds):
-            raise SparsemmError(
-                f"Qdrant collection {name!r} has filter thresholds {list(store.config.thresholds)}"
-                f", not {sorted(set(cfg.thresholds))}; pass --overwrite to recreate it"
-            )
-    codes = index.codes(np.arange(len(index)))
-    added = store.upload(
-        codes, list(index.ids), batch_size=args.batch_size, progress=not args.no_progress
-    )
-    print(f"qdrant: {len(store)} items in collection {name!r} ({added} uploaded now)")

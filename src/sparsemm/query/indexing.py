@@ -111,7 +111,7 @@ def update_unit_lists(collection_dir: str | Path, progress: bool = False) -> Uni
     has calibrated detectors and it holds at least :data:`~sparsemm.query.unit_lists.MIN_ITEMS`
     items; otherwise remove lists left from before (they would no longer fit)."""
     searcher = Searcher(collection_dir)
-    det = searcher.text_context.detectors
+    det = searcher.model.detectors  # no text encoder needed to know there are none
     small = len(searcher.index) < unit_lists.MIN_ITEMS
     if det is None or getattr(det, "calibration", None) is None or small:
         remove_unit_lists(searcher.collection.root)
