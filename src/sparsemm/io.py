@@ -293,10 +293,23 @@ def load_csr(path: str | Path) -> sp.csr_matrix:
         ) from exc
 
 
+def json_line(obj: Any) -> str:
+    """``obj`` as one line of JSON, readable as UTF-8: non-ASCII text as it is, except that
+    a string holding an undecodable byte of a file name (a lone surrogate, as
+    ``os.fsdecode`` gives for ``caf\\xe9.png``) is written as an escape, which reads back
+    to the same name."""
+    text = json.dumps(obj, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(obj, ensure_ascii=True)
+    return text
+
+
 def write_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> None:
     with atomic_open(path, "w") as fh:
         for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False))
+            fh.write(json_line(row))
             fh.write("\n")
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -436,3 +438,37 @@ def test_a_damaged_index_is_named_with_its_repair_and_up_builds_it_again(
     code, text, _ = _up(photos, out, capsys)
     assert code == 0 and "the index is damaged" in text and "0 new, 0 changed" in text
     assert main(["search", str(out / "collection"), "a cat", "--no-server"]) == 0
+
+
+def test_a_file_name_that_is_not_utf8_is_indexed_and_printed_as_its_bytes(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+
+    from sparsemm.data.collection import open_collection
+    from sparsemm.io import json_line
+
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    odd = os.fsdecode(b"caf\xe9.png")  # Latin-1 bytes: a lone surrogate in Python
+    _photo(photos / odd, 0)
+    _photo(photos / "plain.png", 1)
+    code, _, err = _up(photos, out, capsys)
+    assert code == 0, err
+    col = open_collection(out / "collection")
+    assert odd in col.ids and (photos / odd).is_file()
+    # written as a JSON escape (valid UTF-8), read back to the same name
+    assert json_line({"id": odd}) == '{"id": "caf\\udce9.png"}'
+    # the printed path is the file's own bytes, as `find` prints it
+    from sparsemm.cli.main import _pass_file_name_bytes
+
+    buf = io.BytesIO()
+    stream = io.TextIOWrapper(buf, encoding="utf-8")
+    real = sys.stdout
+    try:
+        sys.stdout = stream
+        _pass_file_name_bytes()
+        print(str(photos / odd))
+        stream.flush()
+    finally:
+        sys.stdout = real
+    assert buf.getvalue().endswith(b"caf\xe9.png\n")

@@ -58,6 +58,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _pass_file_name_bytes() -> None:
+    """Print a file name that is not valid UTF-8 (``caf\\xe9.png``) with its own bytes, as
+    ``ls`` and ``find`` do, instead of failing on it (Python holds such a name with lone
+    surrogates, which a strict UTF-8 stream refuses)."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and (getattr(stream, "encoding", "") or "").lower() in (
+            "utf-8",
+            "utf8",
+        ):
+            reconfigure(errors="surrogateescape")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command line (``argv``, default ``sys.argv[1:]``); return the exit status."""
     parser = build_parser()
@@ -77,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 1
+    _pass_file_name_bytes()
     try:
         return int(args.func(args) or 0)
     except SparsemmError as exc:
