@@ -108,3 +108,53 @@ def test_a_damaged_checkpoint_is_not_resumed_from(tmp_path: Path, damaged: str) 
     (ck / "state.json").write_text("[1, 2]")
     with pytest.raises(SparsemmError, match="not a checkpoint state"):
         load_checkpoint(tmp_path, *model_and_opt())
+
+
+def _detectors(tmp_path: Path) -> Path:
+    from sparsemm.models.detectors import ConceptDetectors
+
+    rng = np.random.default_rng(0)
+    det = ConceptDetectors(
+        ["dress", "shirt", "dog"],
+        rng.normal(size=(5, 3)).astype(np.float32),
+        np.zeros(3, np.float32),
+        np.full(3, 0.1, np.float32),
+    )
+    det.save(tmp_path / "model")
+    return tmp_path / "model"
+
+
+def test_detector_terms_are_covered_by_a_checksum(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Swapping two detector names once made "dress but not t-shirt" return only shirts."""
+    from sparsemm.models.detectors import META_FILE, ConceptDetectors
+
+    folder = _detectors(tmp_path)
+    assert ConceptDetectors.load(folder).terms == ["dress", "shirt", "dog"]
+    meta_path = folder / META_FILE
+    good = meta_path.read_text()
+    meta = json.loads(good)
+    meta["terms"][0], meta["terms"][1] = meta["terms"][1], meta["terms"][0]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(SparsemmError, match="does not match its own checksum"):
+        ConceptDetectors.load(folder)
+    meta = json.loads(good)
+    meta["counts"][2] += 1
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(SparsemmError, match="does not match its own checksum"):
+        ConceptDetectors.load(folder)
+    # terms that are not words are refused even without a checksum
+    meta = json.loads(good)
+    meta.pop("meta_sha256")
+    meta["terms"][2] = 7
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(SparsemmError, match="must be a list of words"):
+        ConceptDetectors.load(folder)
+    # a file written before the checksum opens, and says it is not verified
+    meta = json.loads(good)
+    meta.pop("meta_sha256")
+    meta_path.write_text(json.dumps(meta))
+    with caplog.at_level(logging.WARNING):
+        assert ConceptDetectors.load(folder).terms == ["dress", "shirt", "dog"]
+    assert "not verified" in caplog.text

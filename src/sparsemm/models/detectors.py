@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ from sparsemm.io import atomic_open, read_json, sha256_file, write_json
 from sparsemm.text import term_tokens
 
 WEIGHTS_FILE = "detectors.safetensors"
+log = logging.getLogger(__name__)
+
 META_FILE = "detectors.json"
 FORMAT = "sparsemm.detectors"
 VERSION = 2  # 2: WordNet senses, label flags and the match calibration (1 still read)
@@ -196,19 +199,18 @@ class ConceptDetectors:
         data = save_bytes(arrays)
         with atomic_open(out / WEIGHTS_FILE, "wb") as fh:
             fh.write(data)
-        write_json(
-            out / META_FILE,
-            {
-                "format": FORMAT,
-                "version": VERSION,
-                "terms": self.terms,
-                "counts": self.counts,
-                "config": asdict(self.config),
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "model_sha256": self.model_sha256,
-                "wnids": self.wnids,
-            },
-        )
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "terms": self.terms,
+            "counts": self.counts,
+            "config": asdict(self.config),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "model_sha256": self.model_sha256,
+            "wnids": self.wnids,
+        }
+        meta["meta_sha256"] = meta_digest(meta)
+        write_json(out / META_FILE, meta)
 
     @classmethod
     def for_model(cls, model_dir: str | Path) -> ConceptDetectors:
@@ -249,6 +251,22 @@ class ConceptDetectors:
                 f"{meta_path} has version {meta.get('version')!r}; this sparsemm reads "
                 f"{', '.join(map(str, READABLE))}"
             )
+        recorded = meta.get("meta_sha256")
+        if recorded is None:
+            log.warning(
+                "%s records no checksum of its terms (written by an older sparsemm): they are "
+                "not verified; refit the detectors to add one",
+                meta_path,
+            )
+        elif recorded != meta_digest(meta):
+            raise SparsemmError(
+                f"{meta_path} does not match its own checksum (its terms, counts or settings "
+                "were edited or damaged); retrain the detectors"
+            )
+        if not isinstance(meta.get("terms"), list) or not all(
+            isinstance(t, str) and t.strip() for t in meta["terms"]
+        ):
+            raise SparsemmError(f"{meta_path}: the terms must be a list of words; retrain them")
         data = weights_path.read_bytes()
         if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
             raise SparsemmError(
@@ -302,6 +320,14 @@ def fit_logistic(features: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float
 
         opt.step(closure)
         return w.detach().numpy(), float(b.detach()[0])
+
+
+def meta_digest(meta: dict[str, Any]) -> str:
+    """SHA-256 of what ``detectors.json`` says besides its own checksum (terms, counts,
+    settings, the weights' checksum), in a canonical JSON form."""
+    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
+    text = json.dumps(body, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
 def model_weights_sha256(model_dir: str | Path) -> str | None:
