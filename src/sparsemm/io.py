@@ -230,14 +230,29 @@ def write_json(path: str | Path, obj: Any) -> None:
         fh.write("\n")
 
 
+def loads(text: str | bytes, where: str | Path) -> Any:
+    """``json.loads`` with one-line errors naming ``where``: malformed JSON, nesting too deep
+    to read (RecursionError), a number too long to convert."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise SparsemmError(f"{where}: JSON nested too deeply to read") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an over-long integer
+        raise SparsemmError(f"{where}: not valid JSON ({str(exc)[:120]})") from None
+
+
 def read_json(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():
         raise SparsemmError(f"file not found: {path}")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for binary junk
+        text = path.read_text(encoding="utf-8")
+    except ValueError as exc:  # UnicodeDecodeError for binary junk
         raise SparsemmError(f"{path} is not valid JSON ({exc}); re-create it") from exc
+    try:
+        return loads(text, path)
+    except SparsemmError as exc:
+        raise SparsemmError(f"{exc}; re-create it") from None
 
 
 # Bytes per write call when saving arrays (bounded temporary memory, no copies).
@@ -322,10 +337,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         with path.open(encoding="utf-8") as fh:
             for lineno, line in enumerate(fh, 1):
                 if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise SparsemmError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+                    rows.append(loads(line, f"{path}:{lineno}"))
     except UnicodeDecodeError as exc:
         raise SparsemmError(f"{path} is not UTF-8 text ({exc}); re-create it") from exc
     return rows

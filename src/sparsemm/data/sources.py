@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import read_text_utf8, resolve_path
+from sparsemm.io import loads, read_text_utf8, resolve_path
 
 logger = logging.getLogger(__name__)
 
@@ -107,10 +106,7 @@ def read_coco(
     ``image_root`` (the folder of the COCO image files) each item also gets ``image``.
     """
     path = _require_file(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise SparsemmError(f"{path} is not valid JSON ({exc})") from exc
+    data = loads(read_text_utf8(path, bom=True), path)
     if not isinstance(data, dict):
         raise SparsemmError(
             f"{path}: expected a JSON object {{image_id: {{file_name, split, labels, "
@@ -156,11 +152,25 @@ def _split_field(value: str, where: str, key: str) -> list[str]:
     if not value:
         return []
     if value.startswith("["):
-        try:
-            return _str_list(json.loads(value), where, key)
-        except json.JSONDecodeError as exc:
-            raise SparsemmError(f"{where}: {key!r} is not a valid JSON list ({exc})") from exc
+        return _str_list(loads(value, f"{where}: {key!r} is not a valid JSON list:"), where, key)
     return [v.strip() for v in value.split("|") if v.strip()]
+
+
+# Characters in one caption or id: a caption is a sentence or a paragraph; a 16 MB one once
+# took 2.7 GB to encode.
+MAX_TEXT_CHARS = 10_000
+
+
+def _check_text(text: str, where: str) -> None:
+    """SparsemmError for an over-long caption or id, or one holding a lone surrogate
+    (a ``\\ud800`` escape, which is no character and no text encoder reads)."""
+    if len(text) > MAX_TEXT_CHARS:
+        raise SparsemmError(
+            f"{where}: a caption or id of {len(text):,} characters; the limit is "
+            f"{MAX_TEXT_CHARS:,} (split long text into several captions)"
+        )
+    if any("\ud800" <= ch <= "\udfff" for ch in text):
+        raise SparsemmError(f"{where}: a lone surrogate escape (\\ud800-\\udfff) is no text")
 
 
 class _Merger:
@@ -198,6 +208,8 @@ class _Merger:
                 else _str_list(value, where, "captions")
             )
         captions = [c for c in (c.strip() for c in captions) if c]
+        for text in [item_id, *captions]:
+            _check_text(text, where)
 
         fields: Item = {}
         image = row.get("image")
@@ -251,13 +263,11 @@ def read_captions_jsonl(path: str | Path) -> list[Item]:
     optional ``image`` (relative to the file's folder), ``labels`` (list), ``split``."""
     path = _require_file(path)
     merger = _Merger(path)
-    for lineno, line in enumerate(read_text_utf8(path).split("\n"), 1):
+    # a byte-order mark is accepted, as in a CSV (editors on Windows write one)
+    for lineno, line in enumerate(read_text_utf8(path, bom=True).split("\n"), 1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SparsemmError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+        row = loads(line, f"{path}:{lineno}")
         if not isinstance(row, dict):
             raise SparsemmError(f"{path}:{lineno}: expected a JSON object per line")
         merger.add(row, lineno, csv_cells=False)

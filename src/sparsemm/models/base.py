@@ -38,6 +38,7 @@ import logging
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -327,15 +328,23 @@ class PretrainedMixin:
             )
         try:
             config = cls.config_class(**raw)
-            model = cls(config)  # type: ignore[call-arg]
-        except (SparsemmError, TypeError, ValueError) as exc:  # wrong types or values
+            # shapes first, on the meta device (no memory): a config that disagrees with
+            # the weights (latent_dim: 1e9) is refused before anything is allocated
+            with torch.device("meta"):
+                shell = cls(config)  # type: ignore[call-arg]
+        except (SparsemmError, TypeError, ValueError, OverflowError) as exc:  # wrong values
             raise SparsemmError(
                 f"{d}/config.json is malformed ({exc}); re-create the model"
             ) from exc
-        assert isinstance(model, torch.nn.Module)
+        assert isinstance(shell, torch.nn.Module)
         try:
             if error is not None:
                 raise error
+            with warnings.catch_warnings():  # copying into meta tensors is a no-op: fine
+                warnings.simplefilter("ignore", UserWarning)
+                shell.load_state_dict(state)  # checks names and shapes only
+            model = cls(config)
+            assert isinstance(model, torch.nn.Module)
             model.load_state_dict(state)
         except (RuntimeError, OSError, ValueError, SafetensorError) as exc:
             raise SparsemmError(
