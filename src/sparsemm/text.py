@@ -14,7 +14,7 @@ import numpy as np
 from sparsemm.errors import SparsemmError
 from sparsemm.words.bias import tokenize
 
-TERM_TEMPLATE = "a photo of a {}"  # how a label-like query term is embedded (DESIGN.md)
+TERM_TEMPLATE = "a photo of a {}"  # how a label-like query term is embedded (docs/negation.md)
 TEMPLATE_MAX_WORDS = 3  # longer terms are phrases, embedded as written (parse.MAX_TERM_WORDS)
 
 

@@ -1,6 +1,7 @@
 """VDR's offline runs: the COCO caption-proxy and the Fashion-MNIST collages.
 
-Per dataset (DESIGN.md protocol; every number below is measured by this module):
+Per dataset (caption views: docs/formats.md; the label-pair protocol: docs/negation.md;
+every number below is measured by this module):
 
 1. Image side input, frozen and cached: on the **caption-proxy** (no pixels) an item's
    "patches" are the frozen MiniLM embeddings of its 5-7 captions (a set of vectors, like a

@@ -8,7 +8,7 @@ What gets written (see :mod:`sparsemm.data.collection` for the layout):
   image and the encoder embeds images (``image_kind: "pixels"``); otherwise, when every item
   has captions, the *caption view* of each item: the L2-normalised mean of the
   L2-normalised embeddings of all its captions (``image_kind: "caption_view"``, the COCO
-  caption-proxy protocol of DESIGN.md). A table encoder keyed by id (``precomputed``) is
+  caption-proxy protocol, docs/formats.md). A table encoder keyed by id (``precomputed``) is
   given item ids (``image_kind: "precomputed"``).
 
 :func:`encode_source` adds reading and caching: the manifest stores a fingerprint of the

@@ -2,7 +2,7 @@
 
 all-MiniLM-L6-v2 (Reimers & Gurevych, "Sentence-BERT", 2019; MiniLM: Wang et al., 2020) maps
 a sentence to a 384-d mean-pooled embedding. It is text-only: in the COCO caption-proxy
-protocol an image is represented by the mean of its captions' embeddings (see DESIGN.md).
+protocol an image is represented by the mean of its captions' embeddings (docs/formats.md).
 """
 
 from __future__ import annotations

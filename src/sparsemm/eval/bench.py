@@ -1,6 +1,6 @@
 """The exclusion benchmark runner: every strategy, tuned on one split, reported on another.
 
-Protocol (DESIGN.md, "Benchmark protocol details"; SR paper Sec. 5, Tables 1-2):
+Protocol (docs/negation.md, the label-pair protocol; SR paper Sec. 5, Tables 1-2):
 
 1. Queries: :func:`~sparsemm.eval.exclusion.build_exclusion_queries` over the labels of the
    evaluation split's items (ordered label pairs "A but not B").
@@ -9,7 +9,9 @@ Protocol (DESIGN.md, "Benchmark protocol details"; SR paper Sec. 5, Tables 1-2):
    Queries are built on the tuning evaluation items; the reference part is the captioned
    reference set of the detector strategies, so a detector never sees the captions of the
    items it is scored on. Every grid point of every strategy is evaluated and the one with
-   the best mean AP@10 over all tuning queries is kept (ties: the earlier grid point).
+   the best mean AP@10 over all tuning queries among those with no more violations than
+   ``violation_reference`` is kept (ties: the earlier grid point; see
+   :func:`tune_strategies`).
 3. Test: each strategy runs with its chosen parameters on the evaluation split, with the
    whole tune split as reference set. Per query: MRR/NDCG/AP @1,3,10, violation@10,
    inclusion@10 (:func:`~sparsemm.eval.metrics.evaluate_rankings`); means for the subsets
