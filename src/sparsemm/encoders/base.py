@@ -7,7 +7,6 @@ A modality it does not support raises SparsemmError.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -116,7 +115,3 @@ def _load_builtin() -> None:
         except ModuleNotFoundError as exc:  # pragma: no cover - module not written yet
             if exc.name != f"sparsemm.encoders.{mod}":
                 raise
-
-
-def as_path(x: str | Path) -> Path:
-    return Path(x).expanduser()
