@@ -105,7 +105,7 @@ class ReferenceSet:
         return self.index.mentions(term, min_positives, head_ratio)
 
 
-def _normalize_csr(x: sp.csr_matrix) -> sp.csr_matrix:
+def normalize_csr(x: sp.csr_matrix) -> sp.csr_matrix:
     """:func:`normalize_rows` of a CSR matrix, with its indices sorted."""
     out = normalize_rows(x)
     out.sort_indices()
@@ -235,7 +235,7 @@ class ExclusionContext:
         self.require("codes")
         if self._codes_unit is None:
             assert self.items_codes is not None
-            self._codes_unit = _normalize_csr(self.items_codes)
+            self._codes_unit = normalize_csr(self.items_codes)
         return self._codes_unit
 
     @property
