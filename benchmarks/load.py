@@ -391,9 +391,6 @@ class ToyEncoder:
                     out[i, int(w[1:])] += 1.0
         return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
 
-    def encode_image(self, images: Sequence[Any], **kwargs: Any) -> np.ndarray:
-        raise NotImplementedError("text only")
-
 
 def build_toy(root: Path, n_items: int = 20_000, seed: int = 0) -> Path:
     """An indexed toy collection under ``root``; returns the collection folder."""

@@ -7,8 +7,8 @@ Two measurements, both through the code paths a user runs (``sparsemm up``'s fol
    that must come first, including exclusions and terms ImageNet has no class for;
 2. Fashion-MNIST collages (``sparsemm demo``'s data; test split): every ordered label pair
    (A, B) with at least one collage holding both, relevant = collages with A and without B
-   (DESIGN.md's protocol); AP@10, violation@10, inclusion@10 for the ``hybrid`` (default)
-   and ``filter`` strategies, and the single-label P@10.
+   (the label-pair protocol of docs/negation.md); AP@10, violation@10, inclusion@10 for the
+   ``hybrid`` (default) and ``filter`` strategies, and the single-label P@10.
 
     python benchmarks/own_photos.py -o runs/own-photos [--collages 300]
 

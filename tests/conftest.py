@@ -23,7 +23,8 @@ def _runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
-    """One intra-op torch thread: tiny tensors on a shared 2-core machine (DESIGN.md).
+    """One intra-op torch thread: the tests' tensors are tiny, so more threads only contend
+    for the cores that other test runs share.
 
     Opt in per module with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``.
     """

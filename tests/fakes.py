@@ -67,9 +67,6 @@ def term_word_encoder(
                 return out
             return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
 
-        def encode_image(self, images, batch_size=32, normalize=True, progress=False):
-            raise SparsemmError("text only")
-
     TermWordEncoder.name = name  # type: ignore[attr-defined]
     TermWordEncoder.dim = len(vocab)  # type: ignore[attr-defined]
     return register_encoder(name)(TermWordEncoder) if register else TermWordEncoder

@@ -64,7 +64,7 @@ def is_token(word: str, stop_words: frozenset[str] = STOP_WORDS) -> bool:
     return tokenize(word, stop_words) == [word]
 
 
-TERM_TEMPLATE = "a photo of a {}"  # how a label-like query term is embedded (DESIGN.md)
+TERM_TEMPLATE = "a photo of a {}"  # how a label-like query term is embedded (docs/negation.md)
 TEMPLATE_MAX_WORDS = 3  # longer terms are phrases, embedded as written (parse.MAX_TERM_WORDS)
 
 

@@ -1072,10 +1072,10 @@ def build_collage_collection(
     )
     if features_dir is not None:
         from sparsemm.io import save_npy
-        from sparsemm.train.lexlip import _collection_key
+        from sparsemm.train.lexlip import collection_key
 
         save_npy(
-            Path(features_dir) / f"spatial-{_collection_key(col, 'effnet-lite0')}.npy",
+            Path(features_dir) / f"spatial-{collection_key(col, 'effnet-lite0')}.npy",
             spatial.astype(np.float16),
         )
     return col

@@ -102,15 +102,14 @@ def _torch_threads(n: int) -> Iterator[None]:
 
 def collection_text_encoder(collection: Collection) -> TextEncoder:
     """The collection's text encoder, built as ``sparsemm bench exclusion`` builds it."""
-    from sparsemm.encoders.base import get_encoder
+    from sparsemm.encoders.base import as_text_encoder, get_encoder
 
     info = collection.manifest.get("text_encoder", collection.manifest.get("encoder", {}))
     model_id = info.get("model")
     kwargs: dict[str, Any] = {}
     if model_id and Path(str(model_id)).expanduser().is_dir():
         kwargs["model"] = model_id
-    encoder: TextEncoder = get_encoder(collection.text_encoder_name, **kwargs)
-    return encoder
+    return as_text_encoder(get_encoder(collection.text_encoder_name, **kwargs))
 
 
 def _labels_of(collection: Collection, rows: np.ndarray) -> list[list[str]]:

@@ -1,4 +1,4 @@
-"""The SR run on the COCO caption-proxy protocol (DESIGN.md), end to end.
+"""The SR run on the COCO caption-proxy protocol (docs/formats.md), end to end.
 
 encode (MiniLM caption views, cached) -> SPINE on GloVe (cached) -> SR on the ``train`` split
 (minus a validation tenth) -> inference-mask choice on validation -> report on ``test``:

@@ -1,6 +1,7 @@
 """VDR's offline runs: the COCO caption-proxy and the Fashion-MNIST collages.
 
-Per dataset (DESIGN.md protocol; every number below is measured by this module):
+Per dataset (caption views: docs/formats.md; the label-pair protocol: docs/negation.md;
+every number below is measured by this module):
 
 1. Image side input, frozen and cached: on the **caption-proxy** (no pixels) an item's
    "patches" are the frozen MiniLM embeddings of its 5-7 captions (a set of vectors, like a
@@ -73,11 +74,6 @@ from sparsemm_experiments.presets import load_preset
 
 log = logging.getLogger(__name__)
 
-DATASETS = ("proxy", "collages")
-# Exclusion strategies of the main runs: the dense baselines, the include-only reference, the
-# SR paper's multi-step method (how the SR paper ran VDR) and code arithmetic. ``filter`` and
-# ``penalty`` (84 grid points over 30k-dim codes) can be added with --methods.
-MAIN_METHODS = ("dense_a", "slq", "avg_emb", "avg_emb_0.5", "code_a", "paper", "code_arith")
 # Ablations: the violation reference, the include-only row and the multi-step method with the
 # parameters chosen for the main model (FIXED_PAPER; re-tuning per variant costs minutes).
 FIXED_PAPER = "paper_vdr_main"
@@ -103,6 +99,9 @@ class VDRRunConfig:
     ks: tuple[int, ...] = _VDR["ks"]  # the activation-count ablation
     ablate_bow: bool = _VDR["ablate_bow"]  # also train without the bag-of-words entry
     zero_shot: bool = _VDR["zero_shot"]  # also score the untrained (calibrated) initialisation
+    # Exclusion strategies of the main runs: the dense baselines, the include-only reference,
+    # the SR paper's multi-step method (how the SR paper ran VDR) and code arithmetic.
+    # ``filter`` and ``penalty`` (84 grid points over 30k-dim codes) can be added with --methods.
     methods: tuple[str, ...] = _VDR["methods"]
     max_train_pairs: int | None = None  # quick runs: first N training pairs
     limit_items: int | None = None  # quick runs: first N items per split in the benchmark

@@ -8,7 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparsemm.encoders.base import Encoder, available_encoders, get_encoder
+from sparsemm.encoders.base import (
+    ImageEncoder,
+    TextEncoder,
+    as_text_encoder,
+    available_encoders,
+    get_encoder,
+    modalities,
+)
 from sparsemm.errors import SparsemmError
 
 torch = pytest.importorskip("torch")
@@ -199,11 +206,11 @@ def test_state_dict_keys_and_shapes_match_exactly(encoder) -> None:
 @needs_weights
 def test_encoder_protocol_and_registry(encoder) -> None:
     assert "efficientnet" in available_encoders()
-    assert isinstance(encoder, Encoder)
+    assert isinstance(encoder, ImageEncoder) and not isinstance(encoder, TextEncoder)
     assert encoder.name == "efficientnet" and encoder.dim == 1280
-    assert encoder.modalities == ("image",)
-    with pytest.raises(SparsemmError, match="images only"):
-        encoder.encode_text(["a cat"])
+    assert modalities(encoder) == ("image",)
+    with pytest.raises(SparsemmError, match="efficientnet encoder embeds images only"):
+        as_text_encoder(encoder)
 
 
 @needs_weights

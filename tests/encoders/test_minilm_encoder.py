@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sparsemm.encoders.base import get_encoder
+from sparsemm.encoders.base import as_image_encoder, get_encoder, modalities
 from sparsemm.errors import SparsemmError
 
 pytest.importorskip(
@@ -47,8 +47,9 @@ def test_minilm_batching_and_empty(encoder) -> None:
 
 
 def test_minilm_is_text_only(encoder) -> None:
-    with pytest.raises(SparsemmError, match="text only"):
-        encoder.encode_image(["x.jpg"])
+    assert modalities(encoder) == ("text",) and not hasattr(encoder, "encode_image")
+    with pytest.raises(SparsemmError, match="minilm encoder embeds text only"):
+        as_image_encoder(encoder)
 
 
 def test_minilm_missing_local_folder(tmp_path) -> None:

@@ -94,6 +94,6 @@ def test_coco_test_split_reference_counts() -> None:
     labels = [item["labels"] for item in data.values() if item["split"] == "test"]
     assert len(labels) == 950
     queries = build_exclusion_queries(labels)
-    assert len(queries) == 1979  # DESIGN.md reference: 1,979 pairs, 263 hard
+    assert len(queries) == 1979  # docs/negation.md: 1,979 pairs, 263 hard
     assert int(hard_mask(queries).sum()) == 263
     assert all(len(q.relevant) > 0 and q.n_both >= 1 for q in queries)

@@ -10,7 +10,7 @@ import pytest
 from test_bench import _collection, _run_cli
 
 from sparsemm.cli.main import main
-from sparsemm.eval.bench import _captions_by_item
+from sparsemm.eval.bench import captions_by_item
 from sparsemm.eval.negation import (
     DENSE_CAPTION,
     DENSE_RAW,
@@ -117,7 +117,7 @@ def test_cli_ranking_equals_benchmark_ranking(trained, capsys) -> None:
     col = open_collection(col_dir)
     model = SRModel.from_pretrained(trained / "sr")
     codes = model.encode(col.image_embeddings(), "image")
-    captions = _captions_by_item(col)
+    captions = captions_by_item(col)
     ctx = ExclusionContext(
         col.image_embeddings(),
         codes,

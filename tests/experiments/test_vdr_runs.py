@@ -174,6 +174,7 @@ def test_cached_codes_equal_direct_encoding(bert_dir: Path) -> None:
     assert part.items(8)[[0, 2, 3, 5]].nnz == 0
 
 
+@pytest.mark.slow  # trains and benchmarks VDR end to end (CONTRIBUTING.md)
 def test_run_vdr_bench_end_to_end(bert_dir: Path, tmp_path: Path) -> None:
     torch.set_num_threads(1)
     col = tiny_collection(tmp_path / "col")

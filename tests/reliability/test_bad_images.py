@@ -59,9 +59,6 @@ class PixelEncoder:
                 out[i] = np.nan
         return l2_normalize(out) if normalize else out
 
-    def encode_text(self, texts: Sequence[str], **kw: Any) -> np.ndarray:
-        raise SparsemmError("image only")
-
 
 register_encoder("relpix")(PixelEncoder)
 

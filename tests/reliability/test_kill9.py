@@ -29,6 +29,8 @@ from sparsemm.errors import SparsemmError
 from sparsemm.index import InvertedIndex
 from sparsemm.models.sr import SRModel
 
+pytestmark = pytest.mark.slow  # writers killed mid-write, in subprocesses (CONTRIBUTING.md)
+
 
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:

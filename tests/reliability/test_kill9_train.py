@@ -20,6 +20,8 @@ from reltools import kill_after, kill_when, start, train_data
 from sparsemm.models.sr import SRModel
 from sparsemm.train.sr import SRTrainConfig, train_sr
 
+pytestmark = pytest.mark.slow  # training runs killed in subprocesses (CONTRIBUTING.md)
+
 TRAIN = SRTrainConfig(epochs=6, batch_size=64, seed=5, checkpoint_every=1)
 TRAIN_SCRIPT = """
 import time, torch

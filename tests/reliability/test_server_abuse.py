@@ -31,6 +31,8 @@ from sparsemm.web.service import ServerBusy, _nbytes
 pytest.importorskip("httpx", reason="FastAPI's TestClient needs httpx")
 from fastapi.testclient import TestClient
 
+pytestmark = pytest.mark.slow  # live servers under idle, slow and many clients (CONTRIBUTING.md)
+
 
 def _connect(port: int) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", port), timeout=10)

@@ -30,6 +30,8 @@ from sparsemm.query.request import build_query
 from sparsemm.query.searcher import Searcher
 from sparsemm.web.app import create_app
 
+pytestmark = pytest.mark.slow  # schema and property fuzzing of the API (CONTRIBUTING.md)
+
 LOCAL = {"host": "127.0.0.1"}
 
 

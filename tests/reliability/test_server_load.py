@@ -19,6 +19,8 @@ from sparsemm.web.app import create_app
 
 log = logging.getLogger(__name__)
 
+pytestmark = pytest.mark.slow  # a live server under concurrent clients (CONTRIBUTING.md)
+
 
 def test_twenty_clients_for_three_seconds_without_errors(toy_collection: Path) -> None:
     app = create_app(searcher=Searcher(toy_collection, encoder=WebKeywordEncoder()), warm=True)

@@ -8,7 +8,7 @@ What gets written (see :mod:`sparsemm.data.collection` for the layout):
   image and the encoder embeds images (``image_kind: "pixels"``); otherwise, when every item
   has captions, the *caption view* of each item: the L2-normalised mean of the
   L2-normalised embeddings of all its captions (``image_kind: "caption_view"``, the COCO
-  caption-proxy protocol of DESIGN.md). A table encoder keyed by id (``precomputed``) is
+  caption-proxy protocol, docs/formats.md). A table encoder keyed by id (``precomputed``) is
   given item ids (``image_kind: "precomputed"``).
 
 :func:`encode_source` adds reading and caching: the manifest stores a fingerprint of the
@@ -38,7 +38,15 @@ from sparsemm.data.collection import (
     write_collection,
 )
 from sparsemm.data.sources import Item, guess_format, read_items
-from sparsemm.encoders.base import Encoder, get_encoder, l2_normalize
+from sparsemm.encoders.base import (
+    Encoder,
+    ImageEncoder,
+    as_image_encoder,
+    as_text_encoder,
+    get_encoder,
+    l2_normalize,
+    modalities,
+)
 from sparsemm.errors import SparsemmError
 from sparsemm.linalg import check_embeddings
 
@@ -49,11 +57,6 @@ BAD_IMAGE_POLICIES = ("skip", "fail")
 
 class _EncoderOutputError(SparsemmError):
     """The encoder returned an array of the wrong shape: its fault, not an image's."""
-
-
-def _modalities(encoder: Encoder) -> tuple[str, ...]:
-    # Not part of the Encoder protocol: an encoder that does not say is assumed to do both.
-    return tuple(getattr(encoder, "modalities", ("text", "image")))
 
 
 def caption_views(
@@ -101,10 +104,10 @@ def encode_items(
     items = [dict(it) for it in items]
     if not items:
         raise SparsemmError("no items to encode; check the source, --split and --limit")
-    modalities = _modalities(encoder)
+    embeds = modalities(encoder)
     tenc = text_encoder or encoder
     if text_encoder is not None:
-        if "image" not in modalities or any(not it.get("image") for it in items):
+        if "image" not in embeds or any(not it.get("image") for it in items):
             raise SparsemmError(
                 f"with a separate text encoder, {encoder.name} must embed images and every "
                 "item needs an image"
@@ -115,20 +118,20 @@ def encode_items(
     skipped: list[dict[str, Any]] = []
     keys_are_ids = bool(getattr(encoder, "keys_are_ids", False))
     with_image = sum(1 for it in items if it.get("image"))
-    if "image" in modalities and keys_are_ids:
+    if "image" in embeds and keys_are_ids:
         image_kind = "precomputed"
         logger.info("looking up %d items in %s", len(items), encoder.name)
-        image_emb = encoder.encode_image(
+        image_emb = as_image_encoder(encoder).encode_image(
             [it["id"] for it in items], batch_size=batch_size, normalize=True, progress=progress
         )
         image_emb = check_embeddings(image_emb, encoder.dim, f"{encoder.name} image embeddings")
-    elif "image" in modalities and with_image == len(items):
+    elif "image" in embeds and with_image == len(items):
         # Images first: items whose image is bad are dropped before their captions are
         # embedded, so texts and items stay aligned.
         image_kind = "pixels"
         logger.info("encoding %d images with %s", len(items), encoder.name)
         image_emb, ok, skipped = encode_images_skipping(
-            encoder,
+            as_image_encoder(encoder),
             [it["image"] for it in items],
             [str(it["id"]) for it in items],
             batch_size=batch_size,
@@ -142,7 +145,7 @@ def encode_items(
 
     texts: list[dict[str, Any]] = []
     text_emb: np.ndarray | None = None
-    if "text" in _modalities(tenc):
+    if "text" in modalities(tenc):
         texts = [
             {"item": idx, "text": caption}
             for idx, item in enumerate(items)
@@ -150,7 +153,7 @@ def encode_items(
         ]
         if texts:
             logger.info("encoding %d texts of %d items with %s", len(texts), n, tenc.name)
-            text_emb = tenc.encode_text(
+            text_emb = as_text_encoder(tenc).encode_text(
                 [t["text"] for t in texts],
                 batch_size=batch_size,
                 normalize=True,
@@ -165,7 +168,7 @@ def encode_items(
                 with_image,
                 n,
                 "not all of them do"
-                if "image" in modalities
+                if "image" in embeds
                 else f"the {encoder.name} encoder embeds text only",
             )
         item_index = np.asarray([t["item"] for t in texts], dtype=np.int64)
@@ -202,7 +205,7 @@ def encode_items(
 
 
 def encode_images_skipping(
-    encoder: Encoder,
+    encoder: ImageEncoder,
     images: Sequence[Any],
     ids: Sequence[str],
     batch_size: int = 32,

@@ -1,14 +1,17 @@
-"""The encoder protocol and registry.
+"""The encoder protocols and registry.
 
-An encoder maps texts and/or images to float32 ``(n, dim)`` arrays, L2-normalised by default.
-A modality it does not support raises SparsemmError.
+An encoder maps texts and/or images to float32 ``(n, dim)`` arrays, L2-normalised by default:
+a :class:`TextEncoder` has ``encode_text``, an :class:`ImageEncoder` has ``encode_image``,
+and an encoder of both modalities (CLIP, BLIP) is both. A text-only encoder does not define
+``encode_image`` (nor an image-only one ``encode_text``); :func:`modalities` says what an
+encoder embeds, and :func:`as_text_encoder` / :func:`as_image_encoder` turn a wrong modality
+into one clear SparsemmError.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
 
 import numpy as np
 
@@ -20,7 +23,9 @@ ImageInput = Any  # PIL.Image.Image | str | Path
 
 
 @runtime_checkable
-class Encoder(Protocol):
+class TextEncoder(Protocol):
+    """Embeds texts."""
+
     name: str
     dim: int
 
@@ -32,6 +37,14 @@ class Encoder(Protocol):
         progress: bool = False,
     ) -> np.ndarray: ...
 
+
+@runtime_checkable
+class ImageEncoder(Protocol):
+    """Embeds images (PIL images or paths)."""
+
+    name: str
+    dim: int
+
     def encode_image(
         self,
         images: Sequence[ImageInput],
@@ -39,6 +52,52 @@ class Encoder(Protocol):
         normalize: bool = True,
         progress: bool = False,
     ) -> np.ndarray: ...
+
+
+# Any registered encoder: one modality or both.
+Encoder: TypeAlias = TextEncoder | ImageEncoder
+
+MODALITIES = ("text", "image")
+# What to use instead, when an encoder lacks the modality a caller needs.
+_OTHER = {
+    "text": "use a text encoder (--encoder minilm, clip or blip, or --text-encoder minilm)",
+    "image": "use an image encoder (--encoder clip, blip or efficientnet)",
+}
+
+
+def modalities(encoder: Any) -> tuple[str, ...]:
+    """What ``encoder`` embeds, a subset of ``("text", "image")``: its ``modalities``
+    attribute when it has one (an encoder that knows only once built, e.g. a table of
+    precomputed rows, or a wrapper that serves one side), else the ``encode_text`` /
+    ``encode_image`` methods it defines."""
+    declared = getattr(encoder, "modalities", None)
+    if declared is not None:
+        return tuple(declared)
+    return tuple(m for m in MODALITIES if callable(getattr(encoder, f"encode_{m}", None)))
+
+
+def _require(encoder: Any, modality: str, hint: str | None) -> None:
+    if modality in modalities(encoder):
+        return
+    has = " and ".join("images" if m == "image" else m for m in modalities(encoder)) or "nothing"
+    name = getattr(encoder, "name", type(encoder).__name__)
+    raise SparsemmError(
+        f"the {name} encoder embeds {has} only, not {modality}s; {hint or _OTHER[modality]}"
+    )
+
+
+def as_text_encoder(encoder: Any, hint: str | None = None) -> TextEncoder:
+    """``encoder`` when it embeds texts; otherwise SparsemmError saying what it embeds and
+    what to do (``hint``, else which encoders to use)."""
+    _require(encoder, "text", hint)
+    return cast(TextEncoder, encoder)
+
+
+def as_image_encoder(encoder: Any, hint: str | None = None) -> ImageEncoder:
+    """``encoder`` when it embeds images; otherwise SparsemmError saying what it embeds and
+    what to do (``hint``, else which encoders to use)."""
+    _require(encoder, "image", hint)
+    return cast(ImageEncoder, encoder)
 
 
 _REGISTRY: dict[str, Callable[..., Encoder]] = {}
@@ -75,13 +134,13 @@ class CachedTextEncoder:
     ) -> np.ndarray:
         texts = list(texts)
         if not normalize:
-            return self.base.encode_text(texts, batch_size, normalize=False, progress=progress)
+            base = as_text_encoder(self.base)
+            return base.encode_text(texts, batch_size, normalize=False, progress=progress)
         found = {t: self.cache.get(t) for t in dict.fromkeys(texts)}
         missing = [t for t, e in found.items() if e is None]
         if missing:
-            emb = np.asarray(
-                self.base.encode_text(missing, batch_size, progress=progress), dtype=np.float32
-            )
+            base = as_text_encoder(self.base)
+            emb = np.asarray(base.encode_text(missing, batch_size, progress=progress), np.float32)
             for t, e in zip(missing, emb, strict=True):
                 self.cache[t] = found[t] = e
         if not texts:
@@ -116,7 +175,3 @@ def _load_builtin() -> None:
         except ModuleNotFoundError as exc:  # pragma: no cover - module not written yet
             if exc.name != f"sparsemm.encoders.{mod}":
                 raise
-
-
-def as_path(x: str | Path) -> Path:
-    return Path(x).expanduser()

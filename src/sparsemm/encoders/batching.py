@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from sparsemm.encoders.base import as_text_encoder
+
 MAX_BATCH = 32  # texts per forward pass: past ~16 short texts the cost per text is flat
 
 
@@ -64,9 +66,10 @@ class BatchingTextEncoder:
         progress: bool = False,
     ) -> np.ndarray:
         texts = list(texts)
+        base = as_text_encoder(self.base)  # a wrong modality fails here, not in the worker
         if not normalize or progress or not texts or len(texts) > self.max_batch:
             return np.asarray(
-                self.base.encode_text(
+                base.encode_text(
                     texts, batch_size=batch_size, normalize=normalize, progress=progress
                 )
             )

@@ -58,12 +58,11 @@ class EfficientNetEncoder:
 
     ``weights`` (alias ``model``, the CLI's ``--model``) is a state-dict file; ``None`` uses
     the packaged ImageNet weights. ``image_size`` / ``crop_fraction`` set the preprocessing
-    (see :func:`~sparsemm.encoders.efficientnet_lite.preprocess`). Image only:
-    :meth:`encode_text` raises SparsemmError.
+    (see :func:`~sparsemm.encoders.efficientnet_lite.preprocess`). Image only: no
+    ``encode_text``.
     """
 
     name = "efficientnet"
-    modalities: tuple[str, ...] = ("image",)
 
     def __init__(
         self,
@@ -224,16 +223,3 @@ class EfficientNetEncoder:
             top = np.argsort(-row, kind="stable")[:k]
             results.append([(names[i], float(row[i])) for i in top])
         return results
-
-    def encode_text(
-        self,
-        texts: Sequence[str],
-        batch_size: int = 64,
-        normalize: bool = True,
-        progress: bool = False,
-    ) -> np.ndarray:
-        """Not supported: EfficientNet embeds images only."""
-        raise SparsemmError(
-            "the efficientnet encoder embeds images only; use --encoder minilm for text, or "
-            "clip/blip for a shared text-image space"
-        )

@@ -141,7 +141,6 @@ class _HFDualEncoder:
     name: str = ""
     default_model: ClassVar[str] = ""
     extra: ClassVar[str] = ""
-    modalities: tuple[str, ...] = ("text", "image")
 
     def __init__(
         self,

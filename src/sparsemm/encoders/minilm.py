@@ -2,7 +2,7 @@
 
 all-MiniLM-L6-v2 (Reimers & Gurevych, "Sentence-BERT", 2019; MiniLM: Wang et al., 2020) maps
 a sentence to a 384-d mean-pooled embedding. It is text-only: in the COCO caption-proxy
-protocol an image is represented by the mean of its captions' embeddings (see DESIGN.md).
+protocol an image is represented by the mean of its captions' embeddings (docs/formats.md).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from sparsemm.encoders.base import ImageInput, l2_normalize, register_encoder
+from sparsemm.encoders.base import l2_normalize, register_encoder
 from sparsemm.encoders.bert_lite import BertLite, lite_supported
 from sparsemm.errors import SparsemmError, require_extra
 
@@ -85,8 +85,7 @@ class MiniLMEncoder:
     switched off (``HF_HUB_OFFLINE=1``), so no network access is attempted.
     """
 
-    name = "minilm"
-    modalities: tuple[str, ...] = ("text",)
+    name = "minilm"  # text only: no encode_image
 
     def __init__(self, model: str | Path | None = None, device: str | None = None) -> None:
         # The packaged model's own names (as recorded in collection manifests) mean the
@@ -202,16 +201,3 @@ class MiniLMEncoder:
         )
         emb = np.asarray(emb, dtype=np.float32)
         return l2_normalize(emb) if normalize else emb
-
-    def encode_image(
-        self,
-        images: Sequence[ImageInput],
-        batch_size: int = 32,
-        normalize: bool = True,
-        progress: bool = False,
-    ) -> np.ndarray:
-        """Not supported: MiniLM is a text encoder."""
-        raise SparsemmError(
-            "the minilm encoder embeds text only; use --encoder clip or blip for images, or "
-            "caption views (mean of caption embeddings) for captioned items"
-        )

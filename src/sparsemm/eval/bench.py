@@ -1,6 +1,6 @@
 """The exclusion benchmark runner: every strategy, tuned on one split, reported on another.
 
-Protocol (DESIGN.md, "Benchmark protocol details"; SR paper Sec. 5, Tables 1-2):
+Protocol (docs/negation.md, the label-pair protocol; SR paper Sec. 5, Tables 1-2):
 
 1. Queries: :func:`~sparsemm.eval.exclusion.build_exclusion_queries` over the labels of the
    evaluation split's items (ordered label pairs "A but not B").
@@ -9,7 +9,9 @@ Protocol (DESIGN.md, "Benchmark protocol details"; SR paper Sec. 5, Tables 1-2):
    Queries are built on the tuning evaluation items; the reference part is the captioned
    reference set of the detector strategies, so a detector never sees the captions of the
    items it is scored on. Every grid point of every strategy is evaluated and the one with
-   the best mean AP@10 over all tuning queries is kept (ties: the earlier grid point).
+   the best mean AP@10 over all tuning queries among those with no more violations than
+   ``violation_reference`` is kept (ties: the earlier grid point; see
+   :func:`tune_strategies`).
 3. Test: each strategy runs with its chosen parameters on the evaluation split, with the
    whole tune split as reference set. Per query: MRR/NDCG/AP @1,3,10, violation@10,
    inclusion@10 (:func:`~sparsemm.eval.metrics.evaluate_rankings`); means for the subsets
@@ -115,20 +117,23 @@ class ItemSet:
     captions: list[list[str]]
 
 
-def _captions_by_item(collection: Collection) -> list[list[str]]:
+def captions_by_item(collection: Collection) -> list[list[str]]:
+    """Each collection item's captions, in item order."""
     out: list[list[str]] = [[] for _ in collection.items]
     for t in collection.texts:
         out[int(t["item"])].append(str(t["text"]))
     return out
 
 
-def _item_set(
+def item_set(
     collection: Collection,
     rows: np.ndarray,
     item_coder: ItemCoder | sp.csr_matrix | None,
     captions: list[list[str]],
     dense_all: np.ndarray,
 ) -> ItemSet:
+    """The collection ``rows`` as an :class:`ItemSet`: their dense rows, their codes
+    (``item_coder`` applied to them, or rows of precomputed codes), labels and captions."""
     dense = np.ascontiguousarray(dense_all[rows])
     if isinstance(item_coder, sp.spmatrix):  # precomputed codes of every collection item
         codes: sp.csr_matrix | None = sp.csr_matrix(item_coder[rows])
@@ -457,7 +462,7 @@ def run_exclusion_bench(
     if not methods:
         raise SparsemmError("no strategy left to run; pass a sparse model (--sr) or dense methods")
 
-    captions = _captions_by_item(collection)
+    captions = captions_by_item(collection)
     dense_all = collection.image_embeddings() if dense_items is None else dense_items
     if dense_all.shape[0] != len(collection.items):
         raise SparsemmError(
@@ -468,7 +473,7 @@ def run_exclusion_bench(
         rows = np.flatnonzero(collection.split_mask(split))
         return rows[: cfg.limit_items] if cfg.limit_items else rows
 
-    eval_set = _item_set(collection, rows_of(cfg.split), coder, captions, dense_all)
+    eval_set = item_set(collection, rows_of(cfg.split), coder, captions, dense_all)
     queries = build_exclusion_queries(eval_set.labels)
     if not queries:
         raise SparsemmError(
@@ -486,8 +491,8 @@ def run_exclusion_bench(
     if cfg.tune_split is not None:
         tune_rows = rows_of(cfg.tune_split)
         eval_rows, ref_rows = split_tune_rows(tune_rows, cfg.tune_fraction, cfg.seed)
-        tune_eval = _item_set(collection, eval_rows, coder, captions, dense_all)
-        tune_ref = _item_set(collection, ref_rows, coder, captions, dense_all)
+        tune_eval = item_set(collection, eval_rows, coder, captions, dense_all)
+        tune_ref = item_set(collection, ref_rows, coder, captions, dense_all)
         tune_queries = build_exclusion_queries(tune_eval.labels)
         n_tune_queries, n_tune_items = len(tune_queries), len(tune_eval.rows)
         if tune_queries:
@@ -508,7 +513,7 @@ def run_exclusion_bench(
             )
         else:
             logger.warning("no queries on the tuning items; using default parameters")
-        full_ref = _item_set(collection, np.sort(tune_rows), coder, captions, dense_all)
+        full_ref = item_set(collection, np.sort(tune_rows), coder, captions, dense_all)
         reference = ReferenceSet(
             full_ref.captions, full_ref.dense, full_ref.codes, ref_labels(full_ref)
         )

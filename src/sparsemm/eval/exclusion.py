@@ -1,6 +1,6 @@
 """The exclusion benchmark: query builder from item labels, significance tests, reports.
 
-Builder (DESIGN.md, "Benchmark protocol details"): queries are ordered label pairs (A, B),
+Builder (the label-pair protocol, docs/negation.md): queries are ordered label pairs (A, B),
 A != B, kept when at least one evaluation item carries both; the relevant set is the
 evaluation items labelled A and not B; a query with no relevant item is dropped. A query
 is "hard" when |items with A and B| / |items with A| >= 0.25 on the evaluation items. On the

@@ -1,6 +1,6 @@
 """Ranking metrics at a cut-off k: pure functions over one ranking, plus a batch version.
 
-Notation (DESIGN.md, "Benchmark protocol details"): the ranking r_1, r_2, ... lists item ids
+Notation (the label-pair protocol, docs/negation.md): the ranking r_1, r_2, ... lists item ids
 best first; rel_i = 1 if r_i is in the relevant set R else 0; only the first k positions
 count. A ranking shorter than k is scored as if the missing positions held non-relevant
 items, except violation@k / inclusion@k, which are shares of the items actually returned

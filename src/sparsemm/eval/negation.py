@@ -45,7 +45,7 @@ from sparsemm.eval.metrics import evaluate_rankings
 from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.detectors import ConceptDetectors
-from sparsemm.query.parse import Query, _strip_filler_words, parse_query
+from sparsemm.query.parse import Query, parse_query, strip_filler_words
 from sparsemm.query.rank import DEFAULT_STRATEGY, rank_query
 from sparsemm.query.strategies import (
     STRATEGIES,
@@ -230,7 +230,7 @@ def _fill(family: Family, caption: str, objects: Sequence[str]) -> tuple[str, Qu
         "people": "people",
     }
     include_words = re.sub(r"[^\w\s'-]", " ", cap.lower()).split()
-    include = " ".join(_strip_filler_words(include_words))
+    include = " ".join(strip_filler_words(include_words))
     truth = Query((include,) if include else (), tuple(forms[e] for e in family.excluded))
     return text, truth
 
@@ -508,7 +508,7 @@ def run_negation_bench(
     """Run the sentence negation benchmark and write ``out_dir`` (config.json, metrics.json,
     per_query.npz, report.md, plots, queries.jsonl). ``detectors``: the sparse model's own
     (see :func:`sparsemm.eval.bench.run_exclusion_bench`). Returns the metrics.json content."""
-    from sparsemm.eval.bench import _captions_by_item, _item_set, split_tune_rows
+    from sparsemm.eval.bench import captions_by_item, item_set, split_tune_rows
 
     cfg = config or NegationConfig()
     t_start = time.perf_counter()
@@ -519,14 +519,14 @@ def run_negation_bench(
         methods = [m for m in methods if get_spec(m).kind != "sparse"]
     if detectors is None:  # the match scorer reads the model's detectors
         methods = [m for m in methods if not getattr(get_spec(m).cls, "needs_concepts", False)]
-    captions = _captions_by_item(collection)
+    captions = captions_by_item(collection)
     dense_all = collection.image_embeddings() if dense_items is None else dense_items
 
     def rows_of(split: str) -> np.ndarray:
         rows = np.flatnonzero(collection.split_mask(split))
         return rows[: cfg.limit_items] if cfg.limit_items else rows
 
-    ev = _item_set(collection, rows_of(cfg.split), item_coder, captions, dense_all)
+    ev = item_set(collection, rows_of(cfg.split), item_coder, captions, dense_all)
     queries = build_negation_queries(ev.captions, ev.labels, per_item=cfg.per_item, seed=cfg.seed)
     if not queries:
         raise SparsemmError(
@@ -536,7 +536,7 @@ def run_negation_bench(
     tuning: dict[str, Any] = {}
     if cfg.tune_split is not None:
         tune_rows = rows_of(cfg.tune_split)
-        ref_set = _item_set(collection, tune_rows, item_coder, captions, dense_all)
+        ref_set = item_set(collection, tune_rows, item_coder, captions, dense_all)
         reference = ReferenceSet(
             ref_set.captions,
             ref_set.dense,
@@ -545,8 +545,8 @@ def run_negation_bench(
         )
         if cfg.tune and item_coder is not None:
             ev_rows, ref_rows = split_tune_rows(tune_rows, cfg.tune_fraction, cfg.seed)
-            t_ev = _item_set(collection, ev_rows, item_coder, captions, dense_all)
-            t_ref = _item_set(collection, ref_rows, item_coder, captions, dense_all)
+            t_ev = item_set(collection, ev_rows, item_coder, captions, dense_all)
+            t_ref = item_set(collection, ref_rows, item_coder, captions, dense_all)
             tune_fams = tuple(f for f in FAMILIES if f.group == "tune")
             t_queries = build_negation_queries(
                 t_ev.captions, t_ev.labels, tune_fams, per_item=cfg.per_item, seed=cfg.seed + 1

@@ -114,6 +114,9 @@ import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
 from sparsemm.index.kernels import (
+    QueryArrays,
+    SegmentArrays,
+    Workspace,
     clean_query,
     copy_runs,
     heap_sort,
@@ -836,8 +839,10 @@ class InvertedIndex(Store):
         if k > 0:
             segs = self._segments  # one snapshot: an add() may swap in new segments
             acc, flags, touched = self._workspace(segs)
+            work = Workspace(acc=acc, flags=flags, touched=touched, hs=hs, hr=hr)
             use_mask = mask is not None
             m = mask if mask is not None else _NO_MASK
+            prune = self.pruning and k <= PRUNE_MAX_K and not quantized and rescore
             for s in segs:
                 dmax, dmin = s.dim_bounds()
                 seg_err, ethr_e, recheck = 0.0, _NO_ETHR, False
@@ -858,39 +863,34 @@ class InvertedIndex(Store):
                     slot, dense = s.dense_lists()
                     if plan.ban_dims.size:
                         ethr_e = np.full(plan.ban_dims.size, plan.threshold, np.float64)
-                size = score_blocks(
-                    s.post_blocks,
-                    s.block_size,
-                    s.post_rows,
-                    vals,
-                    s.start,
-                    s.count,
-                    dims,
-                    sw,
-                    plan.ban_dims,
-                    plan.threshold,
-                    ethr_e,
-                    m,
-                    use_mask,
-                    acc,
-                    flags,
-                    touched,
-                    hs,
-                    hr,
-                    size,
-                    slot,
-                    dense,
-                    self.pruning and k <= PRUNE_MAX_K and not quantized and rescore,
-                    dmax,
-                    dmin,
-                    s.fills,
-                    s.row_indptr,
-                    s.row_dims,
-                    s.row_vals,
-                    w,
-                    seg_err,
-                    recheck,
+                seg = SegmentArrays(
+                    rows=s.post_rows,
+                    vals=vals,
+                    offset=s.start,
+                    n_rows=s.count,
+                    slot=slot,
+                    dense=dense,
+                    dmax=dmax,
+                    dmin=dmin,
+                    fills=s.fills,
+                    row_indptr=s.row_indptr,
+                    row_dims=s.row_dims,
+                    row_vals=s.row_vals,
                 )
+                q = QueryArrays(
+                    qdims=dims,
+                    qw=sw,
+                    rw=w,
+                    err=seg_err,
+                    edims=plan.ban_dims,
+                    ethr=plan.threshold,
+                    ethr_e=ethr_e,
+                    recheck=recheck,
+                    mask=m,
+                    use_mask=use_mask,
+                    prune=prune,
+                )
+                size = score_blocks(s.post_blocks, s.block_size, seg, q, work, size)
         heap_sort(hs, hr, size)
         return hr[:size], hs[:size], err
 
@@ -984,44 +984,40 @@ class InvertedIndex(Store):
         size = 0
         segs = self._segments  # one snapshot: an add() may swap in new segments
         acc, flags, touched = self._workspace(segs)
+        work = Workspace(acc=acc, flags=flags, touched=touched, hs=hs, hr=hr)
         m = mask if mask is not None else _NO_MASK
         no_slot = np.full(self._dim, -1, np.int32)
         ethr_e = np.full(plan.ban_dims.size, plan.threshold, np.float64)
+        q = QueryArrays(
+            qdims=dims,
+            qw=w,
+            rw=w,
+            err=0.0,
+            edims=plan.ban_dims,
+            ethr=plan.threshold,
+            ethr_e=ethr_e,
+            recheck=False,
+            mask=m,
+            use_mask=mask is not None,
+            prune=False,
+        )
         for s in segs:
             t_blocks, t_rows, t_vals = s.approx_lists(keep)
-            size = score_blocks(
-                t_blocks,
-                max(s.count, 1),
-                t_rows,
-                t_vals,
-                s.start,
-                s.count,
-                dims,
-                w,
-                plan.ban_dims,
-                plan.threshold,
-                ethr_e,
-                m,
-                mask is not None,
-                acc,
-                flags,
-                touched,
-                hs,
-                hr,
-                size,
-                no_slot,
-                _NO_DENSE,
-                False,
-                _EMPTY_F32,
-                _EMPTY_F32,
-                _NO_FILLS,
-                s.row_indptr,
-                s.row_dims,
-                s.row_vals,
-                w,
-                0.0,
-                False,
+            seg = SegmentArrays(
+                rows=t_rows,
+                vals=t_vals,
+                offset=s.start,
+                n_rows=s.count,
+                slot=no_slot,
+                dense=_NO_DENSE,
+                dmax=_EMPTY_F32,
+                dmin=_EMPTY_F32,
+                fills=_NO_FILLS,
+                row_indptr=s.row_indptr,
+                row_dims=s.row_dims,
+                row_vals=s.row_vals,
             )
+            size = score_blocks(t_blocks, max(s.count, 1), seg, q, work, size)
         cand = hr[:size]
         scores, ok = self._rescore(cand, dims, w, plan, segs)
         cand, scores = cand[ok], scores[ok]

@@ -8,7 +8,7 @@ Pure functions over arrays, compiled once and cached on disk (``cache=True``);
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numba import njit, uint64
@@ -21,6 +21,50 @@ SPARSE_RATIO = 4
 # minus that sum) are rescored one by one from the row store, so a looser cut costs more
 # rescoring than the skipped postings save.
 PRUNE_SHARE = 0.1
+
+
+class SegmentArrays(NamedTuple):
+    """One segment's arrays as :func:`score_blocks` reads them (index rows
+    [offset, offset + n_rows)); built by :mod:`sparsemm.index.inverted` per scan."""
+
+    rows: np.ndarray  # posting rows (nnz,), local to their row block (maybe gap-coded)
+    vals: np.ndarray  # posting values (nnz,): exact, or one-byte impacts
+    offset: int  # the segment's first index row
+    n_rows: int  # its rows
+    slot: np.ndarray  # (dim,) row of a long list in ``dense``, -1: none
+    dense: np.ndarray  # (n_long, n_rows) the long lists as dense value rows
+    dmax: np.ndarray  # (dim,) largest posting value per dim (max-score bounds)
+    dmin: np.ndarray  # (dim,) smallest posting value per dim
+    fills: np.ndarray  # (dim,) the list holds filler postings
+    row_indptr: np.ndarray  # the row store (CSR by row), for exact rescoring
+    row_dims: np.ndarray
+    row_vals: np.ndarray
+
+
+class QueryArrays(NamedTuple):
+    """A query as :func:`score_blocks` scores it on one segment (see :func:`score_segment`)."""
+
+    qdims: np.ndarray  # query dims
+    qw: np.ndarray  # their weights as the stored values read them
+    rw: np.ndarray  # the exact weights (rescoring from the row store)
+    err: float  # bound on a row's accumulated score error (0: exact values)
+    edims: np.ndarray  # filter-excluded dims
+    ethr: float  # filter threshold on exact values
+    ethr_e: np.ndarray  # per excluded dim, the stored-value threshold of a certain ban
+    recheck: bool  # check candidates against the excluded dims in the row store
+    mask: np.ndarray  # (n,) allowed index rows, read when use_mask
+    use_mask: bool
+    prune: bool  # max-score pruning
+
+
+class Workspace(NamedTuple):
+    """Per-scan scratch arrays and the top-k heap (see :func:`score_segment`)."""
+
+    acc: np.ndarray  # (B,) f32 accumulator, zero on entry and exit
+    flags: np.ndarray  # (B,) u8 touched / banned bits, zero on entry and exit
+    touched: np.ndarray  # (B,) rows touched in a sparse block
+    hs: np.ndarray  # (k,) heap scores
+    hr: np.ndarray  # (k,) heap rows
 
 
 @njit(cache=True, nogil=True)
@@ -651,43 +695,21 @@ def cut_below(c64: float) -> Any:  # pragma: no cover - numba
 def score_segment(
     lo_ptr: np.ndarray,
     hi_ptr: np.ndarray,
-    rows: np.ndarray,
-    vals: np.ndarray,
-    offset: int,
+    start: int,
     count: int,
-    qdims: np.ndarray,
-    qw: np.ndarray,
-    edims: np.ndarray,
-    ethr: float,
-    ethr_e: np.ndarray,
-    mask: np.ndarray,
-    use_mask: bool,
-    acc: np.ndarray,
-    flags: np.ndarray,
-    touched: np.ndarray,
-    hs: np.ndarray,
-    hr: np.ndarray,
+    seg: SegmentArrays,
+    q: QueryArrays,
+    work: Workspace,
     size: int,
-    slot: np.ndarray,
-    dense: np.ndarray,
-    prune: bool,
-    dmax: np.ndarray,
-    dmin: np.ndarray,
-    fills: np.ndarray,
-    row_indptr: np.ndarray,
-    row_dims: np.ndarray,
-    row_vals: np.ndarray,
-    rw: np.ndarray,
-    err: float,
-    recheck: bool,
 ) -> int:  # pragma: no cover - numba
-    """Score one segment's rows into the running top-k heap (hs, hr, size); return size.
+    """Score rows [start, start + count) of segment ``seg`` into the running top-k heap
+    (work.hs, work.hr, size); return size.
 
-    Rows [offset, offset + count) of the index: posting list d is [lo_ptr[d], hi_ptr[d]) of
-    rows/vals (nnz,), rows counted from ``offset`` (``score_blocks`` passes one row block of
-    a segment at a time); slot (dim,) / dense (:, count): the long lists as dense value rows
-    (``build_dense``), added in place of their postings (a row absent from the list adds
-    w * 0 = 0, so scores are the same).
+    Those are rows [offset, offset + count) of the index, offset = seg.offset + start:
+    posting list d is [lo_ptr[d], hi_ptr[d]) of rows/vals (nnz,), rows counted from
+    ``offset`` (``score_blocks`` passes one row block of a segment at a time); slot (dim,) /
+    dense (:, count): the long lists as dense value rows (``build_dense``), added in place
+    of their postings (a row absent from the list adds w * 0 = 0, so scores are the same).
     qdims/qw: query dims and weights (penalty terms folded in as negative weights). edims:
     filter-excluded dims.
     acc (B,) f32 and flags (B,) u8 (bit 1 touched, bit 2 banned) are zero on entry and exit.
@@ -717,6 +739,14 @@ def score_segment(
     ``recheck`` a candidate is also checked exactly against the excluded dims in the row
     store, for the postings that threshold could not decide.
     """
+    rows, vals, offset = seg.rows, seg.vals, seg.offset + start
+    slot, dense = seg.slot, seg.dense[:, start : start + count]
+    dmax, dmin, fills = seg.dmax, seg.dmin, seg.fills
+    row_indptr, row_dims, row_vals = seg.row_indptr[start:], seg.row_dims, seg.row_vals
+    qdims, qw, rw, err = q.qdims, q.qw, q.rw, q.err
+    edims, ethr, ethr_e, recheck = q.edims, q.ethr, q.ethr_e, q.recheck
+    mask, use_mask, prune = q.mask, q.use_mask, q.prune
+    acc, flags, touched, hs, hr = work.acc, work.flags, work.touched, work.hs, work.hr
     blk = acc.shape[0]
     k = hs.shape[0]
     nq = qdims.shape[0]
@@ -952,83 +982,44 @@ def score_segment(
     return size
 
 
-@njit(cache=True, nogil=True)
 def score_blocks(
     blocks: np.ndarray,
     bsize: int,
-    rows: np.ndarray,
-    vals: np.ndarray,
-    offset: int,
-    count: int,
-    qdims: np.ndarray,
-    qw: np.ndarray,
-    edims: np.ndarray,
-    ethr: float,
-    ethr_e: np.ndarray,
-    mask: np.ndarray,
-    use_mask: bool,
-    acc: np.ndarray,
-    flags: np.ndarray,
-    touched: np.ndarray,
-    hs: np.ndarray,
-    hr: np.ndarray,
+    seg: SegmentArrays,
+    q: QueryArrays,
+    work: Workspace,
     size: int,
-    slot: np.ndarray,
-    dense: np.ndarray,
-    prune: bool,
-    dmax: np.ndarray,
-    dmin: np.ndarray,
-    fills: np.ndarray,
-    row_indptr: np.ndarray,
-    row_dims: np.ndarray,
-    row_vals: np.ndarray,
-    rw: np.ndarray,
-    err: float,
-    recheck: bool,
-) -> int:  # pragma: no cover - numba
-    """Score a segment of ``count`` rows at ``offset`` into the heap, one row block at a
-    time (``blocks`` (dim, nb + 1), rows local to blocks of ``bsize``; see ``build_dense``):
-    ``score_segment`` on each block's slices, in row order, so results are those of one scan.
+) -> int:
+    """Score segment ``seg`` (``seg.n_rows`` rows at ``seg.offset``) into the heap, one row
+    block at a time (``blocks`` (dim, nb + 1), rows local to blocks of ``bsize``; see
+    ``build_dense``): ``score_segment`` on each block's slices, in row order, so results are
+    those of one scan; returns the heap's new size.
+
+    The three groups enter numba as plain tuples and are named again inside: numba's
+    dispatcher types a plain tuple as fast as separate arguments, a named one several
+    microseconds slower per call (a search over 100k items takes a few hundred).
     """
+    return score_blocks_tuples(blocks, bsize, tuple(seg), tuple(q), tuple(work), size)
+
+
+@njit(cache=True, nogil=True)
+def score_blocks_tuples(
+    blocks: np.ndarray,
+    bsize: int,
+    seg_t: tuple[Any, ...],
+    q_t: tuple[Any, ...],
+    work_t: tuple[Any, ...],
+    size: int,
+) -> int:  # pragma: no cover - numba
+    """:func:`score_blocks` on the groups' plain tuples."""
+    seg, q, work = SegmentArrays(*seg_t), QueryArrays(*q_t), Workspace(*work_t)
     nb = blocks.shape[1] - 1
     for b in range(nb):
         b0 = b * bsize
-        n = min(bsize, count - b0)
+        n = min(bsize, seg.n_rows - b0)
         if n <= 0:
             break
-        size = score_segment(
-            blocks[:, b],
-            blocks[:, b + 1],
-            rows,
-            vals,
-            offset + b0,
-            n,
-            qdims,
-            qw,
-            edims,
-            ethr,
-            ethr_e,
-            mask,
-            use_mask,
-            acc,
-            flags,
-            touched,
-            hs,
-            hr,
-            size,
-            slot,
-            dense[:, b0 : b0 + n],
-            prune,
-            dmax,
-            dmin,
-            fills,
-            row_indptr[b0:],
-            row_dims,
-            row_vals,
-            rw,
-            err,
-            recheck,
-        )
+        size = score_segment(blocks[:, b], blocks[:, b + 1], b0, n, seg, q, work, size)
     return size
 
 

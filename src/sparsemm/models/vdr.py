@@ -69,12 +69,6 @@ BERT_FIELDS = (
     "pad_token_id",
     "initializer_range",
 )
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "vocab.txt",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-)
 _UNUSED_RE = re.compile(r"^\[unused\d+\]$")
 _ALNUM_RE = re.compile(r"[a-z0-9]")
 

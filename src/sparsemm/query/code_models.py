@@ -26,11 +26,18 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.data.collection import Collection
+from sparsemm.encoders.base import as_image_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.io import read_json
 from sparsemm.models.detectors import ConceptDetectors, has_detectors
 from sparsemm.query.strategies import QueryCoder, sr_query_coder
 from sparsemm.text import term_text
+
+# What a query image on a collection without an image encoder (caption views) can do instead.
+QUERY_IMAGE_HINT = (
+    "a query image needs a collection embedded from its images; search like an item of the "
+    "collection instead (its id)"
+)
 
 
 class CodeModel(Protocol):
@@ -104,7 +111,8 @@ class SRCodeModel:
     def encode_query_images(self, images: Sequence[Any], image_encoder: Any) -> sp.csr_matrix:
         """Codes of query images, as :meth:`encode_items` codes an item: the collection's
         image encoder's unit embedding, then the SR image side."""
-        return self.encode_embeddings(np.asarray(image_encoder.encode_image(images), np.float32))
+        encoder = as_image_encoder(image_encoder, QUERY_IMAGE_HINT)
+        return self.encode_embeddings(np.asarray(encoder.encode_image(images), np.float32))
 
     def query_coder(self, text_encoder: Any = None) -> QueryCoder:
         return sr_query_coder(self.model, top_k=self.top_k, text_encoder=text_encoder)
@@ -218,6 +226,7 @@ class ConceptCodeModel:
         """Codes of query images, as the collection's items are coded: their evidence
         (version 2), or the backbone's un-normalised pooled features through the classifier
         head (version 1)."""
+        image_encoder = as_image_encoder(image_encoder, QUERY_IMAGE_HINT)
         if self.version >= 2:
             from sparsemm.models.concepts import EvidenceReader
 
@@ -288,7 +297,8 @@ class ClipCodeModel:
         return self.model.encode_images(collection.image_embeddings())
 
     def encode_query_images(self, images: Sequence[Any], image_encoder: Any) -> sp.csr_matrix:
-        return self.model.encode_images(np.asarray(image_encoder.encode_image(list(images))))
+        encoder = as_image_encoder(image_encoder, QUERY_IMAGE_HINT)
+        return self.model.encode_images(np.asarray(encoder.encode_image(list(images))))
 
     def query_coder(self, text_encoder: Any = None) -> QueryCoder:
         dec = self.model.decomposer()

@@ -395,7 +395,7 @@ def _normalize(s: str) -> str:
     return _strip_edges(" ".join(s.split()))
 
 
-def _strip_filler_words(words: list[str]) -> list[str]:
+def strip_filler_words(words: list[str]) -> list[str]:
     """Strip leading articles and "<photo|image|...> of" from a list of words."""
     i = 0
     while i < len(words):
@@ -410,7 +410,7 @@ def _strip_filler_words(words: list[str]) -> list[str]:
 
 def _strip_filler(term: str) -> str:
     """Strip leading articles and "<photo|image|...> of" from an unquoted term."""
-    return " ".join(_strip_filler_words(term.split(" ")))
+    return " ".join(strip_filler_words(term.split(" ")))
 
 
 def _tokenize(text: str) -> list[tuple[str, str]]:
@@ -828,7 +828,7 @@ class _Parser:
                 words.pop(0)
             while words and words[-1] in _CONNECTIVES:
                 words.pop()
-            words = _strip_filler_words(words)
+            words = strip_filler_words(words)
             if words and all(w in _MEDIA for w in words) and len(self.pieces) == 1:
                 continue  # "photos without text": nothing to include
             if words:
@@ -878,7 +878,7 @@ class _Parser:
             words.pop()
         while words and (words[0] == "," or words[0] in _LEADING_CONNECTIVES):
             words.pop(0)
-        words = _strip_filler_words(words)
+        words = strip_filler_words(words)
         return _normalize(" ".join(words).replace(" ,", ","))
 
 

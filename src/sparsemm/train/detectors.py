@@ -439,12 +439,12 @@ def _calibrate(
     collection's text encoder (as queries are), the captions from their stored embeddings.
     The terms' codes are kept in ``det.term_codes``: the calibrated probability reads them,
     so a query does not code the words of the detectors it reads."""
-    from sparsemm.encoders.base import get_encoder
+    from sparsemm.encoders.base import as_text_encoder, get_encoder
 
     info = collection.manifest.get("text_encoder", collection.manifest["encoder"])
     kwargs = {"model": info["model"]} if info.get("model") else {}
     try:
-        encoder = get_encoder(str(info["name"]), **kwargs)
+        encoder = as_text_encoder(get_encoder(str(info["name"]), **kwargs))
     except SparsemmError as exc:
         logger.warning("no match calibration (%s)", exc)
         return None

@@ -188,7 +188,8 @@ def caption_patches(
     return patches, mask, slot
 
 
-def _collection_key(collection: Collection, extra: str) -> str:
+def collection_key(collection: Collection, extra: str) -> str:
+    """A short key of a collection's files and size plus ``extra``, naming its caches."""
     h = hashlib.sha256()
     h.update(repr(sorted(collection.manifest.get("checksums", {}).items())).encode())
     h.update(str(len(collection.items)).encode())
@@ -216,7 +217,7 @@ def spatial_patches(
         )
     cache = None
     if cache_dir is not None:
-        cache = Path(cache_dir) / f"spatial-{_collection_key(collection, 'effnet-lite0')}.npy"
+        cache = Path(cache_dir) / f"spatial-{collection_key(collection, 'effnet-lite0')}.npy"
         if cache.is_file():
             arr = load_npy(cache)
             if arr.shape[0] == len(paths):

@@ -1,4 +1,4 @@
-"""The resumable epoch loop over (image, caption) pairs of SR, its variants and the aligner.
+"""The resumable epoch loop over (image, caption) pairs of SR and the aligner.
 
 What the trainers share (:func:`sparsemm.train.sr.fit_sr`, :func:`sparsemm.train.lit.
 train_aligner`): Adam over all parameters, one permutation of the pairs per epoch seeded by

@@ -63,13 +63,6 @@ def data_fingerprint(*arrays: np.ndarray | sp.csr_matrix | None) -> str:
     return h.hexdigest()
 
 
-# extra_loss(sr_out, idx, items) -> (named parts to log, weighted term added to the loss)
-ExtraLoss = Callable[
-    [dict[str, torch.Tensor], np.ndarray, torch.Tensor],
-    tuple[dict[str, torch.Tensor], torch.Tensor],
-]
-
-
 def train_sr(
     image_emb: np.ndarray,
     text_emb: np.ndarray,
@@ -95,7 +88,6 @@ def train_sr(
     model = SRModel(config)
     history = fit_sr(
         model,
-        model,
         image_emb,
         text_emb,
         pair_item,
@@ -115,7 +107,6 @@ def train_sr(
 
 
 def fit_sr(
-    model: torch.nn.Module,
     sr: SRModel,
     image_emb: np.ndarray,
     text_emb: np.ndarray,
@@ -127,15 +118,11 @@ def fit_sr(
     resume: bool = False,
     progress: bool = True,
     on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
-    extra_loss: ExtraLoss | None = None,
-    desc: str = "SR",
 ) -> list[dict[str, float]]:
-    """The SR training loop shared by :func:`train_sr` and its variants; returns the history.
+    """The SR training loop of :func:`train_sr`; returns the history.
 
-    ``model`` holds every trained parameter (``sr`` itself, or ``sr`` plus extra heads);
     ``settings`` (JSON) and a fingerprint of the inputs are stored in each checkpoint and
-    must match on resume. ``extra_loss`` adds a weighted term to the SR objective; its parts
-    and the ``total`` are logged. Leaves ``model`` in eval mode; the caller saves it.
+    must match on resume. Leaves ``sr`` in eval mode; the caller saves it.
     """
     config: SRConfig = sr.config
     n_pairs = len(text_emb)
@@ -163,15 +150,10 @@ def fit_sr(
             config.recon_weight,
             groups=items,
         )
-        objective = losses["loss"]
-        if extra_loss is not None:
-            parts, added = extra_loss(out_b, idx, items)
-            objective = objective + added
-            losses = {**losses, **parts, "total": objective}
-        return objective, losses
+        return losses["loss"], losses
 
     return fit_epochs(
-        model,
+        sr,
         n_pairs,
         batch_loss,
         out_dir,
@@ -180,7 +162,7 @@ def fit_sr(
         resume=resume,
         progress=progress,
         on_epoch_end=on_epoch_end,
-        desc=desc,
+        desc="SR",
         settings=f"--lr {train.lr}, --tau {config.tau}, --lambda {config.contrastive_weight}",
     )
 

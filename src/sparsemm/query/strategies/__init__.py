@@ -4,7 +4,8 @@ Every strategy is built from an :class:`ExclusionContext` (the evaluation items'
 embeddings and/or sparse codes, a text encoder, a query coder that turns query texts into
 sparse codes, optional SPINE word vectors and an optional captioned reference set) and
 answers ``rank(a, b, k)`` with the rows of the k best items, best first. A concept term
-``t`` is turned into text with the benchmark template ``"a photo of a {t}"`` (DESIGN.md).
+``t`` is turned into text with the benchmark template ``"a photo of a {t}"``
+(:data:`TERM_TEMPLATE`; docs/negation.md).
 
 Dense strategies (baselines of the SR paper, "Answering Multimodal Exclusion Queries with
 Lightweight Sparse Disentangled Representations", Prachi, Bhatia, Bedathur, ICTIR 2025):

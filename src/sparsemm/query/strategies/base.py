@@ -53,11 +53,13 @@ def vector_active_dims(vec: np.ndarray, share: float) -> np.ndarray:
     return active_dims(row, np.array([0]), share)
 
 
-def _mean_rows(codes: sp.csr_matrix, rows: np.ndarray) -> np.ndarray:
+def mean_rows(codes: sp.csr_matrix, rows: np.ndarray) -> np.ndarray:
+    """(d,) float64 mean of the absolute values of ``codes[rows]``."""
     return np.asarray(abs(codes[rows]).mean(axis=0), dtype=np.float64).ravel()
 
 
-def _log_sigmoid(z: np.ndarray) -> np.ndarray:
+def log_sigmoid(z: np.ndarray) -> np.ndarray:
+    """log(sigmoid(z)), without overflow for large |z|."""
     return -np.logaddexp(0.0, -z)
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
+from sparsemm.encoders.base import TextEncoder, as_text_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.linalg import normalize_rows
 from sparsemm.lru import LRUCache
@@ -22,18 +23,6 @@ logger = logging.getLogger(__name__)
 
 
 SLQ_TEMPLATE = "a photo of a {a} without a {b}"
-
-
-class TextEncoder(Protocol):
-    """Anything with ``encode_text(texts) -> (n, k)`` float32 (the encoder protocol)."""
-
-    def encode_text(
-        self,
-        texts: Sequence[str],
-        batch_size: int = 64,
-        normalize: bool = True,
-        progress: bool = False,
-    ) -> np.ndarray: ...
 
 
 # texts' dense embeddings (n, k) + the texts -> sparse codes (n, d)
@@ -116,7 +105,7 @@ class ReferenceSet:
         return self.index.mentions(term, min_positives, head_ratio)
 
 
-def _normalize_csr(x: sp.csr_matrix) -> sp.csr_matrix:
+def normalize_csr(x: sp.csr_matrix) -> sp.csr_matrix:
     """:func:`normalize_rows` of a CSR matrix, with its indices sorted."""
     out = normalize_rows(x)
     out.sort_indices()
@@ -246,7 +235,7 @@ class ExclusionContext:
         self.require("codes")
         if self._codes_unit is None:
             assert self.items_codes is not None
-            self._codes_unit = _normalize_csr(self.items_codes)
+            self._codes_unit = normalize_csr(self.items_codes)
         return self._codes_unit
 
     @property
@@ -309,7 +298,7 @@ class ExclusionContext:
         found = {t: e for t, e in hit.items() if e is not _MISSING}
         missing = [t for t in hit if t not in found]
         if missing:
-            emb = normalize_rows(self.text_encoder.encode_text(missing))
+            emb = normalize_rows(as_text_encoder(self.text_encoder).encode_text(missing))
             for t, e in zip(missing, emb, strict=True):
                 self._emb[t] = found[t] = e
         return np.stack([found[t] for t in texts]) if texts else np.zeros((0, 0))

@@ -15,10 +15,10 @@ from sparsemm.errors import SparsemmError
 from sparsemm.linalg import normalize_rows
 from sparsemm.lru import LRUCache
 from sparsemm.models.detectors import ConceptDetectors
-from sparsemm.query.strategies.base import Strategy, _log_sigmoid, top_rows
+from sparsemm.query.strategies.base import Strategy, log_sigmoid, top_rows
 from sparsemm.query.strategies.context import (
     ExclusionContext,
-    _normalize_csr,
+    normalize_csr,
 )
 from sparsemm.query.strategies.registry import register_strategy
 from sparsemm.train.detectors import fit_detectors
@@ -89,7 +89,7 @@ class Detector(Strategy):
         if self.p["features"] == "codes":
             if which == "ref":
                 assert ref.codes is not None
-                return _normalize_csr(ref.codes) * self.p["scale"]
+                return normalize_csr(ref.codes) * self.p["scale"]
             return self.ctx.codes_unit * self.p["scale"]
         if which == "ref":
             assert ref.dense is not None
@@ -192,9 +192,9 @@ class Detector(Strategy):
         key = (*self._key(), "log_absent", term, c, self.detector_source)
         if key not in self.ctx.cache:
             if c >= 1.0:
-                val = _log_sigmoid(-self.logits(term))
+                val = log_sigmoid(-self.logits(term))
             else:
-                present = np.exp(_log_sigmoid(self.logits(term))) / max(c, 1e-3)
+                present = np.exp(log_sigmoid(self.logits(term))) / max(c, 1e-3)
                 val = np.log(np.clip(1.0 - present, 1e-6, 1.0))
             self.ctx.cache[key] = val
         out: np.ndarray = self.ctx.cache[key]
@@ -217,7 +217,7 @@ class Detector(Strategy):
         return c
 
     def scores(self, a: str, b: str) -> np.ndarray:
-        s = _log_sigmoid(self.logits(a)) + self.p["beta"] * self.log_absent(b)
+        s = log_sigmoid(self.logits(a)) + self.p["beta"] * self.log_absent(b)
         if self.p["alpha"]:
             s = s + self.p["alpha"] * self.similarity(a)
         if self.p["gamma"]:
@@ -338,7 +338,7 @@ class Hybrid(Detector):
     def present(self, term: str) -> np.ndarray:
         """(n_items,) P(term present | x) = P(mention | x) / c (clipped to [0, 1])."""
         c = self.mention_rate(term)
-        prob = np.exp(_log_sigmoid(self.logits(term)))
+        prob = np.exp(log_sigmoid(self.logits(term)))
         return np.clip(prob / max(c, 1e-3), 0.0, 1.0)
 
     def include_alpha(self, include: Sequence[str]) -> tuple[float, list[str]]:
@@ -366,7 +366,7 @@ class Hybrid(Detector):
             s = s + alpha * sim_i
             if p["delta"]:
                 for t in detected:
-                    s = s + p["delta"] * _log_sigmoid(self.logits(t))
+                    s = s + p["delta"] * log_sigmoid(self.logits(t))
         drop = np.zeros(self.ctx.n_items, dtype=bool)
         for b in exclude:
             detector = self.has_detector(b)

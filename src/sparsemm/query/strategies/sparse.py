@@ -13,8 +13,8 @@ from sparsemm.errors import SparsemmError
 from sparsemm.linalg import normalize_rows
 from sparsemm.query.strategies.base import (
     Strategy,
-    _mean_rows,
     active_dims,
+    mean_rows,
     top_rows,
     vector_active_dims,
 )
@@ -70,7 +70,7 @@ class _TermDims(Strategy):
         """(d,) mean |value| of the unit codes of the term's top-k items (cached)."""
         key = ("mean_top", term, k)
         if key not in self.ctx.cache:
-            self.ctx.cache[key] = _mean_rows(self.ctx.codes_unit, self.top_items(term, k))
+            self.ctx.cache[key] = mean_rows(self.ctx.codes_unit, self.top_items(term, k))
         mean: np.ndarray = self.ctx.cache[key]
         return mean
 
