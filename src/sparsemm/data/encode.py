@@ -189,17 +189,17 @@ def encode_items(
     elif image_emb is None:
         raise SparsemmError("the items have neither captions nor images; nothing to encode")
 
-    encoder_info = _encoder_info(encoder)
+    image_info = encoder_info(encoder)
     manifest_extra = {"image_kind": image_kind, **(extra or {})}
     return write_collection(
         out,
         items,
-        encoder_info,
+        image_info,
         image_emb=image_emb,
         text_emb=text_emb,
         texts=texts if text_emb is not None else None,
         extra=manifest_extra,
-        text_encoder=_encoder_info(text_encoder) if text_encoder is not None else None,
+        text_encoder=encoder_info(text_encoder) if text_encoder is not None else None,
         skipped=skipped,
     )
 
@@ -284,7 +284,8 @@ def encode_images_skipping(
     return emb, ok, skipped
 
 
-def _encoder_info(encoder: Encoder) -> dict[str, Any]:
+def encoder_info(encoder: Encoder) -> dict[str, Any]:
+    """What a collection's manifest records of an encoder: name, dim and model."""
     info: dict[str, Any] = {"name": encoder.name, "dim": int(encoder.dim)}
     model_id = getattr(encoder, "model_id", None)
     if model_id:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from sparsemm.data.collection import Collection, collection_lock, open_collection, write_collection
-from sparsemm.data.encode import _encoder_info, encode_images_skipping
+from sparsemm.data.encode import encode_images_skipping, encoder_info
 from sparsemm.data.sources import Item, image_key, read_image_folder, read_items
 from sparsemm.encoders.base import l2_normalize
 from sparsemm.errors import SparsemmError
@@ -144,19 +144,6 @@ class NormRecordingEncoder:
             if isinstance(img, str | Path) and np.isfinite(row).all():
                 self.norms[image_key(img)] = float(np.linalg.norm(row))
         return l2_normalize(raw) if normalize else raw
-
-    def encode_text(
-        self,
-        texts: Sequence[str],
-        batch_size: int = 64,
-        normalize: bool = True,
-        progress: bool = False,
-    ) -> np.ndarray:
-        return np.asarray(
-            self.inner.encode_text(
-                texts, batch_size=batch_size, normalize=normalize, progress=progress
-            )
-        )
 
 
 def _key(item: Item) -> tuple[str, tuple[str, ...]]:
@@ -286,7 +273,7 @@ def _sync(
     report.collection = write_collection(
         out,
         kept,
-        _encoder_info(image_encoder),
+        encoder_info(image_encoder),
         image_emb=emb,
         text_emb=text_emb,
         texts=texts,
@@ -332,8 +319,8 @@ def _texts(
     need = [i for i, r in enumerate(reuse) if r < 0]
     if need:
         enc = text_encoder() if callable(text_encoder) else text_encoder
-        if _encoder_info(enc) != text_info:
-            raise SparsemmError(f"the text encoder is {_encoder_info(enc)}, not {text_info}")
+        if encoder_info(enc) != text_info:
+            raise SparsemmError(f"the text encoder is {encoder_info(enc)}, not {text_info}")
         logger.info("embedding %d captions with %s", len(need), enc.name)
         text_emb[need] = enc.encode_text(
             [texts[i]["text"] for i in need], normalize=True, progress=False

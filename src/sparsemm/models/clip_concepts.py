@@ -173,9 +173,9 @@ class ClipConceptModel(PretrainedMixin, nn.Module):
         import dataclasses
 
         model.config = dataclasses.replace(model.config, scale=float(scale), bias=float(bias))
-        from sparsemm.data.encode import _encoder_info
+        from sparsemm.data.encode import encoder_info
 
-        info = _encoder_info(encoder)
+        info = encoder_info(encoder)
         model.training_info = {"image_encoder": info, "text_encoder": info}
         return model.eval()
 

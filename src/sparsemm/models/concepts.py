@@ -244,9 +244,9 @@ class ImageNetConceptModel(PretrainedMixin, nn.Module):
             model.fc_bias.copy_(torch.from_numpy(b))
             model.synonym_emb.copy_(torch.from_numpy(np.asarray(syn_emb, dtype=np.float32)))
             model.description_emb.copy_(torch.from_numpy(np.asarray(desc_emb, np.float32)))
-        from sparsemm.data.encode import _encoder_info
+        from sparsemm.data.encode import encoder_info
 
-        model.training_info = {"text_encoder": _encoder_info(text_encoder)}
+        model.training_info = {"text_encoder": encoder_info(text_encoder)}
         return model.eval()
 
     # -- items ------------------------------------------------------------------------------

@@ -447,12 +447,12 @@ def _up(
         not clip and model is None and not no_train and will_train(out, n_captioned, force_train)
     )
     if clip:
-        from sparsemm.data.encode import _encoder_info
+        from sparsemm.data.encode import encoder_info
 
         kwargs = {"model": encoder_model} if encoder_model else {}
         encoder = get_encoder(encoder_name, **kwargs)
         text_encoder: Any = encoder  # one model embeds images, captions and queries
-        text_info = _encoder_info(encoder)
+        text_info = encoder_info(encoder)
         model_dir = out / MODEL
     else:
         # the concept model is not needed (nor built) when SR is trained
