@@ -472,3 +472,13 @@ def test_a_file_name_that_is_not_utf8_is_indexed_and_printed_as_its_bytes(
     finally:
         sys.stdout = real
     assert buf.getvalue().endswith(b"caf\xe9.png\n")
+
+
+def test_the_serve_hint_quotes_a_folder_with_a_space(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    photos, out = tmp_path / "my photos", tmp_path / "my out"
+    _photo(photos / "a.png", 0)
+    code, text, _ = _up(photos, out, capsys)
+    assert code == 0
+    assert f"serve it with: sparsemm serve '{out / 'collection'}'" in text

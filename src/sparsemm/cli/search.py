@@ -94,6 +94,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "line, for piping",
     )
     p.add_argument(
+        "-0",
+        "--null",
+        action="store_true",
+        help="with -f: end each path with a NUL byte instead of a newline (for xargs -0; a "
+        "file name may hold a newline)",
+    )
+    p.add_argument(
         "--no-server",
         action="store_true",
         help="search in this process even when `sparsemm serve` is running for the "
@@ -109,6 +116,8 @@ def check_args(args: argparse.Namespace) -> None:
     from sparsemm.errors import SparsemmError
     from sparsemm.query.request import parse_probability
 
+    if args.null and not args.paths:
+        raise SparsemmError("-0 ends the paths of -f with NUL bytes; give it with -f")
     if args.k < 1:
         raise SparsemmError(f"-k must be at least 1, got {args.k}")
     if args.offset < 0:
@@ -302,8 +311,9 @@ def render(
     for note in answer.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.paths:
+        end = "\0" if args.null else "\n"
         for h in hits:
-            print(image_path(searcher, h.row) or h.id)
+            print(image_path(searcher, h.row) or h.id, end=end)
         return
     include = f"like {args.like}" if request.like is not None else ", ".join(query.include)
     print(header(include, query.exclude, answer.strategy))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     _say(f"ready in {report.seconds:.1f} s")
     col_dir = report.collection_dir
     if args.no_serve:
-        _say(f"serve it with: sparsemm serve {col_dir}")
+        _say(f"serve it with: sparsemm serve {shlex.quote(str(col_dir))}")
         return 0
     check_port_free(args.host, args.port)
     shown = f"[{args.host}]" if ":" in args.host else args.host

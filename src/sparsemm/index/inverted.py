@@ -499,6 +499,7 @@ class InvertedIndex(Store):
                 manifest.update(
                     count=seg["count"], nnz=seg["nnz"], next_segment=seq + 1, segments=[seg]
                 )
+            manifest["meta_sha256"] = meta_digest(manifest["meta"])
             write_json(root / MANIFEST, manifest)
             fsync_dir(root)
             _remove_unreferenced(root, {str(s["name"]) for s in manifest["segments"]})
@@ -541,6 +542,19 @@ class InvertedIndex(Store):
             a = _check_approx(approx)
             if a is not None:
                 s.approx_lists(a)
+
+    def check_files(self) -> None:
+        """SparsemmError when a mapped segment file changed size since it was mapped (cut
+        short in place while the index is open): reading it would end the process with a
+        bus error. A server calls this before each search (a few stat calls)."""
+        for seg in self._segments:
+            changed = seg.changed_files()
+            if changed:
+                raise SparsemmError(
+                    f"index {self._root}: {Path(changed[0]).parent.name}/"
+                    f"{Path(changed[0]).name} changed size on disk while open (overwritten in "
+                    "place?); rebuild the index with `sparsemm index`"
+                )
 
     def reload(self) -> None:
         """Re-read the folder to see commits made by other writers since opening."""
@@ -750,6 +764,7 @@ class InvertedIndex(Store):
         manifest["count"] = sum(int(s["count"]) for s in segments)
         manifest["nnz"] = sum(int(s["nnz"]) for s in segments)
         manifest["next_segment"] = int(self._manifest.get("next_segment", 1)) + 1
+        manifest["meta_sha256"] = meta_digest(manifest.get("meta", {}))
         write_json(self._root / MANIFEST, manifest)
         fsync_dir(self._root)
         # Reuse the maps of unchanged segments; map the new one.
@@ -1216,6 +1231,42 @@ def _check_manifest(root: Path, manifest: Any) -> None:
         )
     if not isinstance(manifest.get("segments"), list) or int(manifest.get("dim", 0)) < 1:
         raise SparsemmError(f"{root}/{MANIFEST} is malformed; rebuild the index")
+    for seg in manifest["segments"]:
+        counts = [seg.get(k) for k in ("count", "nnz")] if isinstance(seg, dict) else [None]
+        if (
+            not isinstance(seg, dict)
+            or not isinstance(seg.get("name"), str)
+            or not seg["name"]
+            or "/" in seg["name"]
+            or seg["name"] in (".", "..")
+            or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts)
+        ):
+            raise SparsemmError(
+                f"{root}/{MANIFEST} lists a malformed segment ({str(seg)[:80]}); rebuild the index"
+            )
+    meta = manifest.get("meta", {})
+    if not isinstance(meta, dict):
+        raise SparsemmError(f"{root}/{MANIFEST}: 'meta' is not an object; rebuild the index")
+    recorded = manifest.get("meta_sha256")
+    if recorded is None:
+        if meta:
+            logger.warning(
+                "index %s records no checksum of its metadata (written by an older sparsemm): "
+                "the model, top_k and labels it names are not verified; `sparsemm index` "
+                "writes it again",
+                root,
+            )
+    elif recorded != meta_digest(meta):
+        raise SparsemmError(
+            f"{root}/{MANIFEST}: its metadata (model, top_k, labels) does not match its "
+            "checksum (edited or damaged); rebuild the index with `sparsemm index`"
+        )
+
+
+def meta_digest(meta: Any) -> str:
+    """SHA-256 of an index's metadata in a canonical JSON form (the manifest records it)."""
+    text = json.dumps(meta, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
 def _check_dim(dim: Any) -> None:

@@ -180,6 +180,9 @@ class Segment:
     row_vals: np.ndarray
     ids: list[str]
     list_stats: np.ndarray | None = None
+    # (file, size in bytes when mapped): a file cut short in place (cp or rsync --inplace
+    # over a live index) would end a read of its mapped pages with SIGBUS
+    files: tuple[tuple[str, int], ...] = ()
     _dense: tuple[np.ndarray, np.ndarray] | None = field(
         default=None, init=False, repr=False, compare=False
     )
@@ -215,6 +218,17 @@ class Segment:
         if self.list_stats is None:
             return np.zeros(len(self.post_indptr) - 1, np.bool_)
         return self.list_stats[3] > 0
+
+    def changed_files(self) -> list[str]:
+        """Mapped files whose size is no longer what it was when mapped (or that are gone)."""
+        out = []
+        for path, size in self.files:
+            try:
+                if os.stat(path).st_size != size:
+                    out.append(path)
+            except OSError:
+                out.append(path)
+        return out
 
     def dense_lists(self) -> tuple[np.ndarray, np.ndarray]:
         """(slot (dim,) int32, dense (n_long, count) f32) of the long posting lists, built
@@ -500,6 +514,9 @@ def load_segment(root: Path, meta: dict[str, Any], start: int, dim: int) -> Segm
         block_size=bsize,
         ids=ids,
         list_stats=stats,
+        files=tuple(
+            (str(f), f.stat().st_size) for f in sorted(folder.iterdir()) if f.suffix == ".npy"
+        ),
         **arrs,
     )
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from sparsemm.errors import SparsemmError
 from sparsemm.query.parse import Query, parse_query
+from sparsemm.text import tokenize
 
 # The served scorer of SR, the photo concept model and CLIP (a model names its own:
 # CodeModel.default_strategy); written here so `--help` names it without loading a model.
@@ -117,6 +118,13 @@ def build_query(q: str = "", include: Sequence[str] = (), exclude: Sequence[str]
 
 
 def _within_limits(query: Query) -> Query:
+    terms = [*query.include, *query.exclude]
+    if terms and not any(tokenize(t) for t in terms):
+        shown = ", ".join(repr(t) for t in terms[:4])
+        raise SparsemmError(
+            f"the query holds only common words ({shown}), which name nothing to find; "
+            "say what to search for, e.g. 'dog but not cat'"
+        )
     n_inc, n_exc = len(query.include), len(query.exclude)
     if n_inc > MAX_TERMS or n_exc > MAX_TERMS:
         raise SparsemmError(

@@ -67,6 +67,19 @@ LEGACY_LABELS = "labels.json"
 CHECK_BATCH = 16  # query terms embedded per encoder call when checking them
 
 
+def _label_lists(labels: Any, key: str, root: Path) -> list[list[str]]:
+    """The index manifest's dimension labels of one kind: a list of lists of words."""
+    value = labels.get(key, []) if isinstance(labels, dict) else None
+    if not isinstance(value, list) or not all(
+        isinstance(ws, list) and all(isinstance(w, str) for w in ws) for ws in value
+    ):
+        raise SparsemmError(
+            f"the index in {root} has malformed dimension labels ({key!r}); rebuild it with "
+            "`sparsemm index`"
+        )
+    return value
+
+
 def _rebuild_hint(collection_dir: str | Path, root: Path) -> str:
     """How to build a damaged index again: the command with the model its manifest names
     (when it can be read), and the `sparsemm up` way."""
@@ -143,8 +156,8 @@ class Searcher:
         if not isinstance(labels, dict):  # an index built before labels lived in its meta
             legacy = root / LEGACY_LABELS
             labels = read_json(legacy) if legacy.is_file() else {}
-        self.labels_data: list[list[str]] = labels.get("data", [])
-        self.labels_spine: list[list[str]] = labels.get("spine", [])
+        self.labels_data: list[list[str]] = _label_lists(labels, "data", root)
+        self.labels_spine: list[list[str]] = _label_lists(labels, "spine", root)
         self.aligner = (
             LinearAligner.from_pretrained(meta["dense_model"]) if meta.get("dense_model") else None
         )
@@ -370,6 +383,29 @@ class Searcher:
             items = self.collection.items
             self._captionless = not any(it.get("captions") or it.get("labels") for it in items)
         return self._captionless
+
+    def strategies(self) -> list[str]:
+        """The registered strategies this collection can run (what the page's menu offers):
+        dense ones only with a shared image-text space, those that learn from captions
+        only on a collection with captions or labels, ``match`` with a model whose terms
+        it can read."""
+        shared = self.aligner is not None or self.collection.dim == self.collection.text_dim
+        if self._captionless is None:
+            items = self.collection.items
+            self._captionless = not any(it.get("captions") or it.get("labels") for it in items)
+        out = []
+        for name in available_strategies():
+            spec = get_spec(name)
+            if spec.kind == "dense" and not shared:
+                continue
+            if "reference" in spec.cls.requires and self._captionless:
+                continue
+            if name == "match" and not (
+                self.default_strategy == "match" or self.model.detectors is not None
+            ):
+                continue
+            out.append(name)
+        return out
 
     def dim_words(self, dim: int) -> list[str]:
         data = self.labels_data[dim] if dim < len(self.labels_data) else []

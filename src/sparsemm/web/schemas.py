@@ -173,11 +173,12 @@ class DimOut(BaseModel):
 
 
 class HealthOut(BaseModel):
-    status: str
+    status: str  # "ok", or "failing" while searches fail unexpectedly (error says why)
+    error: str | None = None
     version: str
     collection: str
     index_generation: int  # the index manifest's commit counter (next_segment)
-    index_digest: str  # SHA-256 (16 hex) of its segment list: changes with every re-index
+    index_digest: str  # SHA-256 (16 hex) of its manifest: changes with every commit
     items: int
     images: int
     dims: int

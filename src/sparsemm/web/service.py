@@ -31,7 +31,7 @@ from sparsemm.query.hits import Concept, ExcludedCheck, Hit
 from sparsemm.query.parse import MAX_QUERY_CHARS, Query
 from sparsemm.query.request import QueryRequest, build_request
 from sparsemm.query.searcher import INDEX_DIR, Searcher
-from sparsemm.query.strategies import HardFilter, available_strategies
+from sparsemm.query.strategies import HardFilter
 from sparsemm.text import singular
 from sparsemm.web.images import ImageStore, ThumbCache
 from sparsemm.web.lanes import FairSemaphore
@@ -98,11 +98,13 @@ def _label_key(text: str) -> str:
 
 def index_version(collection_root: Path) -> tuple[int, str]:
     """(generation, digest) of the committed index in a collection folder: the manifest's
-    ``next_segment`` counter and the first 16 hex digits of the SHA-256 of its segment list
-    (names, counts, checksums), which changes with every commit that changes the items."""
+    ``next_segment`` counter and the first 16 hex digits of the SHA-256 of the whole
+    manifest (segments, their checksums and the metadata), which changes with every commit."""
     manifest = read_json(collection_root / INDEX_DIR / "manifest.json")
-    segments = json.dumps(manifest.get("segments", []), sort_keys=True).encode()
-    return int(manifest.get("next_segment", 0)), hashlib.sha256(segments).hexdigest()[:16]
+    if not isinstance(manifest, dict):
+        raise SparsemmError(f"{collection_root}/{INDEX_DIR}/manifest.json is not an index manifest")
+    whole = json.dumps(manifest, sort_keys=True).encode()
+    return int(manifest.get("next_segment", 0)), hashlib.sha256(whole).hexdigest()[:16]
 
 
 def _stamp(collection_root: Path) -> tuple[tuple[int, int, int], ...]:
@@ -195,6 +197,7 @@ class SearchService:
         self.check_every = check_every
         self._checked = time.monotonic()
         self._reload_error: str | None = None
+        self._failing: str | None = None  # the last search failed unexpectedly: why
         self._settling = False  # settle_heap was asked for: keep the heap settled
         self._settle_at: float | None = None  # when to try again (after a reload)
         self._replaced: list[weakref.ref[Searcher]] = []  # versions a reload swapped out
@@ -326,6 +329,14 @@ class SearchService:
         self.refresh()
         if self._reload_error is not None:
             raise IndexUnavailable(self._reload_error)
+        searcher = self._current.searcher
+        if searcher.store is searcher.index:
+            try:  # a mapped file cut short in place would end the process with SIGBUS
+                searcher.index.check_files()
+            except SparsemmError as exc:
+                self._reload_error = str(exc)
+                self._checked = 0.0  # look for a rebuilt index at the next request
+                raise IndexUnavailable(str(exc)) from None
         self._settle_if_due()
         prev = getattr(self._pinned, "state", None)
         self._pinned.state = state = self._current
@@ -446,7 +457,8 @@ class SearchService:
 
     def _health(self, st: _Served) -> HealthOut:
         return HealthOut(
-            status="ok",
+            status="failing" if self._failing else "ok",
+            error=self._failing,
             version=__version__,
             collection=self.collection.root.name,
             index_generation=st.generation,
@@ -454,7 +466,7 @@ class SearchService:
             items=len(self.collection.items),
             images=len(self.images),
             dims=self.n_dims,
-            strategies=available_strategies(),
+            strategies=self.searcher.strategies(),
             default_strategy=self.searcher.default_strategy,
             max_k=MAX_K,
             max_query_chars=MAX_QUERY_CHARS,
@@ -493,7 +505,17 @@ class SearchService:
                 min_score=req.min_score,
                 count=True,
             )
-            return self._search(request, prefix, image)
+            try:
+                out = self._search(request, prefix, image)
+            except SparsemmError:
+                raise  # the request's own fault (or busy): the searches themselves work
+            except Exception as exc:
+                # a search that fails for no fault of the request (a 500): /api/health says
+                # so until one succeeds, instead of "ok"
+                self._failing = f"searches fail ({type(exc).__name__}); see the server log"
+                raise
+            self._failing = None
+            return out
 
     def _search(self, request: QueryRequest, prefix: str, image: Any) -> SearchOut:
         query = request.query
