@@ -180,3 +180,23 @@ def test_paths_can_end_with_nul(toy_collection: Path, cli: Any) -> None:
     assert res.code == 0 and res.out.endswith("\0") and "\n" not in res.out
     cli("search", str(toy_collection), "dog", "-0", "--no-server").one_line_error("with -f")
     np.testing.assert_equal(len(res.out.split("\0")) > 1, True)
+
+
+def test_a_collection_without_checksums_says_it_is_not_verified(
+    toy_root: Path, tmp_path: Path, caplog: Any
+) -> None:
+    from sparsemm.data.collection import open_collection
+
+    col = tmp_path / "col"
+    shutil.copytree(toy_root / "col", col)
+    _edit(col, lambda m: m.pop("checksums"))
+    with caplog.at_level(logging.WARNING):
+        open_collection(col)
+    assert "records no checksums" in caplog.text
+
+
+def test_a_quote_glued_to_a_word_is_part_of_it() -> None:
+    from sparsemm.query.parse import parse_query
+
+    q = parse_query('dress but not t-"shirt"')  # once excluded "t" and searched "shirt"
+    assert (q.include, q.exclude) == (("dress",), ("t-shirt",))

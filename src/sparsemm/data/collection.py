@@ -240,6 +240,12 @@ def open_collection(path: str | Path, verify: bool = True) -> Collection:
         and isinstance(manifest.get("checksums", {}), dict)
     ):
         raise SparsemmError(f"{root}/manifest.json is malformed; re-run `sparsemm encode`")
+    if verify and not manifest.get("checksums"):
+        logger.warning(
+            "%s/manifest.json records no checksums: its files are not verified (written by "
+            "an older sparsemm, or edited); `sparsemm encode` writes them again",
+            root,
+        )
     col = Collection(root=root, manifest=manifest, items=[])
     if not verify:  # every file counts as checked
         col._verified.update(manifest.get("checksums", {}))

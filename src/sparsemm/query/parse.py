@@ -352,9 +352,15 @@ def parse_query(text: str, exclude: Sequence[str] = ()) -> Query:
     return Query(tuple(include), tuple(excluded))
 
 
+# A quoted part glued to the word before it (t-"shirt"): part of that word, not a phrase of
+# its own (which left "t" excluded and "shirt" searched for).
+_GLUED_QUOTE_RE = re.compile(r'(?<=[\w-])"([^"\s]*)"')
+
+
 def _parse(text: str) -> tuple[list[str], list[str]]:
     """(include terms, excluded terms) of cleaned text, before de-duplication."""
-    return _Parser(_tokenize(text.translate(_QUOTES).lower())).run()
+    text = _GLUED_QUOTE_RE.sub(r"\1", text.translate(_QUOTES))
+    return _Parser(_tokenize(text.lower())).run()
 
 
 # --------------------------------------------------------------------------------- helpers
