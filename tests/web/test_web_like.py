@@ -162,3 +162,12 @@ def test_cli_like(web_collection: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "no item 'nope'" in capsys.readouterr().err
     assert main(["search", "--like", "d1", str(web_collection), "cat"]) != 0
     assert "only takes terms to leave out" in capsys.readouterr().err  # the API's message
+
+
+def test_like_an_item_but_not_what_it_carries_leaves_the_item_out(searcher: Searcher) -> None:
+    """It used to rank first: its own code matches itself best, whatever it carries."""
+    hits = searcher.search_like("db1", exclude=("ball",), k=5)
+    assert hits and "db1" not in [h.id for h in hits]
+    # without the exclusion, or excluding what it does not carry, it stays
+    assert searcher.search_like("db1", k=5)[0].id in {"db1", "db2"}
+    assert "db1" in [h.id for h in searcher.search_like("db1", exclude=("car",), k=5)]

@@ -635,6 +635,7 @@ class Searcher:
                 )
             with self.like_term(request.like) as term:
                 hits, served = self._ranked(Query((term,), q.exclude), spec, k, offset, {})
+            hits = self._without_excluded_self(hits, request.like)
         else:
             hits, served = self._ranked(q, spec, k, offset, {})
         hits = [h for h in hits if math.isfinite(h.score)]
@@ -670,6 +671,21 @@ class Searcher:
             notes=notes,
             unknown_words=self.unknown_words(q),
         )
+
+    def _without_excluded_self(self, hits: list[Hit], like: Any) -> list[Hit]:
+        """The hits of "more like item X, but not B" without X itself when X likely carries
+        an excluded term (its own code matches itself best, so it came first regardless)."""
+        if not isinstance(like, str) or Path(like).is_file():
+            return hits
+        own = str(like)
+        return [
+            h
+            for h in hits
+            if not (
+                h.id == own
+                and any(e.side == "exclude" and e.value >= MATCH_THRESHOLD for e in h.evidence)
+            )
+        ]
 
     def search(
         self,
