@@ -482,3 +482,20 @@ def test_the_serve_hint_quotes_a_folder_with_a_space(
     code, text, _ = _up(photos, out, capsys)
     assert code == 0
     assert f"serve it with: sparsemm serve '{out / 'collection'}'" in text
+
+
+def test_sub_folder_names_are_not_labels_of_photos(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder of photos sorted into "dog walk/" must not mark every photo in it as
+    carrying "dog walk" (the page's ✗ mark and its label line read labels)."""
+    from sparsemm.data.collection import open_collection
+
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    _photo(photos / "dog walk" / "a.png", 0)
+    _photo(photos / "b.png", 1)
+    code, _, err = _up(photos, out, capsys)
+    assert code == 0, err
+    items = open_collection(out / "collection").items
+    assert {it["id"] for it in items} == {"dog walk/a.png", "b.png"}
+    assert not any(it.get("labels") for it in items)

@@ -157,6 +157,22 @@ def test_search_page_end_to_end(server: str, tmp_path: Path) -> None:
             # an item without an image is a caption card
             card = page.locator(f".card[data-id='{NO_IMAGE[0]}'] .caption-card")
             assert card.inner_text() == ITEMS[NO_IMAGE[0]][0]
+            # a long file name (a photo without a caption shows its name) wraps inside the
+            # card: the rank and score stay on it
+            page.eval_on_selector(
+                "#results .card .caption", "c => { c.textContent = 'IMG_' + 'x'.repeat(120) }"
+            )
+            inside = page.eval_on_selector(
+                "#results .card",
+                "c => { const s = c.querySelector('.score').getBoundingClientRect();"
+                " const b = c.getBoundingClientRect(); return s.right <= b.right + 0.5"
+                " && s.left >= b.left && s.width > 0 }",
+            )
+            assert inside
+            # the strategy menu offers what the collection can run (as /api/health says)
+            offered = page.eval_on_selector_all("#strategy option", "os => os.map(o => o.value)")
+            health = page.evaluate("() => fetch('/api/health').then(r => r.json())")
+            assert offered == health["strategies"]
 
             # 2. leave out cat through the "but not" box
             page.fill("#exclude", "cat")

@@ -111,6 +111,10 @@ def read_photos(folder: str | Path, captions: str | Path | None = None) -> list[
     items = read_image_folder(root)
     for it in items:
         it["stamp"] = file_stamp(it["image"])
+        # a folder of photos is sorted by whatever its owner chose ("2024 holiday/"): its
+        # sub-folder names are no labels of what a photo shows (ImageFolder's convention
+        # fits labelled datasets, `sparsemm encode`); labels come from a captions file
+        it.pop("labels", None)
     if captions is not None:
         n = attach_captions(items, captions, root)
         logger.info("captions for %d of %d images from %s", n, len(items), captions)
