@@ -274,7 +274,7 @@ def encode_images_skipping(
             "check the source"
         )
     if skipped:
-        logger.warning(
+        logger.info(  # the front ends print their own one-line summary
             "skipped %d of %d images that could not be embedded, e.g. %s: %s",
             len(skipped),
             n,
