@@ -132,6 +132,14 @@ def test_the_server_reloads_on_any_commit_and_health_says_when_searches_fail(
         monkeypatch.undo()
         assert client.get("/api/search", params={"q": "dog"}).status_code == 200
         assert client.get("/api/health").json()["status"] == "ok"
+        # a live segment file cut short in place: 503 naming it, not a bus error
+        seg = next(p for p in (col / "index").iterdir() if p.name.startswith("seg-"))
+        target = seg / "row_vals.npy"
+        size = target.stat().st_size
+        with target.open("r+b") as fh:
+            fh.truncate(size // 2)
+        r = client.get("/api/search", params={"q": "dog"})
+        assert r.status_code == 503 and "changed size on disk" in r.json()["error"]
 
 
 def test_the_menu_offers_only_what_the_collection_runs(toy_root: Path) -> None:
