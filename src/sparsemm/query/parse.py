@@ -354,7 +354,7 @@ def parse_query(text: str, exclude: Sequence[str] = ()) -> Query:
 
 # A quoted part glued to the word before it (t-"shirt"): part of that word, not a phrase of
 # its own (which left "t" excluded and "shirt" searched for).
-_GLUED_QUOTE_RE = re.compile(r'(?<=[\w-])"([^"\s]*)"')
+_GLUED_QUOTE_RE = re.compile(r'(?<=\w-)"([^"\s]+)"')
 
 
 def _parse(text: str) -> tuple[list[str], list[str]]:
