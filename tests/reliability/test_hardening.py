@@ -184,9 +184,9 @@ def test_a_query_of_common_words_only_is_refused(toy_collection: Path, cli: Any)
 
 
 def test_paths_can_end_with_nul(toy_collection: Path, cli: Any) -> None:
-    res = cli("search", str(toy_collection), "dog", "-f", "-0", "--no-server")
+    res = cli("search", str(toy_collection), "dog", "-f", "-z", "--no-server")
     assert res.code == 0 and res.out.endswith("\0") and "\n" not in res.out
-    cli("search", str(toy_collection), "dog", "-0", "--no-server").one_line_error("with -f")
+    cli("search", str(toy_collection), "dog", "-z", "--no-server").one_line_error("with -f")
     np.testing.assert_equal(len(res.out.split("\0")) > 1, True)
 
 

@@ -17,6 +17,7 @@ import test_bad_images  # noqa: F401  (registers the "relpix" pixel encoder)
 from test_bad_images import png_bytes
 from webtoy import make_collection, make_sr
 
+from sparsemm.index.inverted import meta_digest
 from sparsemm.query.indexing import build_index
 
 # ------------------------------------------------------------------- text encodings, loops
@@ -109,6 +110,9 @@ def test_cli_index_manifest_with_a_bad_top_k(
     path = col / "index" / "manifest.json"
     manifest = json.loads(path.read_text())
     manifest["meta"]["top_k"] = value
+    # a writer's bug, not an edit: the checksum agrees (an edit is refused by the checksum,
+    # test_hardening.py::test_edited_index_metadata_is_refused)
+    manifest["meta_sha256"] = meta_digest(manifest["meta"])
     path.write_text(json.dumps(manifest))
     cli("search", str(col), "dog").one_line_error("has no valid top_k", "sparsemm index")
 

@@ -150,16 +150,16 @@ def test_a_slow_search_does_not_stall_the_others(toy_collection: Path) -> None:
     app = create_app(searcher=Searcher(toy_collection, encoder=WebKeywordEncoder()))
     service = app.state.service
     searcher = service.searcher
-    real = searcher.search
+    real = searcher.answer
     inside, release = threading.Event(), threading.Event()
 
-    def search(query: Any, **kw: Any) -> Any:
-        if "tree" in query.include:
+    def answer(request: Any) -> Any:
+        if "tree" in request.query.include:
             inside.set()
             assert release.wait(10), "the other search never finished beside this one"
-        return real(query, **kw)
+        return real(request)
 
-    searcher.search = search
+    searcher.answer = answer
     slow = threading.Thread(target=service.search, args=(SearchRequest(q="tree"),))
     slow.start()
     assert inside.wait(10)
@@ -176,16 +176,16 @@ def test_costly_queries_get_a_share_of_the_lanes_and_a_full_queue_is_503(
     service = app.state.service
     service.queue_timeout = 0.2
     searcher = service.searcher
-    real = searcher.search
+    real = searcher.answer
     inside, release = threading.Event(), threading.Event()
 
-    def search(query: Any, **kw: Any) -> Any:
-        if len(query.include) > 1:
+    def answer(request: Any) -> Any:
+        if len(request.query.include) > 1:
             inside.set()
             release.wait(10)
-        return real(query, **kw)
+        return real(request)
 
-    searcher.search = search
+    searcher.answer = answer
     service.heavy_terms = 2  # more than 2 terms is costly here
     heavy = SearchRequest(q="dog", include=["ball"], exclude=["cat"])
     first = threading.Thread(target=service.search, args=(heavy,))

@@ -94,7 +94,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "line, for piping",
     )
     p.add_argument(
-        "-0",
+        "-z",
         "--null",
         action="store_true",
         help="with -f: end each path with a NUL byte instead of a newline (for xargs -0; a "
@@ -117,7 +117,7 @@ def check_args(args: argparse.Namespace) -> None:
     from sparsemm.query.request import parse_probability
 
     if args.null and not args.paths:
-        raise SparsemmError("-0 ends the paths of -f with NUL bytes; give it with -f")
+        raise SparsemmError("-z ends the paths of -f with NUL bytes; give it with -f")
     if args.k < 1:
         raise SparsemmError(f"-k must be at least 1, got {args.k}")
     if args.offset < 0:
