@@ -4,7 +4,7 @@ N concurrent keep-alive clients (asyncio, raw HTTP/1.1, so the load generator co
 CPU next to the server) send ``GET /api/search`` exclusion queries ("A but not B", pairs of
 the collection's labels or of the toy concepts) for a fixed time; every non-200 answer,
 connection failure or timeout counts as an error. The server runs in a child process with
-the settings of ``sparsemm serve`` (:func:`sparsemm.cli.serve.server_options`), one torch
+the settings of ``sparsemm serve`` (:func:`sparsemm.pipeline.serve.server_options`), one torch
 thread.
 
     python benchmarks/load.py --toy --clients 100 --duration 30
@@ -340,7 +340,7 @@ def bound_socket(host: str = "127.0.0.1") -> socket.socket:
 @contextlib.contextmanager
 def serve_in_thread(app: Any, host: str = "127.0.0.1", **options: Any) -> Iterator[int]:
     """Serve ``app`` with uvicorn (``sparsemm serve``'s settings; ``options`` go to
-    :func:`~sparsemm.cli.serve.server_options`) in a daemon thread on a free loopback port;
+    :func:`~sparsemm.pipeline.serve.server_options`) in a daemon thread on a free loopback port;
     yields the port and stops the server on exit."""
     import uvicorn
 
