@@ -7,6 +7,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -414,6 +415,12 @@ def test_search_scores_are_match_percentages_with_a_threshold(
         body = r.json()
         assert body["probabilistic"] and body["matches"] == expected
         assert len(body["hits"]) == expected
+        # the API reads a percentage as the CLI does
+        pct = f"{100 * threshold:g}%"
+        r = client.get("/api/search", params={"q": "no cat", "min_score": pct})
+        assert r.status_code == 200 and r.json()["matches"] == expected, r.text
+        r = client.get("/api/search", params={"q": "no cat", "min_score": "150%"})
+        assert r.status_code == 400 and "probability" in r.json()["error"]
 
 
 def test_a_damaged_index_is_named_with_its_repair_and_up_builds_it_again(
@@ -455,9 +462,25 @@ def test_a_file_name_that_is_not_utf8_is_indexed_and_printed_as_its_bytes(
     code, _, err = _up(photos, out, capsys)
     assert code == 0, err
     col = open_collection(out / "collection")
-    assert odd in col.ids and (photos / odd).is_file()
-    # written as a JSON escape (valid UTF-8), read back to the same name
-    assert json_line({"id": odd}) == '{"id": "caf\\udce9.png"}'
+    # the id is text (valid UTF-8, so JSON and the API carry it); the image keeps the bytes
+    assert "caf\\xe9.png" in col.ids and (photos / odd).is_file()
+    row = col.ids.index("caf\\xe9.png")
+    assert Path(col.items[row]["image"]).name == odd
+    # a row holding the real name is written as a JSON escape, read back to the same name
+    assert json_line({"image": odd}) == '{"image": "caf\\udce9.png"}'
+    # the API answers with it, and "more like" it works by id and by its own bytes
+    from fastapi.testclient import TestClient
+
+    from sparsemm.web.app import create_app
+
+    with TestClient(create_app(out / "collection"), base_url="http://127.0.0.1") as client:
+        r = client.get("/api/search", params={"like": "caf\\xe9.png", "k": 2})
+        assert r.status_code == 200, r.text
+        assert "caf\\xe9.png" in [h["id"] for h in r.json()["hits"]]
+        assert client.get("/images/" + quote("caf\\xe9.png", safe="")).status_code == 200
+    capsys.readouterr()
+    assert main(["search", str(out / "collection"), "--like", odd, "--no-server"]) == 0
+    assert "caf\\xe9.png" in capsys.readouterr().out
     # the printed path is the file's own bytes, as `find` prints it
     from sparsemm.cli.main import _pass_file_name_bytes
 

@@ -168,6 +168,11 @@ def test_like_an_item_but_not_what_it_carries_leaves_the_item_out(searcher: Sear
     """It used to rank first: its own code matches itself best, whatever it carries."""
     hits = searcher.search_like("db1", exclude=("ball",), k=5)
     assert hits and "db1" not in [h.id for h in hits]
+    # a full page at consecutive ranks, and the next page follows on
+    assert [h.rank for h in hits] == list(range(1, len(hits) + 1))
+    more = searcher.search_like("db1", exclude=("ball",), k=3, offset=2)
+    assert [h.rank for h in more] == [3, 4, 5][: len(more)]
+    assert [h.id for h in more[:3]] == [h.id for h in hits[2:5]]
     # without the exclusion, or excluding what it does not carry, it stays
     assert searcher.search_like("db1", k=5)[0].id in {"db1", "db2"}
     assert "db1" in [h.id for h in searcher.search_like("db1", exclude=("car",), k=5)]

@@ -315,7 +315,12 @@ def render(
         for h in hits:
             print(image_path(searcher, h.row) or h.id, end=end)
         return
-    include = f"like {args.like}" if request.like is not None else ", ".join(query.include)
+    if request.like is not None:
+        from sparsemm.data.sources import text_name
+
+        include = f"like {text_name(str(args.like))}"
+    else:
+        include = ", ".join(query.include)
     print(header(include, query.exclude, answer.strategy))
     print_hits(hits, args.explain, prob)
     if answer.matches is not None and answer.threshold is not None:

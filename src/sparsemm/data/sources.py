@@ -322,10 +322,18 @@ def image_key(path: str | Path) -> str:
     return f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}"
 
 
+def text_name(name: str) -> str:
+    """A file name as text that is valid UTF-8 (an item id, a label): bytes of the name that
+    are not UTF-8 (``caf\\xe9.png`` from a Latin-1 system) are written ``\\xe9``; the file
+    itself is still opened by its real name (the item's ``image``)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def read_image_folder(path: str | Path) -> list[Item]:
     """Every image under ``path`` (recursive; hidden files/folders skipped), sorted.
 
-    id = the path relative to ``path`` (POSIX separators); ``labels`` = [parent folder name]
+    id = the path relative to ``path`` (POSIX separators, :func:`text_name`); ``labels`` =
+    [parent folder name]
     for images in sub-folders (the ImageFolder convention).
     """
     root = Path(path).expanduser()
@@ -342,9 +350,9 @@ def read_image_folder(path: str | Path) -> list[Item]:
             unread[suffix] += 1
         if suffix not in IMAGE_EXTENSIONS or not file.is_file():
             continue
-        item: Item = {"id": rel.as_posix(), "image": str(resolve_path(file))}
+        item: Item = {"id": text_name(rel.as_posix()), "image": str(resolve_path(file))}
         if len(rel.parts) > 1:
-            item["labels"] = [rel.parent.name]
+            item["labels"] = [text_name(rel.parent.name)]
         items.append(item)
     found = ", ".join(f"{n} {ext}" for ext, n in sorted(unread.items()))
     if not items:

@@ -61,8 +61,9 @@ class TermEvidence:
 
     @property
     def text(self) -> str:
-        """e.g. ``dog 0.93`` or ``not cat 0.02``."""
-        return f"{'not ' if self.side == 'exclude' else ''}{self.term} {self.value:.2f}"
+        """e.g. ``dog 0.93``, or ``cat 0.02 (left out)`` for an excluded term: the value is
+        how strongly the item carries the term either way (P(cat) = 0.02, not P(not cat))."""
+        return f"{self.term} {self.value:.2f}{' (left out)' if self.side == 'exclude' else ''}"
 
 
 @dataclass

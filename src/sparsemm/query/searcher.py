@@ -23,6 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.data.collection import Collection, open_collection
+from sparsemm.data.sources import text_name
 from sparsemm.encoders.base import CachedTextEncoder, get_encoder
 from sparsemm.encoders.batching import MAX_BATCH, BatchingTextEncoder
 from sparsemm.errors import SparsemmError
@@ -633,9 +634,20 @@ class Searcher:
                     f"strategy {spec.name!r} ranks text embeddings; a like-query is a sparse "
                     "code (use the default or another sparse strategy)"
                 )
-            with self.like_term(request.like) as term:
-                hits, served = self._ranked(Query((term,), q.exclude), spec, k, offset, {})
-            hits = self._without_excluded_self(hits, request.like)
+            by_id = isinstance(request.like, str) and not Path(request.like).is_file()
+            if by_id and q.exclude:
+                # the item itself may be left out (_without_excluded_self): rank one more
+                # from the top, so the page still holds k hits at the right ranks
+                with self.like_term(request.like) as term:
+                    ranked, served = self._ranked(
+                        Query((term,), q.exclude), spec, offset + k + 1, 0, {}
+                    )
+                hits = self._without_excluded_self(ranked, request.like)[offset : offset + k]
+                for i, h in enumerate(hits):
+                    h.rank = offset + i + 1
+            else:
+                with self.like_term(request.like) as term:
+                    hits, served = self._ranked(Query((term,), q.exclude), spec, k, offset, {})
         else:
             hits, served = self._ranked(q, spec, k, offset, {})
         hits = [h for h in hits if math.isfinite(h.score)]
@@ -978,6 +990,8 @@ class Searcher:
         if self._rows is None:
             self._rows = {str(i): r for r, i in enumerate(self.collection.ids)}
         row = self._rows.get(str(item_id))
+        if row is None:  # a file name given with its own bytes (caf\xe9.png)
+            row = self._rows.get(text_name(str(item_id)))
         if row is None:
             raise SparsemmError(f"no item {item_id!r} in {self.collection.root}; check the id")
         return row
@@ -1001,10 +1015,10 @@ class Searcher:
         if isinstance(like, str) and not Path(like).is_file():
             row = self.row_of(like)
             code = np.asarray(self.item_code(row).toarray()[0], dtype=np.float32)
-            return f"item {like}", code
+            return f"item {self.collection.ids[row]}", code
         if isinstance(like, str | Path) and not Path(like).is_file():
             raise SparsemmError(f"query image not found: {like}")
-        name = Path(like).name if isinstance(like, str | Path) else "uploaded image"
+        name = text_name(Path(like).name) if isinstance(like, str | Path) else "uploaded image"
         return f"image {name}", self.image_code(like)
 
     def search_like(

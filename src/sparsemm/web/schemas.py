@@ -65,12 +65,12 @@ class SearchRequest(BaseModel):
         description="more like this item (its id): its code is the include side; q, include "
         "and exclude then only name what to leave out",
     )
-    min_score: float | None = Field(
+    min_score: float | str | None = Field(
         None,
-        gt=0.0,
-        le=1.0,
-        description="keep only hits whose match probability is at least this (the default "
-        "scorer's scores are probabilities); also the threshold of the match count",
+        max_length=16,
+        description="keep only hits whose match probability is at least this: 0.6 or "
+        "60% (the default scorer's scores are probabilities); also the threshold of the "
+        "match count",
     )
 
     @field_validator("include", "exclude", mode="before")
