@@ -156,7 +156,8 @@ def test_train_detectors_cli_and_captionless_search(tmp_path: Path, capsys) -> N
         assert (dog.term, dog.side, dog.kind) == ("dog", "include", "detector")
         assert (cat.term, cat.side, cat.kind) == ("cat", "exclude", "detector")
         assert dog.value > 0.5 > cat.value and dog.text == f"dog {dog.value:.2f}"
-        assert cat.text.startswith("not cat 0.") and OBJECTS.index("dog") in dog.dims
+        assert cat.text.startswith("cat 0.") and cat.text.endswith(" (left out)")
+        assert OBJECTS.index("dog") in dog.dims
         # the dims checked for an excluded term are those its detector weighs most
         assert OBJECTS.index("cat") in hits[0].excluded[0].dims
         assert hits[0].scored_by == {"dog": "detector", "cat": "detector"}

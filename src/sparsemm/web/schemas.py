@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -65,9 +65,8 @@ class SearchRequest(BaseModel):
         description="more like this item (its id): its code is the include side; q, include "
         "and exclude then only name what to leave out",
     )
-    min_score: float | str | None = Field(
+    min_score: float | Annotated[str, Field(max_length=16)] | None = Field(
         None,
-        max_length=16,
         description="keep only hits whose match probability is at least this: 0.6 or "
         "60% (the default scorer's scores are probabilities); also the threshold of the "
         "match count",
