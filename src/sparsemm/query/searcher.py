@@ -380,6 +380,11 @@ class Searcher:
             return False
         if self.model.detectors is not None:
             return True
+        return self.captionless
+
+    @property
+    def captionless(self) -> bool:
+        """The collection has no captions and no labels (read once)."""
         if self._captionless is None:
             items = self.collection.items
             self._captionless = not any(it.get("captions") or it.get("labels") for it in items)
@@ -391,15 +396,12 @@ class Searcher:
         only on a collection with captions or labels, ``match`` with a model whose terms
         it can read."""
         shared = self.aligner is not None or self.collection.dim == self.collection.text_dim
-        if self._captionless is None:
-            items = self.collection.items
-            self._captionless = not any(it.get("captions") or it.get("labels") for it in items)
         out = []
         for name in available_strategies():
             spec = get_spec(name)
             if spec.kind == "dense" and not shared:
                 continue
-            if "reference" in spec.cls.requires and self._captionless:
+            if "reference" in spec.cls.requires and self.captionless:
                 continue
             if name == "match" and not (
                 self.default_strategy == "match" or self.model.detectors is not None
@@ -635,19 +637,16 @@ class Searcher:
                     "code (use the default or another sparse strategy)"
                 )
             by_id = isinstance(request.like, str) and not Path(request.like).is_file()
-            if by_id and q.exclude:
-                # the item itself may be left out (_without_excluded_self): rank one more
-                # from the top, so the page still holds k hits at the right ranks
-                with self.like_term(request.like) as term:
-                    ranked, served = self._ranked(
-                        Query((term,), q.exclude), spec, offset + k + 1, 0, {}
-                    )
-                hits = self._without_excluded_self(ranked, request.like)[offset : offset + k]
+            # an item may be left out of its own "more like" list (_without_excluded_self):
+            # then rank one more from the top, so the page holds k hits at the right ranks
+            own = self.row_of(request.like) if by_id and q.exclude else None
+            want, first = (offset + k + 1, 0) if own is not None else (k, offset)
+            with self.like_term(request.like) as term:
+                hits, served = self._ranked(Query((term,), q.exclude), spec, want, first, {})
+            if own is not None:
+                hits = self._without_excluded_self(hits, own)[offset : offset + k]
                 for i, h in enumerate(hits):
                     h.rank = offset + i + 1
-            else:
-                with self.like_term(request.like) as term:
-                    hits, served = self._ranked(Query((term,), q.exclude), spec, k, offset, {})
         else:
             hits, served = self._ranked(q, spec, k, offset, {})
         hits = [h for h in hits if math.isfinite(h.score)]
@@ -684,17 +683,16 @@ class Searcher:
             unknown_words=self.unknown_words(q),
         )
 
-    def _without_excluded_self(self, hits: list[Hit], like: Any) -> list[Hit]:
-        """The hits of "more like item X, but not B" without X itself when X likely carries
-        an excluded term (its own code matches itself best, so it came first regardless)."""
-        if not isinstance(like, str) or Path(like).is_file():
-            return hits
-        own = str(like)
+    @staticmethod
+    def _without_excluded_self(hits: list[Hit], own: int) -> list[Hit]:
+        """The hits of "more like item X, but not B" without X (collection row ``own``)
+        when X likely carries an excluded term (its own code matches itself best, so it
+        came first regardless)."""
         return [
             h
             for h in hits
             if not (
-                h.id == own
+                h.row == own
                 and any(e.side == "exclude" and e.value >= MATCH_THRESHOLD for e in h.evidence)
             )
         ]
