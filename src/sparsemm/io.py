@@ -230,6 +230,13 @@ def write_json(path: str | Path, obj: Any) -> None:
         fh.write("\n")
 
 
+def json_sha256(obj: Any) -> str:
+    """SHA-256 of ``obj`` in a canonical JSON form (sorted keys, ASCII, no spaces): what a
+    manifest records to vouch for its own metadata."""
+    text = json.dumps(obj, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
 def loads(text: str | bytes, where: str | Path) -> Any:
     """``json.loads`` with one-line errors naming ``where``: malformed JSON, nesting too deep
     to read (RecursionError), a number too long to convert."""

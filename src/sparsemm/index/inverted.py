@@ -137,6 +137,7 @@ from sparsemm.index.segments import (
 from sparsemm.index.store import Store
 from sparsemm.io import (
     fsync_dir,
+    json_sha256,
     read_json,
     write_json,
 )
@@ -1265,8 +1266,7 @@ def _check_manifest(root: Path, manifest: Any) -> None:
 
 def meta_digest(meta: Any) -> str:
     """SHA-256 of an index's metadata in a canonical JSON form (the manifest records it)."""
-    text = json.dumps(meta, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
+    return json_sha256(meta)
 
 
 def _check_dim(dim: Any) -> None:

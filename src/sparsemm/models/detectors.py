@@ -36,7 +36,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import atomic_open, read_json, sha256_file, write_json
+from sparsemm.io import atomic_open, json_sha256, read_json, sha256_file, write_json
 from sparsemm.text import term_tokens
 
 WEIGHTS_FILE = "detectors.safetensors"
@@ -325,9 +325,7 @@ def fit_logistic(features: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float
 def meta_digest(meta: dict[str, Any]) -> str:
     """SHA-256 of what ``detectors.json`` says besides its own checksum (terms, counts,
     settings, the weights' checksum), in a canonical JSON form."""
-    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
-    text = json.dumps(body, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
+    return json_sha256({k: v for k, v in meta.items() if k != "meta_sha256"})
 
 
 def model_weights_sha256(model_dir: str | Path) -> str | None:

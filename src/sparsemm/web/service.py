@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import hashlib
-import json
 import logging
 import re
 import threading
@@ -26,7 +24,7 @@ import scipy.sparse as sp
 from sparsemm import __version__
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
-from sparsemm.io import read_json
+from sparsemm.io import json_sha256, read_json
 from sparsemm.query.hits import Concept, ExcludedCheck, Hit
 from sparsemm.query.parse import MAX_QUERY_CHARS, Query
 from sparsemm.query.request import QueryRequest, build_request
@@ -103,8 +101,7 @@ def index_version(collection_root: Path) -> tuple[int, str]:
     manifest = read_json(collection_root / INDEX_DIR / "manifest.json")
     if not isinstance(manifest, dict):
         raise SparsemmError(f"{collection_root}/{INDEX_DIR}/manifest.json is not an index manifest")
-    whole = json.dumps(manifest, sort_keys=True).encode()
-    return int(manifest.get("next_segment", 0)), hashlib.sha256(whole).hexdigest()[:16]
+    return int(manifest.get("next_segment", 0)), json_sha256(manifest)[:16]
 
 
 def _stamp(collection_root: Path) -> tuple[tuple[int, int, int], ...]:
