@@ -315,11 +315,7 @@ def served_rank(
             rows, list_bound = plist.top(source, n, fetch, cap)
             bound = min(bound, list_bound)
             bound_exact = min(bound_exact, list_bound - plist.used_err)
-            new = np.setdiff1d(rows, cand)  # sorted, unique
-            if len(new):
-                cand, scores = _merge(
-                    cand, scores, new, _rescore(source, ctx, query, strategy, new, params)
-                )
+            cand, scores = _add_rows(source, ctx, query, strategy, cand, scores, rows, params)
             top = top_rows(scores, want)  # finite scores only
             kth = float(scores[top[-1]]) if len(top) == want else -np.inf
             certified = bool(bound == -np.inf or kth > bound + margin)
@@ -444,11 +440,7 @@ def served_match(
                 every = True
             per_list.append(list_bound)
             exact_per_list.append(list_bound - plist.used_err)
-            new = np.setdiff1d(rows, cand)
-            if len(new):
-                cand, scores = _merge(
-                    cand, scores, new, _rescore(source, ctx, query, "match", new, params)
-                )
+            cand, scores = _add_rows(source, ctx, query, "match", cand, scores, rows, params)
         top = top_rows(scores, want)
         kth = float(scores[top[-1]]) if len(top) == want else -np.inf
         if every:
@@ -534,11 +526,7 @@ def _served_units(
             rows, b = lists.top(u, n)
             if b > -np.inf:
                 bound = max(bound, w * b)
-            new = np.setdiff1d(rows, cand)
-            if len(new):
-                cand, scores = _merge(
-                    cand, scores, new, _rescore(source, ctx, query, "match", new, params)
-                )
+            cand, scores = _add_rows(source, ctx, query, "match", cand, scores, rows, params)
         top = top_rows(scores, want)
         kth = float(scores[top[-1]]) if len(top) == want else -np.inf
         if bound == -np.inf:  # the lists hold every item: all of them were rescored
@@ -646,6 +634,24 @@ def count_matches(
             (p_of(np.arange(lo, min(lo + SCAN_ROWS, total), dtype=np.int64)) >= threshold).sum()
         )
     return count
+
+
+def _add_rows(
+    source: Store,
+    ctx: ExclusionContext,
+    query: Query,
+    strategy: str,
+    cand: np.ndarray,
+    scores: np.ndarray,
+    rows: np.ndarray,
+    params: dict[str, Any],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates (ascending rows, exact scores) with those of ``rows`` not among them
+    yet rescored exactly and merged in."""
+    new = np.setdiff1d(rows, cand)  # sorted, unique
+    if not len(new):
+        return cand, scores
+    return _merge(cand, scores, new, _rescore(source, ctx, query, strategy, new, params))
 
 
 def _merge(
