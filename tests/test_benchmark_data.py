@@ -38,6 +38,51 @@ def test_real_photo_data_is_consistent() -> None:
         assert bool(parsed.exclude) == bool(q["exclude"]), q["text"]
 
 
+def _closure(tags: list[str], implies: dict[str, list[str]]) -> set[str]:
+    out, todo = set(tags), list(tags)
+    while todo:
+        for u in implies.get(todo.pop(), []):
+            if u not in out:
+                out.add(u)
+                todo.append(u)
+    return out
+
+
+def test_photo_pool_is_well_formed() -> None:
+    """The second labelled pool: unique ids and files that clash with nothing in the first,
+    known sources, checksums, labels closed under implies, indoor/outdoor on every photo."""
+    first = json.loads((BENCH / "data" / "real_photos.json").read_text(encoding="utf-8"))
+    data = json.loads((BENCH / "data" / "photo_pool_pypi.json").read_text(encoding="utf-8"))
+    assert data["format"] == "sparsemm.real-photos" and data["version"] == 1
+    assert data["queries"] == []
+    photos, sources, implies = data["photos"], data["sources"], data["implies"]
+    ids = [p["id"] for p in photos]
+    assert len(ids) == len(set(ids)) >= 80
+    assert not set(ids) & {p["id"] for p in first["photos"]}
+    shas = [p["sha256"] for p in photos]
+    assert len(shas) == len(set(shas)) and not set(shas) & {p["sha256"] for p in first["photos"]}
+    taken = {(first["sources"][p["source"]]["package"], p["path"]) for p in first["photos"]}
+    for name, src in sources.items():
+        assert src["kind"] in ("pypi", "deb") and src["package"] and src["version"], name
+        assert src["licence"] and ("module" not in src or src["kind"] == "pypi"), name
+    assert {p["source"] for p in photos} == set(sources) and len(sources) >= 5
+    assert all(isinstance(v, list) and all(isinstance(u, str) for u in v) for v in implies.values())
+    for p in photos:
+        assert p["source"] in sources, p["id"]
+        assert (sources[p["source"]]["package"], p["path"]) not in taken, p["id"]
+        assert len(p["sha256"]) == 64 and set(p["sha256"]) <= set("0123456789abcdef"), p["id"]
+        assert isinstance(p["bytes"], int) and p["bytes"] > 0, p["id"]
+        assert Path(p["path"]).suffix.lower() in {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
+        labels, maybe = p["labels"], p["maybe"]
+        assert labels == sorted(set(labels)) and maybe == sorted(set(maybe)), p["id"]
+        assert _closure(labels, implies) == set(labels), p["id"]
+        assert not set(maybe) & set(labels), p["id"]
+        assert _closure(maybe, implies) <= set(maybe) | set(labels), p["id"]
+        assert len({"indoor", "outdoor"} & set(labels)) == 1 or {"indoor", "outdoor"} <= set(
+            maybe
+        ), p["id"]
+
+
 def test_verification_templates_parse_as_intended() -> None:
     sys.path.insert(0, str(BENCH))
     try:
