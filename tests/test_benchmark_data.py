@@ -1,9 +1,11 @@
 """The benchmarks' own query sets: the real-photo labels and queries are consistent, every
-query parses, a third is held out; the COCO verification templates parse as intended."""
+query parses, a third is held out; the Debian photo pool is well-formed; the COCO
+verification templates parse as intended."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -83,6 +85,80 @@ def test_photo_pool_is_well_formed() -> None:
         ), p["id"]
 
 
+def _pool_problems(pool: dict, taken_ids: set[str]) -> list[str]:
+    """What is wrong with a hand-labelled photo pool (real-photos format, no photos needed)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from real_photos import closure
+    finally:
+        sys.path.remove(str(BENCH))
+    problems = []
+    if pool.get("format") != "sparsemm.real-photos":
+        problems.append("format")
+    imp = pool["implies"]
+    for key, targets in imp.items():
+        if key in closure(targets, imp):
+            problems.append(f"implies cycle through {key!r}")
+    for name, src in pool["sources"].items():
+        if src.get("kind") != "deb" or src.get("package") != name:
+            problems.append(f"source {name}: kind/package")
+        if not src.get("version") or not src.get("licence"):
+            problems.append(f"source {name}: version/licence")
+    word = re.compile(r"[a-z][a-z ]*[a-z]")
+    ids = [p["id"] for p in pool["photos"]]
+    if len(ids) != len(set(ids)):
+        problems.append("duplicate ids")
+    if set(ids) & taken_ids:
+        problems.append(f"ids already used: {sorted(set(ids) & taken_ids)}")
+    shas = [p["sha256"] for p in pool["photos"]]
+    if len(shas) != len(set(shas)):
+        problems.append("the same photo twice")
+    for p in pool["photos"]:
+        pid, labels, maybe = p["id"], p["labels"], p.get("maybe", [])
+        if p["source"] not in pool["sources"]:
+            problems.append(f"{pid}: unknown source")
+        if not re.fullmatch(r"[0-9a-f]{64}", p["sha256"]) or p["bytes"] <= 0:
+            problems.append(f"{pid}: sha256/bytes")
+        if p["path"].startswith("/") or ".." in p["path"].split("/"):
+            problems.append(f"{pid}: path")
+        if not all(word.fullmatch(t) for t in labels + maybe):
+            problems.append(f"{pid}: a label that is not a lower-case word")
+        if labels != sorted(set(labels)) or maybe != sorted(set(maybe)):
+            problems.append(f"{pid}: labels not sorted and unique")
+        if closure(labels, imp) != set(labels):
+            problems.append(f"{pid}: labels miss {sorted(closure(labels, imp) - set(labels))}")
+        if set(maybe) & set(labels):
+            problems.append(f"{pid}: labelled both sure and maybe")
+        if not {"indoor", "outdoor"} & set(labels + maybe) or {"indoor", "outdoor"} <= set(labels):
+            problems.append(f"{pid}: not exactly one of indoor/outdoor")
+    return problems
+
+
+def test_debian_photo_pool_is_well_formed() -> None:
+    data = BENCH / "data"
+    pool = json.loads((data / "photo_pool_deb.json").read_text(encoding="utf-8"))
+    real = json.loads((data / "real_photos.json").read_text(encoding="utf-8"))
+    assert pool["queries"] == []
+    assert 50 <= len(pool["photos"]) <= 120
+    assert len({p["source"] for p in pool["photos"]}) >= 5
+    real_ids = {p["id"] for p in real["photos"]}
+    assert not {p["sha256"] for p in pool["photos"]} & {p["sha256"] for p in real["photos"]}
+    assert _pool_problems(pool, real_ids) == []
+
+
+def test_pool_check_finds_broken_entries() -> None:
+    pool = json.loads((BENCH / "data" / "photo_pool_deb.json").read_text(encoding="utf-8"))
+    first = pool["photos"][0]
+    dog = {"id": "x-dog", "source": first["source"], "path": "a/b.jpg", "labels": ["dog"]}
+    dog |= {"maybe": [], "sha256": "0" * 64, "bytes": 5}
+    broken = dict(pool, photos=[first, dict(first), dog, dict(dog, id="x-2", source="nowhere")])
+    found = "\n".join(_pool_problems(broken, {first["id"]}))
+    assert "duplicate ids" in found and "ids already used" in found
+    assert "the same photo twice" in found and "x-2: unknown source" in found
+    assert "x-dog: labels miss ['animal']" in found
+    assert "x-dog: not exactly one of indoor/outdoor" in found
+
+
 def test_verification_templates_parse_as_intended() -> None:
     sys.path.insert(0, str(BENCH))
     try:
@@ -117,3 +193,27 @@ def test_benchmark_scripts_import(name: str) -> None:
         __import__(name)
     finally:
         sys.path.remove(str(BENCH))
+
+
+def test_no_photo_is_in_two_labelled_files() -> None:
+    """The query set and the pools are judged apart (leave one source out): a photo, or a
+    package, in two files would be a source the fit has seen."""
+    shas: dict[str, str] = {}
+    packages: dict[str, str] = {}
+    for path in sorted((BENCH / "data").glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("format") != "sparsemm.real-photos":
+            continue
+        for p in data["photos"]:
+            assert p["sha256"] not in shas, f"{p['id']} of {path.name} is in {shas[p['sha256']]}"
+            shas[p["sha256"]] = path.name
+        for name, src in data["sources"].items():
+            if src["package"] in packages and packages[src["package"]] != path.name:
+                # one package may give photos to two files only as one source name
+                assert (
+                    name
+                    in json.loads((BENCH / "data" / packages[src["package"]]).read_text())[
+                        "sources"
+                    ]
+                ), f"{src['package']} is a source of {path.name} and {packages[src['package']]}"
+            packages.setdefault(src["package"], path.name)
