@@ -278,9 +278,13 @@ def index_collection(
             model_weights_sha256(model_dir),
         )
         prefix = list(index.ids) == ids[:n_old]
+        model = load_code_model(model_dir, int(meta.get("top_k") or 0) or None)
+        names = model.dim_names()
+        if names is not None and len(names) != index.dim:
+            # same weights, other settings: the photo model now reads regions
+            same_model = False
         if same_model and prefix and n_old == len(ids):
             return index, "index up to date"
-        model = load_code_model(model_dir, int(meta.get("top_k") or 0) or None)
         # Only the concept model codes a subset of items on its own, with fixed labels (class
         # names); an SR index's data-derived labels would go stale, and VDR caches features
         # of the whole collection.
