@@ -29,6 +29,9 @@ from sparsemm.errors import SparsemmError
 logger = logging.getLogger(__name__)
 
 CARRIED = ("index", "concepts")  # sub-folders kept when the collection only grows
+# Manifest mark of a collection whose photos were embedded upright (EXIF orientation
+# applied); in one without it, the photos that carry an orientation tag are embedded again.
+ORIENTATION_MARK = "exif"
 
 
 @dataclass
@@ -42,6 +45,7 @@ class SyncReport:
     skipped: list[dict[str, Any]] = field(default_factory=list)  # unreadable images
     unchanged: int = 0
     created: bool = False  # there was no collection before
+    rewrite: bool = False  # only the manifest or item metadata changed
     norms: dict[str, float] = field(default_factory=dict)  # image key -> pooled norm
 
     @property
@@ -51,7 +55,7 @@ class SyncReport:
 
     @property
     def touched(self) -> bool:
-        return bool(self.added or self.changed or self.removed or self.created)
+        return bool(self.added or self.changed or self.removed or self.created or self.rewrite)
 
 
 def file_stamp(path: str | Path) -> str:
@@ -150,6 +154,20 @@ class NormRecordingEncoder:
         return l2_normalize(raw) if normalize else raw
 
 
+def turned(path: str | Path) -> bool:
+    """Whether an image file carries an EXIF orientation other than upright (its header is
+    read, no pixels are decoded); False for a file Pillow cannot open."""
+    from PIL import Image
+
+    from sparsemm.encoders.hf import exif_orientation
+
+    try:
+        with Image.open(path) as img:
+            return exif_orientation(img) != 1
+    except Exception:  # unreadable: reported where it is decoded
+        return False
+
+
 def _key(item: Item) -> tuple[str, tuple[str, ...]]:
     return str(item.get("stamp")), tuple(item.get("captions") or ())
 
@@ -223,10 +241,20 @@ def _sync(
     report.skipped = list(known_bad.values())
     order: list[Item] = [incoming[i] for i in old_items if i in incoming]
     order += [it for it in items if it["id"] not in old_items and it["id"] not in known_bad]
+    # A collection embedded before photos were read upright: those with an orientation tag
+    # are embedded again (the others' pixels read the same either way).
+    sideways: set[str] = set()
+    if old is not None and old.manifest.get("orientation") != ORIENTATION_MARK:
+        report.rewrite = True  # the mark is recorded even when no photo needs it
+        sideways = {it["id"] for it in order if it["id"] in old_items and turned(it["image"])}
+        if sideways:
+            logger.info("embedding %d photos with an EXIF orientation again", len(sideways))
     todo = [
         pos
         for pos, it in enumerate(order)
-        if it["id"] not in old_items or _key(old_items[it["id"]][1]) != _key(it)
+        if it["id"] not in old_items
+        or _key(old_items[it["id"]][1]) != _key(it)
+        or it["id"] in sideways
     ]
     for pos in todo:
         (report.changed if order[pos]["id"] in old_items else report.added).append(order[pos]["id"])
@@ -272,6 +300,7 @@ def _sync(
     )
     manifest_extra = {
         "image_kind": "pixels",
+        "orientation": ORIENTATION_MARK,
         "source": {"path": str(Path(source).resolve()), "kind": "photo folder (sparsemm up)"},
     }
     report.collection = write_collection(
