@@ -204,6 +204,10 @@
           `#${hit.rank} · ${formatScore(hit.score, probabilistic)}`,
         ),
       ),
+      (hit.also || []).length
+        ? el("div", { class: "also", title: "the same photo (same bytes, or a link) at other paths" },
+            `also: ${hit.also.join(", ")}`)
+        : null,
       bad.length
         ? el("div", { class: "violation", title: "its labels name a term you left out" },
             `✗ has ${bad.join(", ")}`)
