@@ -561,6 +561,10 @@ def test_duplicates_are_one_photo_with_their_other_paths(
         body = client.get("/api/search", params={"q": "no cat", "k": 5}).json()
         api = {h["id"]: h["also"] for h in body["hits"]}
         assert api == {"p0.png": ["backup/p0.png", "shortcut.png"], "p1.png": [], "p2.png": []}
+    from sparsemm.cli.search import print_answer
+
+    print_answer(body)  # the text of a search a running server answered
+    assert "       also: backup/p0.png, shortcut.png" in capsys.readouterr().out.splitlines()
 
     # the first copy deleted: the photo stays, under its remaining path, nothing embedded
     (photos / "p0.png").unlink()
