@@ -561,6 +561,8 @@ def test_duplicates_are_one_photo_with_their_other_paths(
         body = client.get("/api/search", params={"q": "no cat", "k": 5}).json()
         api = {h["id"]: h["also"] for h in body["hits"]}
         assert api == {"p0.png": ["backup/p0.png", "shortcut.png"], "p1.png": [], "p2.png": []}
+        item = client.get("/api/items/p0.png/explain", params={"q": "no cat"}).json()["item"]
+        assert item["also"] == ["backup/p0.png", "shortcut.png"]  # the page's side panel
     from sparsemm.cli.search import print_answer
 
     print_answer(body)  # the text of a search a running server answered

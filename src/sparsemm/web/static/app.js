@@ -470,6 +470,7 @@
       el("div", { class: "panel-image" }, thumbnail(item, 320, true)),
       el("h2", {}, item.caption || item.id),
       el("p", { class: "muted" }, `id ${item.id}`, item.labels.length ? ` · labels: ${item.labels.join(", ")}` : ""),
+      (item.also || []).length ? el("p", { class: "muted also" }, `also: ${item.also.join(", ")}`) : null,
       others.length ? el("ul", { class: "captions" }, others.map((c) => el("li", {}, c))) : null,
       el("h3", {}, "Matched concepts"),
       el("p", { class: "note" }, `Concept dimensions shared by ${describe(data.query)} and this item; weight = contribution to the score.`),
