@@ -214,8 +214,15 @@ def print_answer(answer: dict) -> None:
     prob = bool(answer.get("probabilistic"))
     for h in hits:
         print(hit_line(h["rank"], h["id"], h["score"], h["caption"], prob))
+        if h.get("also"):
+            print(also_line(h["also"]))
     if not hits:
         print("no results")
+
+
+def also_line(paths: Sequence[str]) -> str:
+    """The line under a hit naming its other paths (copies with the same bytes, links)."""
+    return f"       also: {', '.join(paths)}"
 
 
 def header(include: str, exclude: Sequence[str], strategy: str) -> str:
@@ -340,6 +347,8 @@ def print_hits(hits: list[Hit], explain: bool, probabilistic: bool = False) -> N
     """The text output's result lines (and with ``explain`` the why of each)."""
     for h in hits:
         print(hit_line(h.rank, h.id, h.score, h.caption, probabilistic))
+        if h.also:
+            print(also_line(h.also))
         if explain:
             for c in h.matched:
                 print(f"       matched dim {c.dim} (+{c.weight:.3f}): {', '.join(c.words[:5])}")

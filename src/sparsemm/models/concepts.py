@@ -815,6 +815,7 @@ def evidence_source(model: ImageNetConceptModel) -> dict[str, Any]:
         "image_size": int(model.config.image_size),
         "face_max_side": FACE_MAX_SIDE,
         "top": EVIDENCE_TOP,
+        "orientation": "exif",  # photos read upright (evidence from sideways pixels is redone)
     }
     if model.config.regions:
         out["tiles"] = [float(model.config.tile_fraction), int(model.config.max_tiles)]

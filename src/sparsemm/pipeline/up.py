@@ -304,7 +304,9 @@ def index_collection(
         )
     elif reason != "new collection":
         pass  # damaged: said above
-    elif report is not None and (report.changed or report.removed):
+    elif report is not None and (
+        report.changed or report.removed or report.renamed or report.joined
+    ):
         reason = "photos changed or were removed"
     elif report is not None and not report.created:
         reason = "no index yet"
@@ -341,6 +343,7 @@ class UpReport:
     unchanged: int
     removed: list[str] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
+    duplicates: int = 0  # files folded into the photo they copy (listed as its `also`)
     index_action: str = ""  # "index up to date", "built the index (...)", ...
     concepts_per_item: float = 0.0
     seconds: float = 0.0
@@ -481,6 +484,17 @@ def _up(
         f"collection: {len(report.collection.items)} photos ({len(report.added)} new, "
         f"{len(report.changed)} changed, {report.unchanged} unchanged)"
     )
+    if report.folded:
+        say(
+            f"{report.folded} duplicate file(s) (same bytes as another photo, or a link to one) "
+            "folded: each photo is shown once, with its other paths"
+        )
+    if report.renamed:
+        shown = ", ".join(f"{o} -> {n}" for o, n in report.renamed[:5])
+        say(f"{len(report.renamed)} photo(s) kept under another of their paths: {shown}")
+    if report.joined:
+        shown = ", ".join(report.joined[:5]) + (" ..." if len(report.joined) > 5 else "")
+        say(f"{len(report.joined)} photo(s) now a copy of another photo, shown with it: {shown}")
     if report.removed:
         shown = ", ".join(report.removed[:5]) + (" ..." if len(report.removed) > 5 else "")
         say(f"removed {len(report.removed)} photo(s) no longer in the folder: {shown}")
@@ -515,6 +529,7 @@ def _up(
         unchanged=report.unchanged,
         removed=list(report.removed),
         skipped=list(report.skipped),
+        duplicates=report.folded,
         index_action=what,
         concepts_per_item=per_item,
         seconds=time.perf_counter() - t0,

@@ -843,6 +843,7 @@ class Searcher:
             score=score,
             caption=caps[0],
             labels=list(item.get("labels", [])),
+            also=[str(a) for a in item.get("also") or []],
         )
         hit.matched, hit.excluded = why.explain(codes, i)
         return hit
