@@ -6,8 +6,11 @@ have detectors for SR, the vocabulary concepts of CLIP). :class:`ConceptVocabula
 each unit at a WordNet noun synset and reads a query term as the units that cover it:
 
 1. the term's noun senses, most frequent first, keeping those that are physical things
-   (below ``physical entity``); everyday words WordNet reads otherwise are mapped first
-   (:data:`OVERRIDES`: "people" is a group noun there, the plural of "person" here);
+   (below ``physical entity``) and never an instance (Clarence Day is no reading of
+   "day"); everyday words WordNet reads otherwise are mapped first (:data:`OVERRIDES`:
+   "people" is a group noun there, the plural of "person" here; "indoors", "selfie");
+   kinds with nothing below them in WordNet are read as groups (:data:`GROUPS`: pet,
+   landmark);
 2. the first sense that has units at it or below it is the reading: "vehicle" covers
    car, bus, minivan, canoe, ...; "dog" every breed (``how`` = "exact" when one unit sits at
    the sense itself and nothing else, else "narrower");
@@ -19,9 +22,17 @@ each unit at a WordNet noun synset and reads a query term as the units that cove
    ``note``); other words are not widened ("kitchen" is not searched as "area");
 5. a phrase ("a cup of coffee", "a boat on a lake") is read noun by noun (longest WordNet
    nouns first, filler words such as "group", "photo" and "kind" left out): all its nouns
-   must be present; a noun with no units is left out with a note when another one is read;
+   must be present; a count ("two dogs") or a describing word ("big") is left out with a
+   note, but a thing the model cannot see ("sunset", "red", "kitchen") refuses the
+   phrase as it refuses the word alone, never silently;
 6. a term with no reading is refused (:class:`UnknownTerm`) with the closest concepts the
-   model knows (by the model's text similarity when it has one, else by spelling).
+   model knows: curated ones for what no model here sees (:data:`UNSEEN`: the time of
+   day, colours, text), a spelling fix only for a word that is no English word, else by
+   the model's text similarity when it has one; a term covering nearly every unit is
+   refused as too broad (:class:`TooBroad`: "entity", "physical entity");
+7. "cats or dogs" is one concept, the union of the alternatives' units
+   (:meth:`ConceptVocabulary.read_union`); :meth:`ConceptVocabulary.implies` says when an
+   excluded term covers an included one ("dog but not animal").
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ Rules, in the order they matter:
   or quoted phrase, search-engine style; the words after it are included again. A ``-``
   inside a word (``t-shirt``) is part of the word.
 * **Prefix negation cues** open an exclusion of the noun phrase that follows them: ``no``,
-  ``not``, ``without``, ``except (for)``, ``excluding``, ``exclude``, ``minus``, ``w/o``,
+  ``not``, ``without``, ``except (for)``, ``other than``, ``apart from``, ``aside from``,
+  ``excluding``, ``exclude``, ``minus``, ``w/o``,
   ``lacks``/``lacking``/``lack of``, ``devoid of``, ``free of``/``free from``, ``empty of``,
   ``absence of``, ``no sign/trace of``, ``isn't``/``aren't``, ``doesn't have/contain/show``,
   ``not wearing/holding/...``, and the inverted ``absent is any X`` / ``missing: X``.
@@ -40,7 +41,9 @@ Rules, in the order they matter:
 * **Person cues** exclude ``person``: ``nobody``, ``no one``, ``unoccupied``,
   ``uninhabited``, ``deserted``, ``unpopulated``.
 * The excluded noun phrase is at most three words and ends before a preposition, a verb,
-  a clause word or punctuation (``no dining table in the room`` -> ``dining table``).
+  a clause word or punctuation (``no dining table in the room`` -> ``dining table``); an
+  -ing or -ed word that starts a WordNet noun stays in it (``not parking meter``, ``not
+  living thing``). ``anything other than cats`` excludes cats and includes nothing.
   Presence filler after it is dropped: ``in the image``, ``in sight``, ``to be seen``,
   ``in the scene``, ``is visible``, ``anywhere``, ``at all``... A list continues the
   exclusion: ``no dogs or cats``, ``dog but not cat, bird`` (a comma continues only when the
@@ -50,6 +53,9 @@ Rules, in the order they matter:
   else the remaining text is kept whole as one *phrase*, the form a similarity scorer needs
   (``man is making pizzas in a kitchen``). Leading articles and "<photo|picture|...> of"
   are stripped; plurals are kept as typed (matching them is the searcher's job).
+  Alternatives joined by ``or`` are one term, their articles dropped (``a cat or a dog``
+  -> ``cat or dog``; a model reads it as the union of both); after a cue ``or`` lists
+  exclusions instead (``but not cats or dogs`` excludes both).
 * ``exclude=`` values (the CLI's ``--exclude``) are added to the excluded terms; a value may
   hold several comma-separated terms. Duplicates are dropped, first occurrence wins.
 * Control characters count as spaces and invisible format characters are dropped.
