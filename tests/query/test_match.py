@@ -145,7 +145,13 @@ def test_detector_index_path_equals_ranking_every_item(tmp_path: Path) -> None:
     index = InvertedIndex.build(tmp_path / "ix", codes, [str(i) for i in range(4000)])
     full = sr_context(codes, det)
     text = sr_context(sp.csr_matrix((0, d), dtype=np.float32), det)
-    for q in ("dog but not cat", "an animal but no car", "vehicles, no bus", "a man with a hat"):
+    for q in (
+        "dog but not cat",
+        "an animal but no car",
+        "vehicles, no bus",
+        "a man with a hat",
+        "dogs or cars but not a bus",
+    ):
         query = parse_query(q)
         want_rows, want_scores = rank_query(full, query, "match", k=10)
         got = served_match(index, text, query, k=10, candidates=16, nonnegative=True)

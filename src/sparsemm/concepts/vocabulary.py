@@ -517,7 +517,10 @@ class ConceptVocabulary:
                     chunk = " ".join(words[i : i + n])
                     if not self._names_a_thing(chunk):
                         continue
-                    c = self.read_noun(chunk)
+                    try:
+                        c = self.read_noun(chunk)
+                    except TooBroad:  # "an object on a table": a description, not names
+                        return None
                     if c is not None and c.how != "broader":
                         concepts.append(c)
                         i += n
