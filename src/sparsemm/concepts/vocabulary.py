@@ -402,7 +402,7 @@ class ConceptVocabulary:
         if re.search(r"\bor\b", text):
             return Reading(term, (self.read_union(term),))
         if text in UNSEEN:
-            raise UnknownTerm(term, self.refusal(term), self.suggest(term))
+            raise self.unknown(term)
         whole = self.read_noun(text) if text else None
         if whole is not None:
             return Reading(term, (whole,))
@@ -444,9 +444,9 @@ class ConceptVocabulary:
         if unseen and concepts:
             raise UnknownTerm(term, self._phrase_refusal(term, unseen[0], concepts))
         if unseen:  # "something red", "a sunny day": refused as the word alone would be
-            raise UnknownTerm(term, self.refusal(unseen[0]), self.suggest(unseen[0]))
+            raise self.unknown(unseen[0], term)
         if not concepts:
-            raise UnknownTerm(term, self.refusal(term), self.suggest(term))
+            raise self.unknown(term)
         seen: set[tuple[tuple[int, float], ...]] = set()
         unique = []
         for c in concepts:  # "dog and dogs" is one concept
@@ -544,24 +544,33 @@ class ConceptVocabulary:
             return any(self.synsets[u] for u in self._by_name.get(key, ()))
         return self.physical(senses[0])
 
-    def refusal(self, term: str) -> str:
+    def unknown(self, word: str, term: str | None = None) -> UnknownTerm:
+        """The refusal of ``word`` (typed as ``term``, default the word itself), with its
+        suggestions computed once."""
+        near = self.suggest(word)
+        return UnknownTerm(term or word, self.refusal(word, near), near)
+
+    def refusal(self, term: str, near: Sequence[str] | None = None) -> str:
+        """Why ``term`` is refused, in one line (``near``: its suggestions, computed when
+        not given)."""
         key = normalise(term)
+        near = self.suggest(term) if near is None else near
+        hint = f"; closest concepts it knows: {', '.join(near)}" if near else ""
         if key in UNSEEN:
-            near = self.suggest(term)
-            hint = f"; closest concepts it knows: {', '.join(near)}" if near else ""
             return f"{term!r} is not something this model can see ({UNSEEN[key][0]}){hint}"
         if not self._english_any(term):
-            typo = self.spelling(term)
-            if typo:  # a misspelt word: say what it probably is
-                fix = " or ".join(typo)
+            if near:  # a misspelt word: say what it probably is
+                fix = " or ".join(near)
                 return f"{term!r} is not an English word WordNet knows; did you mean {fix}?"
-        near = self.suggest(term)
+            return (
+                f"{term!r} is not something this model can see (it is no English word "
+                "WordNet knows; check the spelling)"
+            )
         known = (
             "WordNet has no such noun"
             if not self._senses_any(term)
             else ("this model has nothing that shows it")
         )
-        hint = f"; closest concepts it knows: {', '.join(near)}" if near else ""
         return f"{term!r} is not something this model can see ({known}){hint}"
 
     def spelling(self, term: str, k: int = 3) -> list[str]:
@@ -618,9 +627,9 @@ class ConceptVocabulary:
         if key in UNSEEN:  # curated: what a person would search instead (none: colours)
             return [w for w in UNSEEN[key][1] if self._readable(w)][:k]
         if not self._english_any(term):
-            typo = self.spelling(term, k)
-            if typo:
-                return typo
+            # no English word: a typo's fix or nothing; a string with no meaning is not
+            # worth the text encoder's time (nor a flood of them)
+            return self.spelling(term, k)
         if self.similar is not None:
             try:
                 return list(dict.fromkeys(self.similar(term, k)))[:k]

@@ -442,7 +442,7 @@ def refuse_self_exclusion(
 
 def unknown(term: str, vocabulary: ConceptVocabulary) -> UnknownTerm:
     """The refusal of a term no scorer can read."""
-    return UnknownTerm(term, vocabulary.refusal(term), vocabulary.suggest(term))
+    return vocabulary.unknown(term)
 
 
 # -- CLIP-like encoders: zero-shot -------------------------------------------------------------
