@@ -249,8 +249,9 @@ class DetectorScorer:
         return c
 
     def read(self, term: str) -> TermReading:
-        if re.search(r"\bor\b", term):
-            return self._read_union(term)
+        union = self._read_union(term) if re.search(r"\bor\b", term) else None
+        if union is not None:
+            return union
         if term and len(term.split()) <= self.max_words:
             c = self.vocabulary.read_noun(term)
             # the word's own detector, looked up by its singular words when they are all of
@@ -273,19 +274,20 @@ class DetectorScorer:
             return TermReading(term, "concepts", concepts, tuple(names.notes), "detector")
         return TermReading(term, "similarity", (), (), "code similarity")
 
-    def _read_union(self, term: str) -> TermReading:
-        """ "cats or dogs": one concept over the alternatives' detectors (the most probable
-        one is taken, as for a category word); SparsemmError when an alternative has none."""
+    def _read_union(self, term: str) -> TermReading | None:
+        """'cats or dogs': one concept over the alternatives' detectors (the most probable
+        one is taken, as for a category word). None when an alternative is not one thing
+        with a detector ("a man riding a bike or walking a dog"): the term is then read as
+        any other, a description scored by its code similarity."""
         alternatives = [a for a in re.split(r"\s*\bor\b\s*", term) if a.strip()]
         parts: list[Concept] = []
         for alt in alternatives:
             r = self.read(re.sub(r"^(either|a|an|the)\s+", "", alt))
             if r.kind != "concepts" or len(r.concepts) != 1:
-                raise SparsemmError(
-                    f"{alt!r} in {term!r} is not one thing this model has a detector for; "
-                    "'or' joins such things ('cats or dogs'): search it separately"
-                )
+                return None
             parts.append(r.concepts[0])
+        if len(parts) < 2:
+            return None
         units: dict[int, float] = {}
         for c in parts:
             for u, w in c.units:
