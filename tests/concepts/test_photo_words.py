@@ -64,6 +64,7 @@ def test_indoors_and_outdoors_are_judged_from_what_implies_them(vocab: ConceptVo
         assert {"dining table", "bookcase", "refrigerator"} <= names(vocab, term)
     for term in ("outdoors", "outside", "an outdoor photo"):
         assert {"alp", "seashore", "school bus"} <= names(vocab, term), term
+    assert names(vocab, "the ocean") == names(vocab, "sea")
     people_out = vocab.read("people outside")
     assert [c.label for c in people_out.concepts] == ["person", "outdoors"]
 

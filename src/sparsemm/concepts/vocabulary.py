@@ -80,6 +80,8 @@ OVERRIDES: dict[str, str] = {
     "open air": "outdoors",
     "selfie": "face",
     "selfies": "face",
+    "ocean": "sea",  # WordNet's ocean is a sibling of the sea, which photos show alike
+    "oceans": "sea",
 }
 # Notes for words read as something else (the reading says what the model cannot tell).
 WORD_NOTES: dict[str, str] = {
