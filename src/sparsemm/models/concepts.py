@@ -124,6 +124,10 @@ class ConceptConfig:
     exclude_region_weight: float = 1.0
     exclude_presence_scale: float = 1.0
     exclude_presence_bias: float = 0.0
+    # a word read as a broader thing ("a woman" as a person): P(word) = share * P(broader),
+    # the share of photos of the broader thing that show the word's (fitted on labelled
+    # photos): the model cannot tell a woman from a man, so it says how likely she is
+    broader_share: float = 1.0
 
     def __post_init__(self) -> None:
         # config.json stores a list; the frozen config keeps a tuple either way
@@ -154,6 +158,8 @@ class ConceptConfig:
             raise ValueError("tile_fraction in [0.2, 1] and max_tiles >= 1 required")
         if not (0.0 <= self.region_weight <= 1.0 and 0.0 <= self.exclude_region_weight <= 1.0):
             raise ValueError("region_weight and exclude_region_weight must be in [0, 1]")
+        if not 0.0 < self.broader_share <= 1.0:
+            raise ValueError("broader_share must be in (0, 1]")
         if self.exclude_presence_scale <= 0:
             raise ValueError("exclude_presence_scale must be positive")
 

@@ -191,6 +191,8 @@ class UnitScorer:
         out = np.ones(codes.shape[0])
         for c in reading.concepts:
             out = out * self.concept_probability(c, codes, excluded=excluded)
+            if c.how == "broader":  # "a woman" read as a person: the share that are
+                out = out * float(getattr(self.model.config, "broader_share", 1.0))
         return out
 
     def bound(self, reading: TermReading, ctx: Any) -> TermBound | None:
