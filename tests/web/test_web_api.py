@@ -278,3 +278,14 @@ def test_sentences_and_exclusion_only_queries(client: TestClient) -> None:
     got = [h["id"] for h in body["hits"]]
     cats = [got.index(i) for i in with_("cat") if i in got]
     assert cats and min(cats) > max(got.index(i) for i in got if i not in with_("cat"))
+
+
+def test_hits_say_how_each_term_was_scored_as_the_cli_does(client: TestClient) -> None:
+    """`search --explain` prints "scored: 'dog' by ..." from a running server too: the API's
+    hits carry the scorer's per-term source (Hit.scored_by)."""
+    body = client.get("/api/search", params={"q": "dog but not cat", "k": 3}).json()
+    assert body["hits"] and all(
+        h["scored_by"] == {"dog": "code similarity", "cat": "code similarity"} for h in body["hits"]
+    )
+    # codes that are not class probabilities: every concept the page is given may show
+    assert client.get("/api/health").json()["concept_floor"] == 0.0

@@ -119,6 +119,8 @@ class HitOut(ItemOut):
     matched: list[ConceptOut]
     excluded: list[ExcludedOut]
     evidence: list[EvidenceOut] = []
+    # how the served scorer judged each query term ("dog": "detector"), as `search --explain`
+    scored_by: dict[str, str] = {}
     violations: list[str] = []  # excluded terms among the item's labels (it breaks the query)
 
 
@@ -186,3 +188,6 @@ class HealthOut(BaseModel):
     max_k: int
     max_query_chars: int
     filter_threshold: float  # the filter strategy drops items whose peak exceeds this
+    # an item's own concept is worth showing from this value (its codes are class
+    # probabilities: a 3% "volcano" on a sunset is noise); 0 when codes are not probabilities
+    concept_floor: float = 0.0

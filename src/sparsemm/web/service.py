@@ -69,6 +69,9 @@ RELOAD_CHECK_SECONDS = 1.0  # how often a request stats the manifests for a re-i
 # requests are done (they finish within QUEUE_TIMEOUT plus a search); checked this often.
 RESETTLE_SECONDS = 15.0
 MAX_DIM_ITEMS = 100
+# The photo concept model's codes are class probabilities: below this one a class is a
+# guess, not something a reader should see named on a photo ("wig", "bassoon" at 2-4%).
+CONCEPT_FLOOR = 0.1
 
 
 # ------------------------------------------------------------------------------- queries
@@ -444,6 +447,7 @@ class SearchService:
                 )
                 for e in hit.evidence
             ],
+            scored_by=dict(hit.scored_by),
             violations=violations(fields["labels"], exclude),
         )
 
@@ -468,7 +472,13 @@ class SearchService:
             max_k=MAX_K,
             max_query_chars=MAX_QUERY_CHARS,
             filter_threshold=float(HardFilter.params["threshold"]),
+            concept_floor=CONCEPT_FLOOR if self._probability_codes() else 0.0,
         )
+
+    def _probability_codes(self) -> bool:
+        """Whether the item codes hold class probabilities (the photo concept model)."""
+        model = self.searcher.model
+        return getattr(model, "kind", "") == "imagenet_concepts" and not model.unit_codes
 
     def _bound_caches(self) -> None:
         """Drop the strategy context's per-query caches once they pass MAX_CACHE_BYTES
