@@ -3,6 +3,11 @@ first hour"): evidence that reads as what it is, readable concept names, ..."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
+import pytest
+
 from sparsemm.models.concepts import dimension_names
 from sparsemm.query.hits import TermEvidence
 from sparsemm.query.request import evidence_text
@@ -30,3 +35,57 @@ def test_imagenets_two_cranes_have_readable_names() -> None:
     assert names == ["crane (bird)", "crane (machine)", "maillot (tights)",
                      "maillot (tank suit)", "tabby"]  # fmt: skip
     assert not any("class" in n for n in names)
+
+
+def _photos(folder: Path, n: int = 2) -> Path:
+    from PIL import Image
+
+    folder.mkdir(parents=True)
+    for i in range(n):
+        Image.new("RGB", (32, 32), (40 * i, 90, 200)).save(folder / f"p{i}.png")
+    return folder
+
+
+def test_up_with_clip_and_no_weights_fails_at_once_naming_its_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Offline with no cached CLIP: one line at once (not 32 s of the hub client's retries,
+    each warning twice), naming `up`'s own flag --encoder-model (not --model, which `up`
+    refuses with --encoder clip)."""
+    pytest.importorskip("transformers")
+    from sparsemm.cli.main import main
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    photos = _photos(tmp_path / "photos")
+    t0 = time.perf_counter()
+    argv = ["up", str(photos), "-o", str(tmp_path / "out"), "--encoder", "clip", "--no-serve"]
+    status = main([*argv, "--no-progress"])
+    took = time.perf_counter() - t0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert status == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "--encoder-model DIR" in lines[0] and "HF_HUB_OFFLINE" in lines[0]
+    assert " --model" not in lines[0]
+    assert took < 10, took  # asked before importing the model code; no download attempts
+
+
+def test_the_hub_is_unreachable_without_a_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from sparsemm.encoders.hf import hub_unreachable
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.example:8443")
+    asked: list[tuple[str, int]] = []
+
+    def refuse(address: tuple[str, int], timeout: float) -> None:
+        asked.append(address)
+        raise OSError("no route")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    why = hub_unreachable()
+    assert why and "hub.example cannot be reached" in why and asked == [("hub.example", 8443)]
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    assert hub_unreachable() == "TRANSFORMERS_OFFLINE is set"

@@ -448,9 +448,13 @@ def _up(
     )
     if clip:
         from sparsemm.data.encode import encoder_info
+        from sparsemm.encoders.hf import WeightsUnavailable
 
         kwargs = {"model": encoder_model} if encoder_model else {}
-        encoder = get_encoder(encoder_name, **kwargs)
+        try:
+            encoder = get_encoder(encoder_name, **kwargs)
+        except WeightsUnavailable as exc:  # `up` takes the folder as --encoder-model
+            raise SparsemmError(exc.line("--encoder-model")) from None
         text_encoder: Any = encoder  # one model embeds images, captions and queries
         text_info = encoder_info(encoder)
         model_dir = out / MODEL
