@@ -522,3 +522,27 @@ def test_sub_folder_names_are_not_labels_of_photos(
     items = open_collection(out / "collection").items
     assert {it["id"] for it in items} == {"dog walk/a.png", "b.png"}
     assert not any(it.get("labels") for it in items)
+
+
+def test_a_running_page_sees_photos_added_later(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/own-photos.md, "Re-running": a server started on the folder serves the photos a
+    later `up --no-serve` adds, on its next request (it notices the new index), no restart."""
+    from fastapi.testclient import TestClient
+
+    from sparsemm.web.app import create_app
+
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    for i in range(2):
+        _photo(photos / f"p{i}.png", i)
+    assert _up(photos, out, capsys)[0] == 0
+    app = create_app(out / "collection")
+    app.state.service.check_every = 0.0  # look at the index at every request
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        assert client.get("/api/health").json()["items"] == 2
+        _photo(photos / "later" / "new.png", 4)
+        assert _up(photos, out, capsys)[0] == 0
+        assert client.get("/api/health").json()["items"] == 3
+        r = client.get("/api/search", params={"like": "later/new.png", "k": 3})
+        assert r.status_code == 200 and "later/new.png" in [h["id"] for h in r.json()["hits"]]
