@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -289,3 +290,20 @@ def test_hits_say_how_each_term_was_scored_as_the_cli_does(client: TestClient) -
     )
     # codes that are not class probabilities: every concept the page is given may show
     assert client.get("/api/health").json()["concept_floor"] == 0.0
+
+
+def test_a_hit_that_likely_shows_a_left_out_term_is_marked(web_app: Any) -> None:
+    """A photo folder has no labels: an upload of a cat "but not cat" lists the cats when
+    nothing else looks like it (at a low match); the card says they show one."""
+    from sparsemm.query.hits import Hit, TermEvidence
+
+    service = web_app.state.service
+    row = service.row("d1")
+
+    def hit(p_cat: float, kind: str = "classifier") -> Hit:
+        ev = [TermEvidence("cat", "exclude", kind, p_cat)]
+        return Hit(rank=1, row=row, id="d1", score=0.1, caption="", labels=[], evidence=ev)
+
+    assert service._hit(hit(0.89), "", ["cat"]).violations == ["cat"]
+    assert service._hit(hit(0.2), "", ["cat"]).violations == []
+    assert service._hit(hit(0.89, "code similarity"), "", ["cat"]).violations == []

@@ -121,7 +121,9 @@ class HitOut(ItemOut):
     evidence: list[EvidenceOut] = []
     # how the served scorer judged each query term ("dog": "detector"), as `search --explain`
     scored_by: dict[str, str] = {}
-    violations: list[str] = []  # excluded terms among the item's labels (it breaks the query)
+    # excluded terms the item most likely shows (its labels name them, or the scorer gives
+    # them 50% or more): it breaks the query
+    violations: list[str] = []
 
 
 class ItemDetailOut(ItemOut):

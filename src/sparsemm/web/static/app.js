@@ -125,11 +125,11 @@
   const MAX_CHIPS = 4;
 
   /** The concepts worth showing, strongest first. */
-  function shownConcepts(concepts, floor = 0) {
+  function shownConcepts(concepts, floor = 0, most = MAX_CHIPS) {
     const top = Math.max(0, ...concepts.map((c) => c.weight));
     return concepts
       .filter((c) => c.weight > 0 && c.weight >= CHIP_SHARE * top && c.weight >= floor)
-      .slice(0, MAX_CHIPS);
+      .slice(0, most);
   }
 
   /** A clickable concept chip: click leaves the concept out. Query concepts are inert. */
@@ -229,7 +229,7 @@
         ),
       ),
       bad.length
-        ? el("div", { class: "violation", title: "its labels name a term you left out" },
+        ? el("div", { class: "violation", title: "it shows a term you left out (its labels name it, or the scorer finds it likely)" },
             `✗ has ${bad.join(", ")}`)
         : null,
       el("div", { class: "chips", "aria-label": "matched concepts" }, shownConcepts(hit.matched).map(chip)),
@@ -367,7 +367,7 @@
             ? `Showing ${n} for ${describe(data.query)}`
             : `Showing ${n} of ${of} for ${describe(data.query)}`) +
           matches +
-          (flagged ? ` · ${flagged} marked ✗ carry a term you left out (by their labels)` : "")
+          (flagged ? ` · ${flagged} marked ✗ show a term you left out (by their labels, or 50% likely)` : "")
         : `No results for ${describe(data.query)}${matches}.`;
       for (const note of data.notes || []) statusLine.textContent += ` · ${note}`;
       const unknown = data.unknown_words || [];
@@ -520,7 +520,7 @@
       el("h3", {}, "Matched concepts"),
       el("p", { class: "note" }, `Concept dimensions shared by ${describe(data.query)} and this item; weight = contribution to the score.`),
       data.matched.length
-        ? conceptTable(data.matched, "contribution to the score")
+        ? conceptTable(shownConcepts(data.matched, 0, data.matched.length), "contribution to the score")
         : el("p", { class: "muted" }, state.like && state.like.kind === "image"
           ? "Shared concepts are shown for text and “more like this” searches."
           : "No concept in common with the query."),
