@@ -126,6 +126,12 @@ def test_min_score_is_refused_by_the_server_as_locally(
     local = _search(capsys, *args, "--no-server")
     assert local[0] == 2 and "not probabilities" in local[2]
     assert _search(capsys, *args) == local
+    # with the default scorer, "use the default scorer" would be no help
+    args = (str(collection), QUERY, "--min-score", "60%")
+    local = _search(capsys, *args, "--no-server")
+    assert local[0] == 2 and "this collection's model gives none" in local[2]
+    assert "use the default" not in local[2] and local[2].count("\n") == 1
+    assert _search(capsys, *args) == local
 
 
 def test_a_picture_is_sent_to_the_servers_upload_search(
