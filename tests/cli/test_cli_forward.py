@@ -134,6 +134,16 @@ def test_min_score_is_refused_by_the_server_as_locally(
     assert _search(capsys, *args) == local
 
 
+def test_an_unknown_like_item_is_named_by_the_server_as_locally(
+    served: tuple[Path, int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    collection, _ = served
+    args = (str(collection), "--like", "no-such-item", "but not a bag")
+    local = _search(capsys, *args, "--no-server")
+    assert local[0] == 2 and "no item 'no-such-item'" in local[2]
+    assert _search(capsys, *args) == local
+
+
 def test_a_picture_is_sent_to_the_servers_upload_search(
     served: tuple[Path, int], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

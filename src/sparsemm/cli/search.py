@@ -196,7 +196,9 @@ def unknown_note(words: list[str]) -> str:
 def forward(args: argparse.Namespace) -> dict | None:
     """The running server's answer to this search (None: search here): a text query or a
     like-item through /api/search, a like-picture through /api/search/image."""
+    from sparsemm.errors import SparsemmError
     from sparsemm.pipeline.running import (
+        NotOnServer,
         find_server,
         forward_image,
         forward_search,
@@ -214,10 +216,13 @@ def forward(args: argparse.Namespace) -> dict | None:
             url, args.like, query, exclude, args.k, args.offset, args.strategy,
             min_score=args.min_score,
         )  # fmt: skip
-    return forward_search(
-        url, query, exclude, args.k, args.offset, args.strategy,
-        min_score=args.min_score, like=args.like,
-    )  # fmt: skip
+    try:
+        return forward_search(
+            url, query, exclude, args.k, args.offset, args.strategy,
+            min_score=args.min_score, like=args.like,
+        )  # fmt: skip
+    except NotOnServer:  # worded as the local search words it (Searcher.row_of)
+        raise SparsemmError(f"no item {args.like!r} in {args.collection}; check the id") from None
 
 
 def render_forwarded(answer: dict, args: argparse.Namespace) -> None:

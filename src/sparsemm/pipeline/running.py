@@ -42,6 +42,10 @@ FORWARD_TIMEOUT_S = 10.0
 UPLOAD_LIMIT = 8 * 2**20  # the server's upload limit (sparsemm.web.images.MAX_UPLOAD_BYTES)
 
 
+class NotOnServer(SparsemmError):
+    """The server has no such item (HTTP 404): the caller words it as a local search would."""
+
+
 def within_server_limits(k: int, offset: int, exclude: list[str]) -> bool:
     """Whether the server accepts a search of this size (the CLI itself allows more)."""
     return 1 <= k <= MAX_K and 0 <= offset <= MAX_OFFSET and (len(exclude) <= MAX_TERMS)
@@ -216,7 +220,9 @@ def _answer(url: str, request: urllib.request.Request, timeout: float) -> dict[s
             with contextlib.suppress(ValueError, OSError):
                 message = json.loads(exc.read().decode("utf-8")).get("error")
                 if message:
-                    raise SparsemmError(str(message)) from None
+                    raise (NotOnServer if exc.code == 404 else SparsemmError)(
+                        str(message)
+                    ) from None
         log.debug("server %s answered %s; searching locally", url, exc.code)
     except (OSError, ValueError) as exc:  # refused, timed out, not JSON
         log.debug("server %s did not answer (%s); searching locally", url, exc)
