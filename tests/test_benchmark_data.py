@@ -1,9 +1,11 @@
 """The benchmarks' own query sets: the real-photo labels and queries are consistent, every
-query parses, a third is held out; the COCO verification templates parse as intended."""
+query parses, a third is held out; the Debian photo pool is well-formed; the COCO
+verification templates parse as intended."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -36,6 +38,125 @@ def test_real_photo_data_is_consistent() -> None:
         assert set(q["include"]) | set(q["exclude"]) <= tags, q["text"]
         parsed = parse_query(q["text"])
         assert bool(parsed.exclude) == bool(q["exclude"]), q["text"]
+
+
+def _closure(tags: list[str], implies: dict[str, list[str]]) -> set[str]:
+    out, todo = set(tags), list(tags)
+    while todo:
+        for u in implies.get(todo.pop(), []):
+            if u not in out:
+                out.add(u)
+                todo.append(u)
+    return out
+
+
+def test_photo_pool_is_well_formed() -> None:
+    """The second labelled pool: unique ids and files that clash with nothing in the first,
+    known sources, checksums, labels closed under implies, indoor/outdoor on every photo."""
+    first = json.loads((BENCH / "data" / "real_photos.json").read_text(encoding="utf-8"))
+    data = json.loads((BENCH / "data" / "photo_pool_pypi.json").read_text(encoding="utf-8"))
+    assert data["format"] == "sparsemm.real-photos" and data["version"] == 1
+    assert data["queries"] == []
+    photos, sources, implies = data["photos"], data["sources"], data["implies"]
+    ids = [p["id"] for p in photos]
+    assert len(ids) == len(set(ids)) >= 80
+    assert not set(ids) & {p["id"] for p in first["photos"]}
+    shas = [p["sha256"] for p in photos]
+    assert len(shas) == len(set(shas)) and not set(shas) & {p["sha256"] for p in first["photos"]}
+    taken = {(first["sources"][p["source"]]["package"], p["path"]) for p in first["photos"]}
+    for name, src in sources.items():
+        assert src["kind"] in ("pypi", "deb") and src["package"] and src["version"], name
+        assert src["licence"] and ("module" not in src or src["kind"] == "pypi"), name
+    assert {p["source"] for p in photos} == set(sources) and len(sources) >= 5
+    assert all(isinstance(v, list) and all(isinstance(u, str) for u in v) for v in implies.values())
+    for p in photos:
+        assert p["source"] in sources, p["id"]
+        assert (sources[p["source"]]["package"], p["path"]) not in taken, p["id"]
+        assert len(p["sha256"]) == 64 and set(p["sha256"]) <= set("0123456789abcdef"), p["id"]
+        assert isinstance(p["bytes"], int) and p["bytes"] > 0, p["id"]
+        assert Path(p["path"]).suffix.lower() in {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
+        labels, maybe = p["labels"], p["maybe"]
+        assert labels == sorted(set(labels)) and maybe == sorted(set(maybe)), p["id"]
+        assert _closure(labels, implies) == set(labels), p["id"]
+        assert not set(maybe) & set(labels), p["id"]
+        assert _closure(maybe, implies) <= set(maybe) | set(labels), p["id"]
+        assert len({"indoor", "outdoor"} & set(labels)) == 1 or {"indoor", "outdoor"} <= set(
+            maybe
+        ), p["id"]
+
+
+def _pool_problems(pool: dict, taken_ids: set[str]) -> list[str]:
+    """What is wrong with a hand-labelled photo pool (real-photos format, no photos needed)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from real_photos import closure
+    finally:
+        sys.path.remove(str(BENCH))
+    problems = []
+    if pool.get("format") != "sparsemm.real-photos":
+        problems.append("format")
+    imp = pool["implies"]
+    for key, targets in imp.items():
+        if key in closure(targets, imp):
+            problems.append(f"implies cycle through {key!r}")
+    for name, src in pool["sources"].items():
+        if src.get("kind") != "deb" or src.get("package") != name:
+            problems.append(f"source {name}: kind/package")
+        if not src.get("version") or not src.get("licence"):
+            problems.append(f"source {name}: version/licence")
+    word = re.compile(r"[a-z][a-z ]*[a-z]")
+    ids = [p["id"] for p in pool["photos"]]
+    if len(ids) != len(set(ids)):
+        problems.append("duplicate ids")
+    if set(ids) & taken_ids:
+        problems.append(f"ids already used: {sorted(set(ids) & taken_ids)}")
+    shas = [p["sha256"] for p in pool["photos"]]
+    if len(shas) != len(set(shas)):
+        problems.append("the same photo twice")
+    for p in pool["photos"]:
+        pid, labels, maybe = p["id"], p["labels"], p.get("maybe", [])
+        if p["source"] not in pool["sources"]:
+            problems.append(f"{pid}: unknown source")
+        if not re.fullmatch(r"[0-9a-f]{64}", p["sha256"]) or p["bytes"] <= 0:
+            problems.append(f"{pid}: sha256/bytes")
+        if p["path"].startswith("/") or ".." in p["path"].split("/"):
+            problems.append(f"{pid}: path")
+        if not all(word.fullmatch(t) for t in labels + maybe):
+            problems.append(f"{pid}: a label that is not a lower-case word")
+        if labels != sorted(set(labels)) or maybe != sorted(set(maybe)):
+            problems.append(f"{pid}: labels not sorted and unique")
+        if closure(labels, imp) != set(labels):
+            problems.append(f"{pid}: labels miss {sorted(closure(labels, imp) - set(labels))}")
+        if set(maybe) & set(labels):
+            problems.append(f"{pid}: labelled both sure and maybe")
+        if not {"indoor", "outdoor"} & set(labels + maybe) or {"indoor", "outdoor"} <= set(labels):
+            problems.append(f"{pid}: not exactly one of indoor/outdoor")
+    return problems
+
+
+def test_debian_photo_pool_is_well_formed() -> None:
+    data = BENCH / "data"
+    pool = json.loads((data / "photo_pool_deb.json").read_text(encoding="utf-8"))
+    real = json.loads((data / "real_photos.json").read_text(encoding="utf-8"))
+    assert pool["queries"] == []
+    assert 50 <= len(pool["photos"]) <= 120
+    assert len({p["source"] for p in pool["photos"]}) >= 5
+    real_ids = {p["id"] for p in real["photos"]}
+    assert not {p["sha256"] for p in pool["photos"]} & {p["sha256"] for p in real["photos"]}
+    assert _pool_problems(pool, real_ids) == []
+
+
+def test_pool_check_finds_broken_entries() -> None:
+    pool = json.loads((BENCH / "data" / "photo_pool_deb.json").read_text(encoding="utf-8"))
+    first = pool["photos"][0]
+    dog = {"id": "x-dog", "source": first["source"], "path": "a/b.jpg", "labels": ["dog"]}
+    dog |= {"maybe": [], "sha256": "0" * 64, "bytes": 5}
+    broken = dict(pool, photos=[first, dict(first), dog, dict(dog, id="x-2", source="nowhere")])
+    found = "\n".join(_pool_problems(broken, {first["id"]}))
+    assert "duplicate ids" in found and "ids already used" in found
+    assert "the same photo twice" in found and "x-2: unknown source" in found
+    assert "x-dog: labels miss ['animal']" in found
+    assert "x-dog: not exactly one of indoor/outdoor" in found
 
 
 def test_verification_templates_parse_as_intended() -> None:
@@ -72,3 +193,27 @@ def test_benchmark_scripts_import(name: str) -> None:
         __import__(name)
     finally:
         sys.path.remove(str(BENCH))
+
+
+def test_no_photo_is_in_two_labelled_files() -> None:
+    """The query set and the pools are judged apart (leave one source out): a photo, or a
+    package, in two files would be a source the fit has seen."""
+    shas: dict[str, str] = {}
+    packages: dict[str, str] = {}
+    for path in sorted((BENCH / "data").glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("format") != "sparsemm.real-photos":
+            continue
+        for p in data["photos"]:
+            assert p["sha256"] not in shas, f"{p['id']} of {path.name} is in {shas[p['sha256']]}"
+            shas[p["sha256"]] = path.name
+        for name, src in data["sources"].items():
+            if src["package"] in packages and packages[src["package"]] != path.name:
+                # one package may give photos to two files only as one source name
+                assert (
+                    name
+                    in json.loads((BENCH / "data" / packages[src["package"]]).read_text())[
+                        "sources"
+                    ]
+                ), f"{src['package']} is a source of {path.name} and {packages[src['package']]}"
+            packages.setdefault(src["package"], path.name)

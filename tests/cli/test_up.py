@@ -576,3 +576,57 @@ def test_a_running_page_sees_photos_added_later(
         assert client.get("/api/health").json()["items"] == 3
         r = client.get("/api/search", params={"like": "later/new.png", "k": 3})
         assert r.status_code == 200 and "later/new.png" in [h["id"] for h in r.json()["hits"]]
+
+
+def test_duplicates_are_one_photo_with_their_other_paths(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A byte copy and a link are folded into the photo they copy: `up` says how many, a
+    search shows the photo once and names the other paths (text, --json, the API)."""
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from sparsemm.query.searcher import Searcher
+    from sparsemm.web.app import create_app
+
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    (photos / "backup").mkdir()
+    shutil.copyfile(photos / "p0.png", photos / "backup" / "p0.png")
+    (photos / "shortcut.png").symlink_to(photos / "p0.png")
+    code, text, _ = _up(photos, out, capsys)
+    assert code == 0, text
+    assert "2 duplicate file(s)" in text and "3 new" in text
+    col = str(out / "collection")
+    assert main(["search", col, "no cat", "--no-server", "-k", "5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    hits = [line for line in lines[1:] if "%" in line]
+    assert len(hits) == 3 and sum("p0.png" in h for h in hits) == 1
+    assert "       also: backup/p0.png, shortcut.png" in lines
+    assert main(["search", col, "no cat", "--no-server", "--json"]) == 0
+    got = {h["id"]: h for h in json.loads(capsys.readouterr().out)["hits"]}
+    assert sorted(got) == ["p0.png", "p1.png", "p2.png"]
+    assert (
+        got["p0.png"]["also"] == ["backup/p0.png", "shortcut.png"] and got["p1.png"]["also"] == []
+    )
+    with TestClient(create_app(searcher=Searcher(col)), base_url="http://127.0.0.1") as client:
+        body = client.get("/api/search", params={"q": "no cat", "k": 5}).json()
+        api = {h["id"]: h["also"] for h in body["hits"]}
+        assert api == {"p0.png": ["backup/p0.png", "shortcut.png"], "p1.png": [], "p2.png": []}
+        item = client.get("/api/items/p0.png/explain", params={"q": "no cat"}).json()["item"]
+        assert item["also"] == ["backup/p0.png", "shortcut.png"]  # the page's side panel
+    from sparsemm.cli.search import print_hits
+
+    print_hits(body["hits"], False, body["probabilistic"])  # as a forwarded search prints
+    assert "       also: backup/p0.png, shortcut.png" in capsys.readouterr().out.splitlines()
+
+    # the first copy deleted: the photo stays, under its remaining path, nothing embedded
+    (photos / "p0.png").unlink()
+    code, text, _ = _up(photos, out, capsys)
+    assert code == 0, text
+    assert "0 new, 0 changed, 3 unchanged" in text
+    assert "kept under another of their paths: p0.png -> backup/p0.png" in text
+    assert "photo(s) no longer in the folder" not in text
+    assert InvertedIndex.open(out / "collection" / "index").ids[0] == "backup/p0.png"

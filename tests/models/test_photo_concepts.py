@@ -118,3 +118,67 @@ def test_version_1_models_still_load_and_keep_the_filter(tmp_path: Path) -> None
     loaded = load_code_model(tmp_path / "v1")
     assert loaded.default_strategy == "filter" and loaded.unit_codes
     assert loaded.term_scorer() is None
+
+
+def test_region_codes_sit_after_the_face_unit() -> None:
+    m = model(item_top_k=2, min_prob=0.05, regions=True)
+    assert m.n_dims == 7 and m.region_offset == 4
+    assert m.dim_names[4] == "tabby (in part of the photo)"
+    ev = [PhotoEvidence(((0, 0.9),), (), ((2, 0.6), (0, 0.3), (1, 0.01)))]
+    codes = m.codes_from_evidence(ev).toarray()
+    np.testing.assert_allclose(codes[0], [0.9, 0, 0, 0, 0.3, 0, 0.6], atol=1e-6)
+    assert PhotoEvidence.from_json(ev[0].to_json()) == ev[0]
+    # evidence read without regions (older files) codes to an empty region block
+    assert m.codes_from_evidence([PhotoEvidence(((1, 0.5),))]).toarray()[0, 4:].sum() == 0
+
+
+@pytest.mark.parametrize("size", [(1732, 1155), (600, 800), (500, 500), (4000, 500), (40, 30)])
+def test_tiles_cover_the_photo_inside_its_bounds(size: tuple[int, int]) -> None:
+    from sparsemm.models.concepts import ConceptConfig, tile_boxes
+
+    cfg = ConceptConfig(class_synonyms=("a",), regions=True)
+    boxes = tile_boxes(size, cfg)
+    w, h = size
+    assert 1 <= len(boxes) <= 2 * cfg.max_tiles
+    covered = np.zeros((h, w), bool)
+    for x1, y1, x2, y2 in boxes:
+        assert 0 <= x1 < x2 <= w and 0 <= y1 < y2 <= h
+        assert x2 - x1 == y2 - y1  # square, as the classifier reads them
+        covered[y1:y2, x1:x2] = True
+    side = boxes[0][2] - boxes[0][0]
+    if max(size) <= side * cfg.max_tiles:  # not a panorama: the tiles leave no gap
+        assert covered.all()
+
+
+def test_config_fields_of_the_wrong_type_are_refused() -> None:
+    from sparsemm.models.concepts import ConceptConfig
+
+    with pytest.raises(ValueError, match="face_unit"):
+        ConceptConfig(class_synonyms=("a",), face_unit="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="region_weight"):
+        ConceptConfig(class_synonyms=("a",), region_weight=2.0)
+
+
+def test_a_region_raises_the_evidence_and_the_bound_holds() -> None:
+    import scipy.sparse as sp
+
+    from sparsemm.query.scorers import UnitScorer
+
+    m = model(item_top_k=3, min_prob=0.01, regions=True, region_weight=0.5)
+    scorer = UnitScorer(m, m.vocabulary())
+    reading = scorer.read("canoe")
+    ev = [
+        PhotoEvidence(((0, 0.9), (2, 0.05)), (), ((2, 0.8), (0, 0.9))),  # a canoe in a tile
+        PhotoEvidence(((0, 0.9), (2, 0.05)), (), ((0, 0.95), (2, 0.05))),  # none in tiles
+        PhotoEvidence(((2, 0.7),), (), ((2, 0.9),)),
+    ]
+    codes = m.codes_from_evidence(ev)
+    p = scorer.concept_probability(reading.concepts[0], codes)
+    assert p[0] > p[1]  # a region's canoe counts
+    assert p[0] == pytest.approx(m.presence(np.array([0.4]))[0])  # 0.5 * 0.8 beats 0.05
+    bound = scorer.bound(reading, None)
+    assert bound is not None
+    for i in range(3):
+        row = sp.csr_matrix(codes[i])
+        s = [float((row @ w).sum()) for w in bound.weights]
+        assert bound.value(s) >= p[i] - 1e-12

@@ -162,6 +162,9 @@ def test_search_page_end_to_end(server: str, tmp_path: Path) -> None:
             # an item without an image is a caption card
             card = page.locator(f".card[data-id='{NO_IMAGE[0]}'] .caption-card")
             assert card.inner_text() == ITEMS[NO_IMAGE[0]][0]
+            # a photo with copies names their paths on its card, once
+            assert page.locator(".card[data-id='d1'] .also").inner_text() == "also: backup/d1.png"
+            assert page.locator(".card .also").count() == 1
             # a long file name (a photo without a caption shows its name) wraps inside the
             # card: the rank and score stay on it
             page.eval_on_selector(

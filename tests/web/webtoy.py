@@ -104,6 +104,8 @@ def make_collection(root: Path) -> Path:
             path = pictures / f"{iid}_{'_'.join(objs)}.png"
             draw(objs, path)
             item["image"] = str(path)
+        if iid == "d1":
+            item["also"] = ["backup/d1.png"]  # a photo folder's copy of it
         items.append(item)
         texts += [{"item": i, "text": c} for c in caps]
     col = root / "col"

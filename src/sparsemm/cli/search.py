@@ -282,6 +282,7 @@ def hit_json(hit: dict, image: str | None) -> dict:
         ],
         "scored_by": hit.get("scored_by") or {},
         "evidence": hit.get("evidence") or [],
+        "also": hit.get("also") or [],
         "image": image,
     }
 
@@ -290,6 +291,11 @@ def like_header(like: str) -> str:
     from sparsemm.data.sources import text_name
 
     return f"like {text_name(str(like))}"
+
+
+def also_line(paths: Sequence[str]) -> str:
+    """The line under a hit naming its other paths (copies with the same bytes, links)."""
+    return f"       also: {', '.join(paths)}"
 
 
 def header(include: str, exclude: Sequence[str], strategy: str) -> str:
@@ -406,6 +412,8 @@ def print_hits(hits: list[dict], explain: bool, probabilistic: bool = False) -> 
     dicts (:meth:`Hit.to_dict`, or a server's answer: both print the same)."""
     for h in hits:
         print(hit_line(h["rank"], h["id"], h["score"], h["caption"], probabilistic))
+        if h.get("also"):
+            print(also_line(h["also"]))
         if explain:
             for c in h["matched"]:
                 print(

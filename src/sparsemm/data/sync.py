@@ -4,9 +4,10 @@
 already at ``out``: an image whose file (size, mtime) and captions are unchanged keeps its
 embedding; new images are embedded and appended; changed ones are re-embedded in place;
 items whose file is gone are removed, and the caller is told which (nothing disappears
-without a word). The collection is rewritten atomically (see
-:func:`sparsemm.data.collection.write_collection`), carrying over its ``index`` and caches
-when it only grew, so an index can take the new items with
+without a word). Exact duplicates (copies with the same bytes, links to a photo of the
+folder) are one item listing its other paths (:func:`fold_duplicates`). The collection is
+rewritten atomically (see :func:`sparsemm.data.collection.write_collection`), carrying over
+its ``index`` and caches when it only grew, so an index can take the new items with
 :meth:`~sparsemm.index.InvertedIndex.add` instead of being rebuilt.
 """
 
@@ -29,6 +30,9 @@ from sparsemm.errors import SparsemmError
 logger = logging.getLogger(__name__)
 
 CARRIED = ("index", "concepts")  # sub-folders kept when the collection only grows
+# Manifest mark of a collection whose photos were embedded upright (EXIF orientation
+# applied); in one without it, the photos that carry an orientation tag are embedded again.
+ORIENTATION_MARK = "exif"
 
 
 @dataclass
@@ -42,16 +46,34 @@ class SyncReport:
     skipped: list[dict[str, Any]] = field(default_factory=list)  # unreadable images
     unchanged: int = 0
     created: bool = False  # there was no collection before
+    rewrite: bool = False  # only the manifest or item metadata changed
+    folded: int = 0  # duplicate files (same bytes, or links) shown as another item's `also`
+    renamed: list[tuple[str, str]] = field(default_factory=list)  # (old id, new id)
+    joined: list[str] = field(default_factory=list)  # items now a copy of another item
     norms: dict[str, float] = field(default_factory=dict)  # image key -> pooled norm
 
     @property
     def grew_only(self) -> bool:
         """Only appended items: an index of the old items stays valid."""
-        return not self.changed and not self.removed and not self.created
+        return (
+            not self.changed
+            and not self.removed
+            and not self.created
+            and not self.renamed
+            and not self.joined
+        )
 
     @property
     def touched(self) -> bool:
-        return bool(self.added or self.changed or self.removed or self.created)
+        return bool(
+            self.added
+            or self.changed
+            or self.removed
+            or self.created
+            or self.rewrite
+            or self.renamed
+            or self.joined
+        )
 
 
 def file_stamp(path: str | Path) -> str:
@@ -150,6 +172,126 @@ class NormRecordingEncoder:
         return l2_normalize(raw) if normalize else raw
 
 
+def turned(path: str | Path) -> bool:
+    """Whether an image file carries an EXIF orientation other than upright (its header is
+    read, no pixels are decoded); False for a file Pillow cannot open."""
+    from PIL import Image
+
+    from sparsemm.encoders.hf import exif_orientation
+
+    try:
+        with Image.open(path) as img:
+            return exif_orientation(img) != 1
+    except Exception:  # unreadable: reported where it is decoded
+        return False
+
+
+def _size(item: Item) -> int:
+    return int(str(item.get("stamp", "0:0")).split(":")[0])
+
+
+def _hashes_known(old: Collection | None) -> dict[tuple[str, str], str]:
+    """(id, stamp) -> SHA-256 of the files an earlier run hashed (an item's own file and
+    its copies), so a re-run reads again only what changed."""
+    known: dict[tuple[str, str], str] = {}
+    for it in old.items if old is not None else []:
+        digest = it.get("sha256")
+        if not isinstance(digest, str):
+            continue
+        known[(str(it["id"]), str(it.get("stamp")))] = digest
+        for other, stamp in zip(it.get("also") or [], it.get("also_stamps") or [], strict=False):
+            known[(str(other), str(stamp))] = digest
+    return known
+
+
+def fold_duplicates(
+    items: list[Item], folder: str | Path, old: Collection | None = None
+) -> tuple[list[Item], int]:
+    """One item per photo: files of ``items`` (from :func:`read_photos`) that are the same
+    file (a symlink to a photo of the folder) or hold the same bytes (same size, then same
+    SHA-256) become one item; the others' ids go to its ``also`` list (sorted), their stamps
+    to ``also_stamps``, their captions join its own. A file that was hashed (its size is
+    another's) records its digest as ``sha256``, so a re-run hashes only what changed.
+
+    The item keeps, in this order of preference: the id it had in ``old`` (a copy added
+    later joins the existing item), an id that was one of its ``also`` paths (the first copy
+    was deleted), a real file over a symlink, the fewest folders deep, the first in sorted
+    order. Empty files are
+    never folded. Returns (items in id order, number of paths folded)."""
+    root = Path(folder)
+    old_ids = {str(it["id"]) for it in old.items} if old is not None else set()
+    old_also = {
+        str(a) for it in (old.items if old is not None else []) for a in it.get("also") or []
+    }
+    known = _hashes_known(old)
+
+    by_file: dict[str, list[Item]] = {}
+    for it in items:
+        by_file.setdefault(str(it["image"]), []).append(it)
+    by_size: dict[int, list[list[Item]]] = {}
+    for same_file in by_file.values():
+        by_size.setdefault(_size(same_file[0]), []).append(same_file)
+    groups: list[tuple[list[Item], str | None]] = []
+    for size, files in by_size.items():
+        if len(files) == 1 or size == 0:
+            groups += [(g, None) for g in files]
+            continue
+        by_digest: dict[str, list[Item]] = {}
+        for g in files:
+            digest = next(
+                (known[k] for m in g if (k := (str(m["id"]), str(m.get("stamp")))) in known),
+                None,
+            ) or _sha256(g[0]["image"])
+            if digest is None:  # unreadable: left to the decoder, which reports it
+                groups.append((g, None))
+            else:
+                by_digest.setdefault(digest, []).extend(g)
+        groups += [(g, d) for d, g in by_digest.items()]
+
+    out: list[Item] = []
+    folded = 0
+    for group, digest in groups:
+        if len(group) == 1:  # a file hashed for its size keeps its digest for the next run
+            out.append(group[0] if digest is None else {**group[0], "sha256": digest})
+            continue
+        keep = min(
+            group,
+            key=lambda m: (
+                m["id"] not in old_ids,
+                m["id"] not in old_also,
+                (root / m["id"]).is_symlink(),
+                m["id"].count("/"),  # the copy nearest the top ("IMG_1.jpg", not "backup/...")
+                m["id"],
+            ),
+        )
+        others = sorted((m for m in group if m is not keep), key=lambda m: m["id"])
+        item = dict(keep)
+        item["also"] = [m["id"] for m in others]
+        item["also_stamps"] = [m.get("stamp") for m in others]
+        if digest is not None:
+            item["sha256"] = digest
+        captions = list(keep.get("captions") or [])
+        for m in others:
+            captions += [c for c in m.get("captions") or [] if c not in captions]
+            if not item.get("labels") and m.get("labels"):
+                item["labels"] = list(m["labels"])
+        if captions:
+            item["captions"] = captions
+        folded += len(others)
+        out.append(item)
+    out.sort(key=lambda it: it["id"])
+    return out, folded
+
+
+def _sha256(path: str | Path) -> str | None:
+    from sparsemm.io import sha256_file
+
+    try:
+        return sha256_file(path)
+    except OSError:
+        return None
+
+
 def _key(item: Item) -> tuple[str, tuple[str, ...]]:
     return str(item.get("stamp")), tuple(item.get("captions") or ())
 
@@ -194,6 +336,36 @@ def sync_folder(
         )
 
 
+def _predecessors(items: list[Item], old_items: dict[str, tuple[int, Item]]) -> dict[str, str]:
+    """new id -> the old item's id it continues: its own, or, when that item is gone (its
+    first copy deleted), the old item that listed one of its paths among its copies."""
+    was = {it["id"]: it["id"] for it in items if it["id"] in old_items}
+    owner = {a: o for o, (_, it) in old_items.items() for a in it.get("also") or []}
+    taken = set(was.values())
+    for it in items:
+        if it["id"] in was:
+            continue
+        for path in [it["id"], *(it.get("also") or [])]:
+            o = owner.get(path)
+            if o is not None and o not in taken:
+                was[it["id"]] = o
+                taken.add(o)
+                break
+    return was
+
+
+def _same_photo(before: Item, after: Item) -> bool:
+    """Whether ``after`` (continuing ``before``) keeps its embedding: the same file version
+    under the same id, or the same bytes under another path; and the same captions."""
+    if before["id"] == after["id"] or (
+        before.get("image") == after.get("image") and before.get("stamp") == after.get("stamp")
+    ):
+        return _key(before) == _key(after)
+    digest = before.get("sha256")
+    same_bytes = digest is not None and (after.get("sha256") or _sha256(after["image"])) == digest
+    return same_bytes and tuple(before.get("captions") or ()) == tuple(after.get("captions") or ())
+
+
 def _sync(
     items: list[Item],
     out: Path,
@@ -206,13 +378,18 @@ def _sync(
     progress: bool,
 ) -> SyncReport:
     old_items = {it["id"]: (i, it) for i, it in enumerate(old.items)} if old else {}
-    new_ids = {it["id"] for it in items}
     report = SyncReport(collection=old, created=old is None)  # type: ignore[arg-type]
-    report.removed = [i for i in old_items if i not in new_ids]
+    items, report.folded = fold_duplicates(items, source, old)
+    incoming = {it["id"]: it for it in items}
+    was = _predecessors(items, old_items)  # new id -> the old item it continues
+    now = {o: n for n, o in was.items()}
+    copies = {a for it in items for a in it.get("also") or []}
+    report.renamed = [(o, n) for n, o in was.items() if n != o]
+    report.joined = [i for i in old_items if i not in now and i in copies]
+    report.removed = [i for i in old_items if i not in now and i not in copies]
 
     # Final order: surviving old items in their order (changed ones re-embedded in place),
     # then the new ones, so an index of the old items is a prefix of the new collection.
-    incoming = {it["id"]: it for it in items}
     # Files that could not be read last time and are unchanged since are not read again
     # (still reported), so a corrupt photo does not make every run rewrite the collection.
     known_bad = {
@@ -221,16 +398,31 @@ def _sync(
         if row.get("id") in incoming and row.get("stamp") == incoming[row["id"]].get("stamp")
     }
     report.skipped = list(known_bad.values())
-    order: list[Item] = [incoming[i] for i in old_items if i in incoming]
-    order += [it for it in items if it["id"] not in old_items and it["id"] not in known_bad]
+    order: list[Item] = [incoming[now[i]] for i in old_items if i in now]
+    order += [it for it in items if it["id"] not in was and it["id"] not in known_bad]
+    # A collection embedded before photos were read upright: those with an orientation tag
+    # are embedded again (the others' pixels read the same either way).
+    sideways: set[str] = set()
+    if old is not None and old.manifest.get("orientation") != ORIENTATION_MARK:
+        report.rewrite = True  # the mark is recorded even when no photo needs it
+        sideways = {it["id"] for it in order if it["id"] in was and turned(it["image"])}
+        if sideways:
+            logger.info("embedding %d photos with an EXIF orientation again", len(sideways))
     todo = [
         pos
         for pos, it in enumerate(order)
-        if it["id"] not in old_items or _key(old_items[it["id"]][1]) != _key(it)
+        if it["id"] not in was
+        or not _same_photo(old_items[was[it["id"]]][1], it)
+        or it["id"] in sideways
     ]
     for pos in todo:
-        (report.changed if order[pos]["id"] in old_items else report.added).append(order[pos]["id"])
+        (report.changed if order[pos]["id"] in was else report.added).append(order[pos]["id"])
     report.unchanged = len(order) - len(todo)
+    todo_set = set(todo)
+    # an item whose copies or paths changed keeps its embedding; its metadata is rewritten
+    report.rewrite = report.rewrite or any(
+        old_items[was[it["id"]]][1] != it for pos, it in enumerate(order) if pos not in todo_set
+    )
     if not report.touched:
         logger.info("%s is up to date with %s (%d images)", out, source, len(order))
         return report
@@ -240,7 +432,7 @@ def _sync(
     todo_set = set(todo)
     for pos, it in enumerate(order):
         if pos not in todo_set and old_emb is not None:
-            emb[pos] = old_emb[old_items[it["id"]][0]]
+            emb[pos] = old_emb[old_items[was[it["id"]]][0]]
     ok = np.ones(len(order), dtype=bool)
     recorder = NormRecordingEncoder(image_encoder)
     if todo:
@@ -267,11 +459,13 @@ def _sync(
     if not kept:
         raise SparsemmError(f"none of the images under {source} could be read")
 
+    old_rows = {n: old_items[o][0] for n, o in was.items()}
     texts, text_emb = _texts(
-        kept, old, old_items, set(report.added + report.changed), text_encoder, text_info
+        kept, old, old_rows, set(report.added + report.changed), text_encoder, text_info
     )
     manifest_extra = {
         "image_kind": "pixels",
+        "orientation": ORIENTATION_MARK,
         "source": {"path": str(Path(source).resolve()), "kind": "photo folder (sparsemm up)"},
     }
     report.collection = write_collection(
@@ -292,13 +486,14 @@ def _sync(
 def _texts(
     kept: list[Item],
     old: Collection | None,
-    old_items: dict[str, tuple[int, Item]],
+    old_row: dict[str, int],
     fresh: set[str],
     text_encoder: Any,
     text_info: dict[str, Any],
 ) -> tuple[list[dict[str, Any]] | None, np.ndarray | None]:
-    """Caption rows + embeddings of ``kept``: reused for unchanged items (when the old
-    collection's text encoder is ``text_info``), embedded for ``fresh`` ones."""
+    """Caption rows + embeddings of ``kept``: reused for unchanged items (``old_row``: an
+    item id's row in ``old``, when the old collection's text encoder is ``text_info``),
+    embedded for ``fresh`` ones."""
     old_rows: dict[int, list[int]] = {}
     old_text_emb = None
     if old is not None and old.texts and old.manifest.get("text_encoder") == text_info:
@@ -309,7 +504,7 @@ def _texts(
     reuse: list[int] = []  # old text row, or -1 for a caption to embed
     for idx, it in enumerate(kept):
         caps = list(it.get("captions") or [])
-        prior = old_rows.get(old_items[it["id"]][0], []) if it["id"] in old_items else []
+        prior = old_rows.get(old_row[it["id"]], []) if it["id"] in old_row else []
         same = it["id"] not in fresh and len(prior) == len(caps)
         for c_i, caption in enumerate(caps):
             texts.append({"item": idx, "text": caption})

@@ -25,6 +25,7 @@ from sparsemm.errors import SparsemmError, require_extra
 
 if TYPE_CHECKING:
     import torch
+    from PIL.Image import Image as PILImage
 
     from sparsemm.encoders.efficientnet_lite import EfficientNetLite
 
@@ -201,6 +202,24 @@ class EfficientNetEncoder:
             with torch.inference_mode():
                 out[i] = self.model_.pool(self.model_.feature_map(x))[0].float().cpu().numpy()
         return out
+
+    def pooled_squares(self, images: Sequence[PILImage], side: int | None = None) -> np.ndarray:
+        """Un-normalised pooled features ``(n, 1280)`` of square crops (PIL images), each
+        resized to ``side`` x ``side``: one forward pass for all of them."""
+        import torch
+
+        from sparsemm.encoders.efficientnet_lite import INPUT_MEAN, INPUT_STD
+
+        side = int(side or self.image_size)
+        if not len(images):
+            return np.zeros((0, self.dim), dtype=np.float32)
+        arr = np.stack(
+            [np.asarray(im.resize((side, side), resample=2), dtype=np.float32) for im in images]
+        )
+        x = torch.from_numpy(((arr - INPUT_MEAN) / INPUT_STD).transpose(0, 3, 1, 2).copy())
+        x = x.to(self.device, memory_format=torch.channels_last)
+        with torch.inference_mode():
+            return self.model_.pool(self.model_.feature_map(x)).float().cpu().numpy()
 
     def classify(
         self,

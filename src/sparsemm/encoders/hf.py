@@ -116,6 +116,10 @@ def load_image(image: ImageInput, max_side: int | None = None) -> Image.Image:
     longer side at least this many pixels (libjpeg's draft mode: a 4000-pixel photo needed
     at 800 decodes 4-16x faster); other images are decoded whole.
 
+    The image is turned upright as its EXIF orientation says (:func:`upright`: a phone
+    stores a portrait photo as landscape pixels plus an orientation tag), a file's and a
+    given PIL image's alike.
+
     Raises SparsemmError naming the file when it is missing, not an image, truncated or
     corrupt, in a format Pillow cannot read, or larger than :data:`MAX_IMAGE_PIXELS`.
     16-bit greyscale is scaled to 8 bits (a plain conversion would clip it to white).
@@ -126,7 +130,7 @@ def load_image(image: ImageInput, max_side: int | None = None) -> Image.Image:
     from PIL import Image
 
     if isinstance(image, Image.Image):
-        return _to_rgb(image)
+        return _to_rgb(upright(image))
     if not isinstance(image, str | Path):
         raise SparsemmError(f"images must be PIL images or file paths, got {type(image).__name__}")
     path = Path(image).expanduser()
@@ -139,9 +143,10 @@ def load_image(image: ImageInput, max_side: int | None = None) -> Image.Image:
                 if w * h > MAX_IMAGE_PIXELS:
                     raise _too_large(path, f"{w}x{h} pixels")
                 if max_side and img.format == "JPEG" and max(w, h) > 2 * max_side:
+                    # the stored (unrotated) size: a quarter turn swaps the sides, not the scale
                     f = max_side / max(w, h)
                     img.draft("RGB", (max(1, int(w * f)), max(1, int(h * f))))
-                return _to_rgb(img)
+                return _to_rgb(upright(img))
     except Image.DecompressionBombError as exc:  # Pillow's own check, at twice its limit
         raise _too_large(path, str(exc)) from exc
     except FileNotFoundError as exc:
@@ -157,6 +162,48 @@ def load_image(image: ImageInput, max_side: int | None = None) -> Image.Image:
         struct.error,
     ) as exc:
         raise SparsemmError(f"cannot read image {path} ({exc}); fix or remove this file") from exc
+
+
+ORIENTATION_TAG = 0x0112  # EXIF Orientation: 1 upright, 3 half turn, 6 / 8 quarter turns, ...
+
+
+def exif_orientation(img: Image.Image) -> int:
+    """The EXIF orientation (1-8) of an opened image; 1 when it has none or an invalid
+    one (a broken EXIF block is no reason to refuse a photo)."""
+    try:
+        value = img.getexif().get(ORIENTATION_TAG, 1)
+    except Exception:  # Pillow raises several types on a malformed EXIF block
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def upright(img: Image.Image) -> Image.Image:
+    """``img`` as it is meant to be seen: turned and mirrored as its EXIF orientation says
+    (``PIL.ImageOps.exif_transpose``; the result's tag says upright, so a second call
+    changes nothing); ``img`` itself when it is upright already. Works on a draft-decoded
+    JPEG (the draft reduces both sides alike)."""
+    orientation = exif_orientation(img)
+    if orientation == 1:
+        return img
+    from PIL import Image, ImageOps
+
+    try:
+        return ImageOps.exif_transpose(img)
+    except Exception:  # an EXIF block Pillow reads but cannot write back: turn it by hand
+        turned = img.transpose(Image.Transpose(_TRANSPOSE[orientation]))
+        turned.info.pop("exif", None)
+        return turned
+
+
+_TRANSPOSE = {  # as PIL.ImageOps.exif_transpose reads the tag
+    2: 0,  # Image.Transpose.FLIP_LEFT_RIGHT
+    3: 3,  # ROTATE_180
+    4: 1,  # FLIP_TOP_BOTTOM
+    5: 5,  # TRANSPOSE
+    6: 4,  # ROTATE_270
+    7: 6,  # TRANSVERSE
+    8: 2,  # ROTATE_90
+}
 
 
 def _too_large(path: Path, size: str) -> SparsemmError:

@@ -68,6 +68,11 @@ PHOTO_DEFAULTS: dict[str, Any] = {
     "item_top_k": 20,
     "presence_scale": 0.71,
     "presence_bias": 1.16,
+    "regions": True,
+    "region_weight": 1.0,
+    "exclude_region_weight": 1.0,
+    "exclude_presence_scale": 0.71,
+    "exclude_presence_bias": 1.16,
 }
 # ImageNet classes filed under a WordNet sense other than what the class shows: class 968
 # "cup" is n07930864, a mixed drink, while its photos are cups (placed at cup.n.01).
@@ -104,6 +109,21 @@ class ConceptConfig:
     # P(person | best face probability s) = sigmoid(face_slope * (logit(s) - logit(face_center)))
     face_center: float = 0.95
     face_slope: float = 2.0
+    # -- regions: the classifier also reads square tiles of the photo, so a second, small or
+    # off-centre object (the guitar beside the drum, the car down the street) gets evidence
+    # of its own; each class keeps its largest probability over the tiles, in a second
+    # block of dimensions after the face unit
+    regions: bool = False
+    tile_fraction: float = 0.6  # a tile's side as a share of the photo's shorter side
+    max_tiles: int = 3  # tiles along the longer side (two along the shorter one)
+    # a concept's evidence is max(whole-image evidence, region_weight * region evidence):
+    # one tile seeing a thing is weaker evidence than the whole photo seeing it
+    region_weight: float = 1.0
+    # a term to leave out is judged from any region that shows it, with its own presence
+    # calibration (both fitted on labelled photos; docs/own-photos.md)
+    exclude_region_weight: float = 1.0
+    exclude_presence_scale: float = 1.0
+    exclude_presence_bias: float = 0.0
 
     def __post_init__(self) -> None:
         # config.json stores a list; the frozen config keeps a tuple either way
@@ -127,6 +147,15 @@ class ConceptConfig:
             raise ValueError("face_center in (0, 1), face_slope > 0 and presence_scale > 0")
         if self.image_size < 32:
             raise ValueError("image_size must be at least 32")
+        for name, kind in (("face_unit", bool), ("regions", bool), ("max_tiles", int)):
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"{name} must be a {kind.__name__}")
+        if not 0.2 <= self.tile_fraction <= 1.0 or self.max_tiles < 1:
+            raise ValueError("tile_fraction in [0.2, 1] and max_tiles >= 1 required")
+        if not (0.0 <= self.region_weight <= 1.0 and 0.0 <= self.exclude_region_weight <= 1.0):
+            raise ValueError("region_weight and exclude_region_weight must be in [0, 1]")
+        if self.exclude_presence_scale <= 0:
+            raise ValueError("exclude_presence_scale must be positive")
 
 
 def split_synonyms(entry: str) -> list[str]:
@@ -201,13 +230,23 @@ class ImageNetConceptModel(PretrainedMixin, nn.Module):
         return len(self.config.class_synonyms)
 
     @property
+    def region_offset(self) -> int | None:
+        """First dimension of the region block (class c's region evidence is dimension
+        ``region_offset + c``), or None when the model reads no regions."""
+        return self.n_classes + int(self.config.face_unit) if self.config.regions else None
+
+    @property
     def n_dims(self) -> int:
-        """Code dimensions: the classes, then the face unit (version 2)."""
-        return self.n_classes + int(self.config.face_unit)
+        """Code dimensions: the classes, the face unit, then the classes again as seen in
+        the photo's regions (version 2)."""
+        return self.n_classes * (1 + int(self.config.regions)) + int(self.config.face_unit)
 
     @property
     def dim_names(self) -> list[str]:
-        return self.names + ([FACE_UNIT_NAME] if self.config.face_unit else [])
+        names = self.names + ([FACE_UNIT_NAME] if self.config.face_unit else [])
+        if self.config.regions:
+            names += [f"{n} (in part of the photo)" for n in self.names]
+        return names
 
     # -- building ---------------------------------------------------------------------------
     @classmethod
@@ -328,18 +367,25 @@ class ImageNetConceptModel(PretrainedMixin, nn.Module):
         z = cfg.face_slope * (_logit(np.maximum(s, 1e-12)) - _logit(np.asarray(cfg.face_center)))
         return np.where(s > 0.0, 1.0 / (1.0 + np.exp(-z)), 0.0)
 
-    def presence(self, evidence: np.ndarray) -> np.ndarray:
-        """P(present) from a concept's summed class probability (0 stays 0)."""
+    def presence(self, evidence: np.ndarray, excluded: bool = False) -> np.ndarray:
+        """P(present) from a concept's summed class probability (0 stays 0); ``excluded``:
+        the calibration of a term to leave out (its evidence includes every region)."""
         cfg = self.config
         e = np.clip(np.asarray(evidence, dtype=np.float64), 0.0, 1.0)
-        z = cfg.presence_scale * _logit(np.clip(e, 1e-6, 1.0 - 1e-6)) + cfg.presence_bias
+        a, b = (
+            (cfg.exclude_presence_scale, cfg.exclude_presence_bias)
+            if excluded and cfg.regions
+            else (cfg.presence_scale, cfg.presence_bias)
+        )
+        z = a * _logit(np.clip(e, 1e-6, 1.0 - 1e-6)) + b
         return np.where(e > 0.0, 1.0 / (1.0 + np.exp(-z)), 0.0)
 
     def codes_from_evidence(
         self, evidence: Sequence[PhotoEvidence], top_k: int | None = None
     ) -> sp.csr_matrix:
         """Item codes (n, n_dims) of version 2: each photo's top-k whole-image class
-        probabilities >= ``min_prob`` (its best always kept), then the face unit's P(person).
+        probabilities >= ``min_prob`` (its best always kept), then the face unit's P(person),
+        then (``regions``) the top-k of each class's largest probability over the tiles.
         Values are probabilities, not unit-normalised: the concept scorer reads them."""
         k = max(1, int(top_k or self.config.item_top_k))
         rows, cols, vals = [], [], []
@@ -356,6 +402,14 @@ class ImageNetConceptModel(PretrainedMixin, nn.Module):
                     rows.append(i)
                     cols.append(self.n_classes)
                     vals.append(pf)
+            off = self.region_offset
+            if off is not None:
+                ranked = sorted(ev.regions, key=lambda cp: (-cp[1], cp[0]))[:k]
+                for c, p in ranked:
+                    if p >= self.config.min_prob and 0 <= c < self.n_classes:
+                        rows.append(i)
+                        cols.append(off + int(c))
+                        vals.append(float(p))
         return sp.csr_matrix(
             (np.asarray(vals, dtype=np.float32), (rows, cols)), shape=(len(evidence), self.n_dims)
         )
@@ -401,9 +455,17 @@ class PhotoEvidence:
 
     classes: tuple[tuple[int, float], ...]  # top whole-image ImageNet class probabilities
     faces: tuple[float, ...] = ()  # face probabilities, best first (empty: no face found)
+    # top classes by their largest probability over the photo's tiles (empty: not read)
+    regions: tuple[tuple[int, float], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"c": [[int(c), round(float(p), 6)] for c, p in self.classes], "f": list(self.faces)}
+        out: dict[str, Any] = {
+            "c": [[int(c), round(float(p), 6)] for c, p in self.classes],
+            "f": list(self.faces),
+        }
+        if self.regions:
+            out["r"] = [[int(c), round(float(p), 6)] for c, p in self.regions]
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> PhotoEvidence:
@@ -411,13 +473,14 @@ class PhotoEvidence:
             raise ValueError("not a photo evidence entry")
         classes = tuple((int(c), float(p)) for c, p in data["c"])
         faces = tuple(float(f) for f in data.get("f", []))
-        for _, p in classes:
+        regions = tuple((int(c), float(p)) for c, p in data.get("r", []))
+        for _, p in classes + regions:
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"class probability {p} out of [0, 1]")
         for f in faces:
             if not 0.0 <= f <= 1.0:
                 raise ValueError(f"face probability {f} out of [0, 1]")
-        return cls(classes, faces)
+        return cls(classes, faces, regions)
 
 
 @functools.lru_cache(maxsize=1)
@@ -757,13 +820,17 @@ def evidence_source(model: ImageNetConceptModel) -> dict[str, Any]:
     from sparsemm.encoders.faces import WEIGHTS_SHA256
 
     head = hashlib.sha256(model.fc_weight.numpy().tobytes() + model.fc_bias.numpy().tobytes())
-    return {
+    out: dict[str, Any] = {
         "classifier": head.hexdigest()[:16],
         "faces": WEIGHTS_SHA256[:16],
         "image_size": int(model.config.image_size),
         "face_max_side": FACE_MAX_SIDE,
         "top": EVIDENCE_TOP,
+        "orientation": "exif",  # photos read upright (evidence from sideways pixels is redone)
     }
+    if model.config.regions:
+        out["tiles"] = [float(model.config.tile_fraction), int(model.config.max_tiles)]
+    return out
 
 
 class EvidenceReader:
@@ -788,17 +855,47 @@ class EvidenceReader:
         from sparsemm.encoders.hf import load_image
 
         out = []
-        side = int(self.model.config.image_size)
-        for img in tqdm(list(images), desc="classes and faces", disable=not progress, unit="img"):
+        cfg = self.model.config
+        side = int(cfg.image_size)
+        desc = "classes, regions and faces" if cfg.regions else "classes and faces"
+        for img in tqdm(list(images), desc=desc, disable=not progress, unit="img"):
             pil = load_image(img, max_side=FACE_MAX_SIDE)
             pooled = self.backbone.pooled_full([pil], side=side)
             probs = self.model.class_probabilities(pooled)[0]
-            top = np.argsort(-probs, kind="stable")[:EVIDENCE_TOP]
+            regions: tuple[tuple[int, float], ...] = ()
+            if cfg.regions:
+                crops = [pil.crop(box) for box in tile_boxes(pil.size, cfg)]
+                tile_probs = self.model.class_probabilities(
+                    self.backbone.pooled_squares(crops, side=side)
+                ).max(axis=0)
+                regions = _top_pairs(tile_probs)
             faces = tuple(round(f.score, 6) for f in self.faces.detect(pil))
-            out.append(
-                PhotoEvidence(tuple((int(c), round(float(probs[c]), 6)) for c in top), faces)
-            )
+            out.append(PhotoEvidence(_top_pairs(probs), faces, regions))
         return out
+
+
+def _top_pairs(probs: np.ndarray) -> tuple[tuple[int, float], ...]:
+    top = np.argsort(-probs, kind="stable")[:EVIDENCE_TOP]
+    return tuple((int(c), round(float(probs[c]), 6)) for c in top)
+
+
+def tile_boxes(size: tuple[int, int], cfg: ConceptConfig) -> list[tuple[int, int, int, int]]:
+    """Square tiles (left, top, right, bottom) covering a ``size`` = (w, h) photo: side
+    ``tile_fraction`` of the shorter side, two along the shorter side and up to
+    ``max_tiles`` along the longer one (overlapping by at least a quarter)."""
+    w, h = int(size[0]), int(size[1])
+    short, long_ = min(w, h), max(w, h)
+    s = max(1, round(short * cfg.tile_fraction))
+    n_long = 1 if long_ <= s else min(cfg.max_tiles, math.ceil((long_ - s) / (0.75 * s)) + 1)
+    n_short = 1 if short <= s else 2
+    boxes = []
+    for i in range(max(n_long, 1)):
+        a = round(i * (long_ - s) / (n_long - 1)) if n_long > 1 else (long_ - s) // 2
+        for j in range(n_short):
+            b = round(j * (short - s) / (n_short - 1)) if n_short > 1 else (short - s) // 2
+            x, y = (a, b) if w >= h else (b, a)
+            boxes.append((x, y, x + s, y + s))
+    return boxes
 
 
 def read_evidence(collection_root: str | Path, source: dict[str, Any]) -> dict[str, PhotoEvidence]:

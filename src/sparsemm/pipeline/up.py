@@ -309,9 +309,13 @@ def index_collection(
             model_weights_sha256(model_dir),
         )
         prefix = list(index.ids) == ids[:n_old]
+        model = load_code_model(model_dir, int(meta.get("top_k") or 0) or None)
+        names = model.dim_names()
+        if names is not None and len(names) != index.dim:
+            # same weights, other settings: the photo model now reads regions
+            same_model = False
         if same_model and prefix and n_old == len(ids):
             return index, "index up to date"
-        model = load_code_model(model_dir, int(meta.get("top_k") or 0) or None)
         # Only the concept model codes a subset of items on its own, with fixed labels (class
         # names); an SR index's data-derived labels would go stale, and VDR caches features
         # of the whole collection.
@@ -331,7 +335,9 @@ def index_collection(
         )
     elif reason != "new collection":
         pass  # damaged: said above
-    elif report is not None and (report.changed or report.removed):
+    elif report is not None and (
+        report.changed or report.removed or report.renamed or report.joined
+    ):
         reason = "photos changed or were removed"
     elif report is not None and not report.created:
         reason = "no index yet"
@@ -368,6 +374,7 @@ class UpReport:
     unchanged: int
     removed: list[str] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
+    duplicates: int = 0  # files folded into the photo they copy (listed as its `also`)
     index_action: str = ""  # "index up to date", "built the index (...)", ...
     concepts_per_item: float = 0.0
     seconds: float = 0.0
@@ -512,6 +519,17 @@ def _up(
         f"collection: {len(report.collection.items)} photos ({len(report.added)} new, "
         f"{len(report.changed)} changed, {report.unchanged} unchanged)"
     )
+    if report.folded:
+        say(
+            f"{report.folded} duplicate file(s) (same bytes as another photo, or a link to one) "
+            "folded: each photo is shown once, with its other paths"
+        )
+    if report.renamed:
+        shown = ", ".join(f"{o} -> {n}" for o, n in report.renamed[:5])
+        say(f"{len(report.renamed)} photo(s) kept under another of their paths: {shown}")
+    if report.joined:
+        shown = ", ".join(report.joined[:5]) + (" ..." if len(report.joined) > 5 else "")
+        say(f"{len(report.joined)} photo(s) now a copy of another photo, shown with it: {shown}")
     if report.removed:
         shown = ", ".join(report.removed[:5]) + (" ..." if len(report.removed) > 5 else "")
         say(f"removed {len(report.removed)} photo(s) no longer in the folder: {shown}")
@@ -549,6 +567,7 @@ def _up(
         unchanged=report.unchanged,
         removed=list(report.removed),
         skipped=list(report.skipped),
+        duplicates=report.folded,
         index_action=what,
         concepts_per_item=per_item,
         seconds=time.perf_counter() - t0,

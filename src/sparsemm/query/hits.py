@@ -81,6 +81,8 @@ class Hit:
     # on the collection's captions) or "code similarity" (no detector for that word).
     scored_by: dict[str, str] = field(default_factory=dict)
     evidence: list[TermEvidence] = field(default_factory=list)
+    # the item's other paths: files with the same bytes, or links to it (a photo folder)
+    also: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -75,7 +75,7 @@ class TermScorer(Protocol):
 
     def read(self, term: str) -> TermReading: ...
 
-    def probability(self, reading: TermReading, ctx: Any) -> np.ndarray: ...
+    def probability(self, reading: TermReading, ctx: Any, excluded: bool = False) -> np.ndarray: ...
 
     def bound(self, reading: TermReading, ctx: Any) -> TermBound | None: ...
 
@@ -101,8 +101,14 @@ class UnitScorer:
     model: Any
     vocabulary: ConceptVocabulary
     _weights: dict[tuple[tuple[int, float], ...], np.ndarray] = field(default_factory=dict)
-    # largest L2 norm of a code: class probabilities (sum <= 1) plus the face unit (<= 1)
+    # largest L2 norm of a code: class probabilities (sum <= 1) plus the face unit (<= 1),
+    # and the region block (each tile's probabilities sum to 1: at most 2 max_tiles)
     code_norm: float = float(np.sqrt(2.0))
+
+    def __post_init__(self) -> None:
+        cfg = self.model.config
+        if getattr(cfg, "regions", False):
+            self.code_norm = float(np.sqrt(2.0 + 2.0 * int(cfg.max_tiles)))
 
     @property
     def face(self) -> int | None:
@@ -130,8 +136,37 @@ class UnitScorer:
             self._weights[concept.units] = w
         return w
 
-    def concept_probability(self, concept: Concept, codes: sp.csr_matrix) -> np.ndarray:
-        """(n,) P(concept | photo) from raw unit-probability codes (n, n_dims)."""
+    def _region_weights(self, w: np.ndarray) -> np.ndarray | None:
+        """The class weights ``w`` moved to the region block (None: the model reads no
+        regions, or the concept has no class units)."""
+        off = self.model.region_offset
+        n = self.model.n_classes
+        if off is None or not w[:n].any():
+            return None
+        r = np.zeros_like(w)
+        r[off : off + n] = w[:n]
+        return r
+
+    def class_evidence(
+        self, w: np.ndarray, codes: sp.csr_matrix, excluded: bool = False
+    ) -> np.ndarray:
+        """(n,) a concept's evidence from its class weights ``w``: its summed class
+        probability over the whole photo, or a weight times that over its tiles when larger
+        (regions show a second, small or off-centre thing): ``region_weight`` for a wanted
+        term, ``exclude_region_weight`` for one to leave out."""
+        e = np.asarray(codes @ w, dtype=np.float64).ravel()
+        r = self._region_weights(w)
+        if r is not None:
+            cfg = self.model.config
+            lam = float(cfg.exclude_region_weight if excluded else cfg.region_weight)
+            e = np.maximum(e, lam * np.asarray(codes @ r, dtype=np.float64).ravel())
+        return e
+
+    def concept_probability(
+        self, concept: Concept, codes: sp.csr_matrix, excluded: bool = False
+    ) -> np.ndarray:
+        """(n,) P(concept | photo) from raw unit-probability codes (n, n_dims); ``excluded``:
+        judged as a term to leave out (any region that shows it)."""
         w = self._unit_weights(concept).copy()
         n = codes.shape[0]
         face_w = 0.0
@@ -139,7 +174,7 @@ class UnitScorer:
             face_w, w[self.face] = float(w[self.face]), 0.0
         p = np.zeros(n)
         if w.any():
-            p = self.model.presence(np.asarray(codes @ w, dtype=np.float64).ravel())
+            p = self.model.presence(self.class_evidence(w, codes, excluded), excluded)
         if face_w:
             col = np.asarray(codes[:, self.face].toarray(), dtype=np.float64).ravel()
             p = _noisy_or([p, face_w * col], n)
@@ -149,11 +184,11 @@ class UnitScorer:
         """Texts its probability embeds besides the term: none (unit probabilities)."""
         return ()
 
-    def probability(self, reading: TermReading, ctx: Any) -> np.ndarray:
+    def probability(self, reading: TermReading, ctx: Any, excluded: bool = False) -> np.ndarray:
         codes = ctx.items_codes
         out = np.ones(codes.shape[0])
         for c in reading.concepts:
-            out = out * self.concept_probability(c, codes)
+            out = out * self.concept_probability(c, codes, excluded=excluded)
         return out
 
     def bound(self, reading: TermReading, ctx: Any) -> TermBound | None:
@@ -171,19 +206,28 @@ class UnitScorer:
                 f[self.face], w[self.face] = w[self.face], 0.0
                 lists.append(f)
             has_classes = bool(w.any())
+            region = self._region_weights(w) if has_classes else None
             if has_classes:
                 lists.append(w)
+            if region is not None:
+                lists.append(region)
+            lam = float(self.model.config.region_weight)
 
             def value(
                 s: Sequence[float],
                 hf: bool = has_face,
                 hc: bool = has_classes,
+                hr: bool = region is not None,
+                lam: float = lam,
                 presence: Any = self.model.presence,
             ) -> float:
                 total = min(1.0, max(0.0, s[0])) if hf else 0.0
                 if hc:
-                    e = min(1.0, max(0.0, s[-1]))
-                    total += float(presence(np.asarray([e]))[0])
+                    # the class lists come last: whole photo, then (hr) its regions
+                    e = s[-2] if hr else s[-1]
+                    if hr:
+                        e = max(e, lam * s[-1])
+                    total += float(presence(np.asarray([min(1.0, max(0.0, e))]))[0])
                 return min(1.0, total)
 
             b = TermBound(tuple(lists), value)
@@ -296,7 +340,7 @@ class DetectorScorer:
             z = z + g * ctx.code_scores(self.term_code(unit, ctx))
         return _sigmoid(z + c)
 
-    def probability(self, reading: TermReading, ctx: Any) -> np.ndarray:
+    def probability(self, reading: TermReading, ctx: Any, excluded: bool = False) -> np.ndarray:
         n = ctx.n_items
         if reading.kind == "similarity":
             cal = self.calibration
@@ -423,7 +467,7 @@ class ZeroShotScorer:
             return np.asarray(ctx.items_dense, dtype=np.float64)
         return np.asarray(self.model.decomposer().recompose(ctx.items_codes), dtype=np.float64)
 
-    def probability(self, reading: TermReading, ctx: Any) -> np.ndarray:
+    def probability(self, reading: TermReading, ctx: Any, excluded: bool = False) -> np.ndarray:
         x = self._images(ctx)
         p = self.model.probability(x @ np.asarray(ctx.term_embedding(reading.term), np.float64))
         emb = self.model.concept_emb.numpy()

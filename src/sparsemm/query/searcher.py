@@ -785,7 +785,9 @@ class Searcher:
         terms: list[tuple[str, str, str, np.ndarray, np.ndarray, list[str]]] = []
         if isinstance(strat, Match):
             for side, group in (("include", q.include), ("exclude", q.exclude)):
-                terms += [(t, side, *self._match_evidence(strat, t)) for t in group]
+                terms += [
+                    (t, side, *self._match_evidence(strat, t, side == "exclude")) for t in group
+                ]
         elif isinstance(strat, Hybrid):
             for side, group in (("include", q.include), ("exclude", q.exclude)):
                 terms += [(t, side, *self._term_evidence(strat, t), []) for t in group]
@@ -799,7 +801,7 @@ class Searcher:
         return hits, res
 
     def _match_evidence(
-        self, strat: Match, term: str
+        self, strat: Match, term: str, excluded: bool = False
     ) -> tuple[str, np.ndarray, np.ndarray, list[str]]:
         """(kind, (n,) P(term | item), (d,) per-dimension weight, unit names) of one term
         for the match scorer: the dims are the reading's units (the photo model), the
@@ -824,7 +826,7 @@ class Searcher:
         for c in reading.concepts:
             names.append(c.label)
         kind = reading.source or reading.kind
-        return kind, strat.term_probability(term), weight, names
+        return kind, strat.term_probability(term, excluded), weight, names
 
     @staticmethod
     def _term_evidence(strat: Hybrid, term: str) -> tuple[str, np.ndarray, np.ndarray]:
@@ -848,6 +850,7 @@ class Searcher:
             score=score,
             caption=caps[0],
             labels=list(item.get("labels", [])),
+            also=[str(a) for a in item.get("also") or []],
         )
         hit.matched, hit.excluded = why.explain(codes, i)
         return hit

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sparsemm.data.collection import Collection
+from sparsemm.encoders.hf import upright
 from sparsemm.errors import SparsemmError
 
 log = logging.getLogger(__name__)
@@ -175,8 +176,9 @@ class ThumbCache:
             with Image.open(path) as img:
                 if img.width * img.height > MAX_UPLOAD_PIXELS:
                     return None
-                img.draft("RGB", (self.px, self.px))  # JPEG: decode at a reduced scale
-                small = img.convert("RGB")
+                # JPEG: decode at a reduced scale (square, so a quarter turn needs no care)
+                img.draft("RGB", (self.px, self.px))
+                small = upright(img).convert("RGB")  # as the phone showed it
                 small.thumbnail((self.px, self.px))
                 out = io.BytesIO()
                 small.save(out, format="JPEG", quality=85)
@@ -219,8 +221,9 @@ def decode_upload(data: bytes) -> Any:
                 )
             if img.format == "JPEG":
                 img.draft("RGB", (QUERY_IMAGE_SIDE, QUERY_IMAGE_SIDE))
-            img.thumbnail((QUERY_IMAGE_SIDE, QUERY_IMAGE_SIDE))
-            return img.convert("RGB")
+            query = upright(img)  # a phone's portrait photo is read as it was taken
+            query.thumbnail((QUERY_IMAGE_SIDE, QUERY_IMAGE_SIDE))
+            return query.convert("RGB")
         except SparsemmError:
             raise
         except Exception as exc:  # PIL raises several types for a non-image or a broken file

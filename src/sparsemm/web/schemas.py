@@ -98,6 +98,7 @@ class ItemOut(BaseModel):
     labels: list[str]
     image: str | None  # URL of the image, None when the item has no servable image
     thumb: str | None = None  # URL of its server-made thumbnail (same None rule)
+    also: list[str] = []  # the item's other paths: copies with the same bytes, or links
 
 
 class EvidenceOut(BaseModel):

@@ -402,6 +402,7 @@ class SearchService:
             "id": item_id,
             "caption": captions[0] if captions else "",
             "labels": [str(x) for x in item.get("labels") or []],
+            "also": [str(x) for x in item.get("also") or []],
             "image": self.image_url(item_id, prefix),
             "thumb": (
                 f"{prefix}/thumbs/{quote(item_id, safe='')}" if item_id in self.images else None

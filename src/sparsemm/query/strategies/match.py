@@ -75,16 +75,20 @@ class Match(Strategy):
         out: TermReading = hit
         return out
 
-    def term_probability(self, term: str) -> np.ndarray:
-        """(n_items,) P(term | item) (cached per term)."""
-        key = ("match_p", term)
+    def term_probability(self, term: str, excluded: bool = False) -> np.ndarray:
+        """(n_items,) P(term | item) (cached per term); ``excluded``: as a term to leave
+        out, which a model may judge from more conservative evidence (the photo model: any
+        region of the photo that shows it)."""
+        key = ("match_p", term, excluded)
         hit = self.ctx.cache.get(key)
         if hit is None:
             reading = self.reading(term)
             if reading.kind == "like":  # how much of the picture's code the item shares
                 hit = np.clip(self.similarity(term), 0.0, 1.0)
             else:
-                hit = np.clip(self.scorer.probability(reading, self.ctx), 0.0, 1.0)
+                hit = np.clip(
+                    self.scorer.probability(reading, self.ctx, excluded=excluded), 0.0, 1.0
+                )
             if not term.startswith(LIKE_PREFIX):  # a pinned code changes between queries
                 self.ctx.cache[key] = hit
         out: np.ndarray = hit
@@ -108,7 +112,7 @@ class Match(Strategy):
         for t in include:
             p = p * self.term_probability(t)
         for b in exclude:
-            p = p * (1.0 - self.term_probability(b))
+            p = p * (1.0 - self.term_probability(b, excluded=True))
         return p
 
     @staticmethod

@@ -228,6 +228,10 @@
           `#${hit.rank} · ${formatScore(hit.score, probabilistic)}`,
         ),
       ),
+      (hit.also || []).length
+        ? el("div", { class: "also", title: "the same photo (same bytes, or a link) at other paths" },
+            `also: ${hit.also.join(", ")}`)
+        : null,
       bad.length
         ? el("div", { class: "violation", title: "it shows a term you left out (its labels name it, or the scorer finds it likely)" },
             `✗ has ${bad.join(", ")}`)
@@ -516,6 +520,7 @@
       el("div", { class: "panel-image" }, thumbnail(item, 320, true)),
       el("h2", {}, item.caption || item.id),
       el("p", { class: "muted" }, `id ${item.id}`, item.labels.length ? ` · labels: ${item.labels.join(", ")}` : ""),
+      (item.also || []).length ? el("p", { class: "muted also" }, `also: ${item.also.join(", ")}`) : null,
       others.length ? el("ul", { class: "captions" }, others.map((c) => el("li", {}, c))) : null,
       el("h3", {}, "Matched concepts"),
       el("p", { class: "note" }, `Concept dimensions shared by ${describe(data.query)} and this item; weight = contribution to the score.`),

@@ -1,0 +1,246 @@
+"""The photo model's presence calibration, fitted on labelled photos and judged on others.
+
+A photo's label (``benchmarks/data/*.json``: every thing visible, hand-labelled, closed under
+the file's ``implies``) says whether a concept is in it. For every (photo, concept word)
+pair whose word the photo model reads as one concept, the served scorer's inputs are taken
+from the collection ``sparsemm up`` built (its codes: whole-image and region class
+probabilities, the face unit), and
+
+    P(concept | photo) = noisy-OR( sigmoid(a logit(max(e_whole, lam e_region)) + b), P_face )
+
+(``sparsemm.query.scorers.UnitScorer``; a concept with no evidence at all stays at 0). The
+scale ``a``, bias ``b`` and region weight ``lam`` are fitted by log loss. Judged on photos of
+sources the fit never saw (leave one source out): the expected calibration error
+ECE = sum_bins |bin| / n * |mean predicted P - observed rate| over ten equal-width bins of
+predicted P, the reliability table per bin, and the area under the ROC curve.
+
+    python benchmarks/photo_calibration.py OUT_OF_real_photos.py   (reads OUT/up and the data)
+
+Used by ``benchmarks/real_photos.py``, which reports it beside the query figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import minimize
+
+LAMBDAS = (0.0, 0.25, 0.5, 0.75, 1.0)  # region weights tried
+BINS = 10
+
+
+@dataclasses.dataclass
+class Pairs:
+    """(photo, concept) pairs: whole-image and region evidence, the face unit's part of P,
+    and whether the photo shows the concept."""
+
+    word: np.ndarray  # (m,) str
+    photo: np.ndarray  # (m,) str
+    source: np.ndarray  # (m,) str
+    y: np.ndarray  # (m,) 0/1
+    e_whole: np.ndarray  # (m,) summed class probability over the whole photo
+    e_region: np.ndarray  # (m,) the same over its tiles (0 without regions)
+    face: np.ndarray  # (m,) the face unit's probability, times its weight in the concept
+
+
+def closure(tags: list[str], implies: dict[str, list[str]]) -> set[str]:
+    out, todo = set(tags), list(tags)
+    while todo:
+        for u in implies.get(todo.pop(), []):
+            if u not in out:
+                out.add(u)
+                todo.append(u)
+    return out
+
+
+def build_pairs(searcher: Any, photos: list[dict[str, Any]], implies: dict[str, Any]) -> Pairs:
+    """Pairs over ``photos`` (entries of the data files, with ``id`` and ``source``) of the
+    collection ``searcher`` serves, for every label word the model reads as one concept."""
+    from sparsemm.concepts.vocabulary import UnknownTerm
+    from sparsemm.errors import SparsemmError
+
+    model = searcher.model.model  # ImageNetConceptModel
+    scorer = searcher.model.term_scorer()
+    ids = [Path(i).stem for i in searcher.collection.ids]
+    row_of = {pid: r for r, pid in enumerate(ids)}
+    keep = [p for p in photos if p["id"] in row_of]
+    rows = np.array([row_of[p["id"]] for p in keep])
+    codes = searcher.item_codes(rows) if hasattr(searcher, "item_codes") else None
+    if codes is None:
+        import scipy.sparse as sp
+
+        codes = sp.vstack([searcher.item_code(int(r)) for r in rows]).tocsr()
+    words = sorted({w for p in keep for w in closure(p["labels"], implies)})
+    out: dict[str, list[Any]] = {f.name: [] for f in dataclasses.fields(Pairs)}
+    for w in words:
+        try:
+            reading = scorer.read(w)
+        except (UnknownTerm, SparsemmError):
+            continue
+        if len(reading.concepts) != 1:
+            continue
+        wt = scorer._unit_weights(reading.concepts[0]).copy()
+        face_w = 0.0
+        if scorer.face is not None:
+            face_w, wt[scorer.face] = float(wt[scorer.face]), 0.0
+        e_w = np.asarray(codes @ wt, dtype=np.float64).ravel()
+        reg = scorer._region_weights(wt)
+        e_r = np.asarray(codes @ reg, dtype=np.float64).ravel() if reg is not None else 0 * e_w
+        f = (
+            face_w * np.asarray(codes[:, scorer.face].toarray(), dtype=np.float64).ravel()
+            if face_w
+            else 0 * e_w
+        )
+        for i, p in enumerate(keep):
+            labels = closure(p["labels"], implies)
+            if w in closure(p.get("maybe", []), implies) and w not in labels:
+                continue
+            out["word"].append(w)
+            out["photo"].append(p["id"])
+            out["source"].append(p["source"])
+            out["y"].append(int(w in labels))
+            out["e_whole"].append(e_w[i])
+            out["e_region"].append(e_r[i])
+            out["face"].append(f[i])
+    del model
+    return Pairs(**{k: np.asarray(v) for k, v in out.items()})
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, 1e-6, 1 - 1e-6)
+    return np.log(p) - np.log1p(-p)
+
+
+def predict(pairs: Pairs, a: float, b: float, lam: float) -> np.ndarray:
+    """P(concept | photo) of the served scorer with these settings."""
+    e = np.maximum(pairs.e_whole, lam * pairs.e_region)
+    e = np.clip(e, 0.0, 1.0)
+    pc = np.where(e > 0, 1.0 / (1.0 + np.exp(-(a * _logit(e) + b))), 0.0)
+    return 1.0 - (1.0 - pc) * (1.0 - np.clip(pairs.face, 0.0, 1.0))
+
+
+def log_loss(y: np.ndarray, p: np.ndarray) -> float:
+    p = np.clip(p, 1e-4, 1 - 1e-4)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log1p(-p)))
+
+
+def fit(pairs: Pairs, lambdas: tuple[float, ...] | None = LAMBDAS) -> dict[str, float]:
+    """(a, b, lam) of least log loss on ``pairs`` (a > 0)."""
+    best: dict[str, float] | None = None
+    for lam in lambdas or LAMBDAS:
+
+        def loss(v: np.ndarray, lam: float = lam) -> float:
+            return log_loss(pairs.y, predict(pairs, float(np.exp(v[0])), float(v[1]), lam))
+
+        res = minimize(loss, np.array([0.0, 0.0]), method="Nelder-Mead")
+        cand = {"a": float(np.exp(res.x[0])), "b": float(res.x[1]), "lam": lam, "loss": res.fun}
+        if best is None or cand["loss"] < best["loss"]:
+            best = cand
+    assert best is not None
+    return best
+
+
+def reliability(y: np.ndarray, p: np.ndarray, bins: int = BINS) -> dict[str, Any]:
+    """ECE over ``bins`` equal-width bins of predicted P, and the table per bin."""
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    idx = np.clip(np.digitize(p, edges[1:-1]), 0, bins - 1)
+    table, ece = [], 0.0
+    for k in range(bins):
+        m = idx == k
+        if not m.any():
+            continue
+        pred, obs = float(p[m].mean()), float(y[m].mean())
+        ece += m.mean() * abs(pred - obs)
+        table.append(
+            {
+                "bin": f"{edges[k]:.1f}-{edges[k + 1]:.1f}",
+                "n": int(m.sum()),
+                "predicted": round(pred, 4),
+                "observed": round(obs, 4),
+            }
+        )
+    return {"ece": round(float(ece), 4), "n": len(y), "table": table}
+
+
+def auc(y: np.ndarray, s: np.ndarray) -> float | None:
+    from scipy.stats import rankdata
+
+    pos, neg = y == 1, y == 0
+    if not pos.any() or not neg.any():
+        return None
+    r = rankdata(s)
+    return round(
+        float((r[pos].sum() - pos.sum() * (pos.sum() + 1) / 2) / (pos.sum() * neg.sum())), 4
+    )
+
+
+def subset(pairs: Pairs, mask: np.ndarray) -> Pairs:
+    return Pairs(**{f.name: getattr(pairs, f.name)[mask] for f in dataclasses.fields(Pairs)})
+
+
+def leave_one_source_out(
+    pairs: Pairs,
+    groups: dict[str, str] | None = None,
+    lambdas: tuple[float, ...] | None = None,
+) -> dict[str, Any]:
+    """Fit on every source but one, predict that one; ``groups`` maps a source to the group
+    left out together (packages of one family). Returns per-group figures and the pooled
+    held-out predictions' reliability."""
+    group = np.array([(groups or {}).get(s, s) for s in pairs.source])
+    held = np.zeros(len(pairs.y))
+    per: dict[str, Any] = {}
+    for g in sorted(set(group)):
+        test = group == g
+        params = fit(subset(pairs, ~test), lambdas or LAMBDAS)
+        held[test] = predict(subset(pairs, test), params["a"], params["b"], params["lam"])
+        per[g] = {
+            "pairs": int(test.sum()),
+            "positives": int(pairs.y[test].sum()),
+            "fit": {k: round(v, 4) for k, v in params.items()},
+            "ece": reliability(pairs.y[test], held[test])["ece"],
+            "auc": auc(pairs.y[test], held[test]),
+        }
+    return {
+        "per_source": per,
+        "pooled": reliability(pairs.y, held),
+        "auc": auc(pairs.y, held),
+        "predictions": held,
+    }
+
+
+def settings_with(model: Any, **changes: Any) -> Any:
+    """A copy of an ImageNetConceptModel with other settings (buffers shared)."""
+    from sparsemm.models.concepts import ImageNetConceptModel
+
+    new = ImageNetConceptModel(dataclasses.replace(model.config, **changes))
+    new.load_state_dict(model.state_dict())
+    new.training_info = model.training_info
+    return new.eval()
+
+
+def plot_reliability(curves: dict[str, dict[str, Any]], path: Path, title: str) -> None:
+    """A reliability diagram: mean predicted P against the observed rate per bin, one line
+    per curve (``reliability`` outputs), the diagonal for reference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4.6, 4.4), dpi=110)
+    ax.plot([0, 1], [0, 1], color="0.7", lw=1, ls="--")
+    for name, rel in curves.items():
+        xs = [b["predicted"] for b in rel["table"]]
+        ys = [b["observed"] for b in rel["table"]]
+        ax.plot(xs, ys, marker="o", ms=4, label=f"{name} (ECE {rel['ece']:.3f})")
+    ax.set_xlabel("predicted P")
+    ax.set_ylabel("observed rate")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
