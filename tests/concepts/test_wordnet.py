@@ -67,3 +67,16 @@ def test_a_damaged_file_is_refused() -> None:
     }
     with pytest.raises(SparsemmError, match="damaged"):
         WordNet(good)
+
+
+def test_instances_are_marked_and_other_words_are_english(wn: WordNet) -> None:
+    day = [s for s in wn.lookup("day") if "Clarence Day" in wn.lemmas(s)]
+    assert day and wn.instance(day[0])  # the writer, an instance of "writer"
+    assert not wn.instance(wn.lookup("day")[0])
+    assert not wn.instance(wn.by_wnid("n02084071"))  # dog: a kind, not a name
+    assert 7000 < sum(wn.instance(i) for i in range(len(wn))) < 9000
+    # English in any part of speech, also inflected: no spelling fix is offered for these
+    for word in ("sunny", "sunnier", "running", "indoors", "quickly", "biggest", "dog", "red"):
+        assert wn.english(word), word
+    for word in ("dgo", "xqzvbl", "kelpi"):
+        assert not wn.english(word), word

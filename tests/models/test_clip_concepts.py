@@ -77,6 +77,18 @@ def test_concept_model_codes_probabilities_and_round_trip(tmp_path: Path) -> Non
     assert [vocab.names[u] for u, _ in dog.units] == ["dog"]
     animal = {vocab.names[u] for u, _ in vocab.read("an animal").concepts[0].units}
     assert animal == {"cat", "dog", "tabby"}
+    # "cats or dogs": the best of the term and each alternative's concepts, zero-shot
+    from sparsemm.query.scorers import ZeroShotScorer
+    from sparsemm.query.strategies import ExclusionContext
+
+    scorer = ZeroShotScorer(back, vocab)
+    ctx = ExclusionContext(items_dense=images, text_encoder=enc)
+    union = scorer.read("cats or dogs")
+    assert union.label == "cat or dog"
+    assert [c.label for c in union.concepts[0].parts] == ["cat", "dog"]
+    p_or = scorer.probability(union, ctx)
+    for alt in ("cat", "dog"):
+        assert np.all(p_or >= scorer.probability(scorer.read(alt), ctx) - 1e-9)
 
 
 def test_fit_temperature_separates_present_from_absent() -> None:

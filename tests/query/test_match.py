@@ -145,7 +145,13 @@ def test_detector_index_path_equals_ranking_every_item(tmp_path: Path) -> None:
     index = InvertedIndex.build(tmp_path / "ix", codes, [str(i) for i in range(4000)])
     full = sr_context(codes, det)
     text = sr_context(sp.csr_matrix((0, d), dtype=np.float32), det)
-    for q in ("dog but not cat", "an animal but no car", "vehicles, no bus", "a man with a hat"):
+    for q in (
+        "dog but not cat",
+        "an animal but no car",
+        "vehicles, no bus",
+        "a man with a hat",
+        "dogs or cars but not a bus",
+    ):
         query = parse_query(q)
         want_rows, want_scores = rank_query(full, query, "match", k=10)
         got = served_match(index, text, query, k=10, candidates=16, nonnegative=True)
@@ -194,3 +200,38 @@ def test_stored_term_codes_stand_in_for_coding_the_words(tmp_path: Path) -> None
     assert not any(det.terms[u] in str(k) for k in fresh._code for u in range(len(det)))
     det.save(tmp_path)
     np.testing.assert_array_equal(ConceptDetectors.load(tmp_path).term_codes, det.term_codes)
+
+
+# -- "or" ------------------------------------------------------------------------------------
+
+
+def test_or_is_one_term_whose_evidence_is_the_alternatives_together(tmp_path: Path) -> None:
+    """Photo model: P(cat or dog) is the presence of their summed class evidence (the same
+    calibration as any category word); SR: the most probable of their detectors. The index
+    path serves it exactly; "a dog or a car" reads the same."""
+    model = photo_model()
+    codes = photo_codes(3000, seed=3)
+    x = codes.toarray()
+    match = get_strategy("match", photo_context(codes, model))
+    want = model.presence(x[:, 0] + x[:, 1])  # golden retriever + tabby
+    for q in ("cats or dogs", "dog or cat", "either a dog or a cat"):
+        term = parse_query(q).include[0]
+        np.testing.assert_allclose(match.term_probability(term), want, atol=1e-12, err_msg=q)
+    index = InvertedIndex.build(tmp_path / "ix", codes, [str(i) for i in range(3000)])
+    text = photo_context(sp.csr_matrix((0, codes.shape[1]), dtype=np.float32), model)
+    query = parse_query("a cat or a dog but not a bus")
+    want_rows, want_scores = rank_query(photo_context(codes, model), query, "match", k=10)
+    got = served_match(index, text, query, k=10, candidates=16, nonnegative=True)
+    np.testing.assert_array_equal(got.rows, want_rows)
+    np.testing.assert_allclose(got.scores, want_scores, atol=1e-9)
+
+    det = sr_detectors(12)
+    scorer = detector_scorer(det)
+    sr_codes_ = sr_codes(500, 12, seed=4)
+    ctx = sr_context(sr_codes_, det)
+    union = scorer.read("dogs or cars")
+    assert union.label == "dog or car" and len(union.concepts) == 1
+    dog, car = (scorer.probability(scorer.read(t), ctx) for t in ("dog", "car"))
+    np.testing.assert_allclose(scorer.probability(union, ctx), np.maximum(dog, car), atol=1e-12)
+    # a description with "or" in it is scored as a description, by its code similarity
+    assert scorer.read("a man riding a bike or walking a dog").kind == "similarity"

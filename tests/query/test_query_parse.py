@@ -304,3 +304,36 @@ def test_round_trip_on_operator_soup(text: str) -> None:
         again = parse_query(q.text)
         assert again == q
         assert again.text == q.text
+
+
+PHOTO_WORDS = [
+    # exclusion phrases people use
+    ("animals other than cats and dogs", ["animals"], ["cats", "dogs"]),
+    ("animals apart from cats", ["animals"], ["cats"]),
+    ("vehicles aside from buses", ["vehicles"], ["buses"]),
+    ("vehicles except for buses and trucks", ["vehicles"], ["buses", "trucks"]),
+    ("anything other than cats", [], ["cats"]),
+    ("indoor photos with nobody in them", ["indoor photos"], ["person"]),
+    ("people outside, not indoors", ["people outside"], ["indoors"]),
+    # "besides" means "in addition to" as often as "other than": not an exclusion
+    ("cats besides dogs", ["cats besides dogs"], []),
+    # "or": one term whose reading is the union; an exclusion list excludes each
+    ("cats or dogs", ["cats or dogs"], []),
+    ("a cat or a dog", ["cat or dog"], []),
+    ("either a cat or a dog", ["cat or dog"], []),
+    ("a cat or a dog, but not a bird", ["cat or dog"], ["bird"]),
+    ("animals but not cats or dogs", ["animals"], ["cats", "dogs"]),
+    ("cats or dogs and a ball", ["cats or dogs", "ball"], []),
+    # an -ing word starting a compound noun does not undo the exclusion
+    ("car but not parking meter", ["car"], ["parking meter"]),
+    ("people but not living thing", ["people"], ["living thing"]),
+    ("a kitchen but not a washing machine", ["kitchen"], ["washing machine"]),
+    ("the dog is not running", ["dog is not running"], []),
+]
+
+
+@pytest.mark.parametrize("text,include,exclude", PHOTO_WORDS)
+def test_photo_phrasings(text: str, include: list[str], exclude: list[str]) -> None:
+    q = parse_query(text)
+    assert list(q.include) == include and list(q.exclude) == exclude
+    assert parse_query(q.text) == q  # the canonical text reads back the same

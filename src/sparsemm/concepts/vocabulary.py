@@ -6,8 +6,11 @@ have detectors for SR, the vocabulary concepts of CLIP). :class:`ConceptVocabula
 each unit at a WordNet noun synset and reads a query term as the units that cover it:
 
 1. the term's noun senses, most frequent first, keeping those that are physical things
-   (below ``physical entity``); everyday words WordNet reads otherwise are mapped first
-   (:data:`OVERRIDES`: "people" is a group noun there, the plural of "person" here);
+   (below ``physical entity``) and never an instance (Clarence Day is no reading of
+   "day"); everyday words WordNet reads otherwise are mapped first (:data:`OVERRIDES`:
+   "people" is a group noun there, the plural of "person" here; "indoors", "selfie");
+   kinds with nothing below them in WordNet are read as groups (:data:`GROUPS`: pet,
+   landmark);
 2. the first sense that has units at it or below it is the reading: "vehicle" covers
    car, bus, minivan, canoe, ...; "dog" every breed (``how`` = "exact" when one unit sits at
    the sense itself and nothing else, else "narrower");
@@ -19,9 +22,17 @@ each unit at a WordNet noun synset and reads a query term as the units that cove
    ``note``); other words are not widened ("kitchen" is not searched as "area");
 5. a phrase ("a cup of coffee", "a boat on a lake") is read noun by noun (longest WordNet
    nouns first, filler words such as "group", "photo" and "kind" left out): all its nouns
-   must be present; a noun with no units is left out with a note when another one is read;
+   must be present; a count ("two dogs") or a describing word ("big") is left out with a
+   note, but a thing the model cannot see ("sunset", "red", "kitchen") refuses the
+   phrase as it refuses the word alone, never silently;
 6. a term with no reading is refused (:class:`UnknownTerm`) with the closest concepts the
-   model knows (by the model's text similarity when it has one, else by spelling).
+   model knows: curated ones for what no model here sees (:data:`UNSEEN`: the time of
+   day, colours, text), a spelling fix only for a word that is no English word, else by
+   the model's text similarity when it has one; a term covering nearly every unit is
+   refused as too broad (:class:`TooBroad`: "entity", "physical entity");
+7. "cats or dogs" is one concept, the union of the alternatives' units
+   (:meth:`ConceptVocabulary.read_union`); :meth:`ConceptVocabulary.implies` says when an
+   excluded term covers an included one ("dog but not animal").
 """
 
 from __future__ import annotations
@@ -61,7 +72,75 @@ OVERRIDES: dict[str, str] = {
     "motorbike": "motorcycle",
     "motorbikes": "motorcycle",
     "electronics": "electronic device",  # the devices, not the branch of physics
+    # photo words: "indoor(s)" and "outside" are the places WordNet calls interior/outdoors
+    "indoor": "inside",
+    "indoors": "inside",
+    "outdoor": "outdoors",
+    "outside": "outdoors",
+    "open air": "outdoors",
+    "selfie": "face",
+    "selfies": "face",
+    "ocean": "sea",  # WordNet's ocean is a sibling of the sea, which photos show alike
+    "oceans": "sea",
 }
+# Notes for words read as something else (the reading says what the model cannot tell).
+WORD_NOTES: dict[str, str] = {
+    "selfie": "'selfie' is searched as a face ('person (face)'): this model cannot tell a "
+    "selfie from any other photo with a face in it",
+    "pet": "'pet' is searched as the animals people keep (dogs, cats, hamsters, guinea pigs, "
+    "rabbits, goldfish, parrots): this model cannot tell a pet from any other such animal",
+    "landmark": "'landmark' is searched as the buildings and structures ImageNet knows that "
+    "landmarks are made of (castles, palaces, churches, towers, bridges, monuments): this "
+    "model cannot tell a famous one from any other",
+}
+# Word senses read as the union of other synsets (wnid -> member wnids): kinds WordNet has
+# but files nothing under that a photo model has units for.
+GROUPS: dict[str, tuple[str, ...]] = {
+    # pet.n.01 -> dog, domestic cat, hamster, guinea pig, rabbit, goldfish, parrot
+    "n01318894": (
+        "n02084071", "n02121808", "n02342885", "n02364673", "n02324045", "n01443537",
+        "n01816887",
+    ),
+    # landmark.n.01 -> castle, palace, church, mosque, stupa, obelisk, triumphal arch,
+    # steel arch bridge, suspension bridge, megalith, monastery, totem pole, cliff dwelling,
+    # beacon (lighthouse), dome, bell cote, planetarium, viaduct, water tower
+    "n08624891": (
+        "n02980441", "n03877845", "n03028079", "n03788195", "n04346328", "n03837869",
+        "n04486054", "n04311004", "n04366367", "n03743016", "n03781244", "n04487394",
+        "n03042490", "n02814860", "n03220513", "n02825657", "n03956157", "n04532670",
+        "n04562935",
+    ),
+}  # fmt: skip
+# Words for what no photo model here can see, each with why and what to search instead.
+_TIME = (
+    "this model sees things, not the time of day or the light",
+    ("sky", "seashore", "lakeside"),
+)
+_COLOUR = ("this model names things, not their colours", ())
+_TEXT = ("this model does not read text", ("menu", "street sign", "book jacket"))
+UNSEEN: dict[str, tuple[str, tuple[str, ...]]] = {
+    **dict.fromkeys(
+        "sunset sunsets sunrise sunrises sundown dusk dawn twilight night nights nighttime "
+        "evening evenings morning daylight daytime day days afternoon golden hour".split(),
+        _TIME,
+    ),
+    **dict.fromkeys(
+        "red blue green yellow black white purple pink brown grey gray violet beige "
+        "turquoise colour color colours colors colourful colorful".split(),
+        _COLOUR,
+    ),
+    **dict.fromkeys("text texts writing document documents words letters".split(), _TEXT),
+}
+# Count words: "two dogs" is read as dogs, with a note that counts are not known.
+COUNTS = frozenset(
+    "two three four five six seven eight nine ten eleven twelve dozen dozens several "
+    "many multiple few numerous".split()
+)
+# A term that covers at least this share of a model's units (with at least MIN_BROAD_UNITS
+# units) names nearly everything a photo can show ("physical entity", "object"): refused.
+BROAD_SHARE = 0.75
+MIN_BROAD_UNITS = 8
+ENTITY = "n00001740"
 # Readings WordNet offers that a photo search should not take: (word, wnid of the sense).
 # "galaxy" is also a rare name of the plant galax; a "plant" in a photo is rarely a factory.
 # Blocking a word's sense blocks it for the word as typed; its base form ("plants" ->
@@ -111,6 +190,10 @@ class UnknownTerm(SparsemmError):
         self.suggestions = list(suggestions)
 
 
+class TooBroad(UnknownTerm):
+    """A term that covers (nearly) everything the model can see ("physical entity")."""
+
+
 @dataclass(frozen=True)
 class Concept:
     """One noun of a term, read as the units that cover it."""
@@ -121,6 +204,8 @@ class Concept:
     how: str  # "exact" | "narrower" | "implied" | "broader" | "name"
     synset: int | None = None
     note: str = ""
+    # "cats or dogs": the alternatives whose units ``units`` unites (how = "union")
+    parts: tuple[Concept, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -129,14 +214,21 @@ class Reading:
 
     term: str
     concepts: tuple[Concept, ...]
-    ignored: tuple[str, ...] = ()  # nouns of the phrase that name nothing the model knows
+    ignored: tuple[str, ...] = ()  # describing words of the phrase the model cannot judge
+    counts: tuple[str, ...] = ()  # count words ("two dogs")
 
     @property
     def notes(self) -> list[str]:
         out = [c.note for c in self.concepts if c.note]
+        if self.counts:
+            shown = " + ".join(c.label for c in self.concepts)
+            out.append(
+                f"counts are not known to this model: {self.term!r} is searched as "
+                f"{shown!r} (one or more)"
+            )
         if self.ignored:
             what = ", ".join(repr(w) for w in self.ignored)
-            out.append(f"{what} in {self.term!r} left out: nothing this model can see")
+            out.append(f"{what} in {self.term!r} left out: this model cannot judge it")
         return out
 
 
@@ -187,7 +279,17 @@ class ConceptVocabulary:
                     if not 0.0 < float(w) <= 1.0:
                         raise SparsemmError(f"implied weight {w} of unit {u} is not in (0, 1]")
                     slot[int(u)] = max(slot.get(int(u), 0.0), float(w))
+        for group, members in GROUPS.items():
+            g = self.wn.by_wnid(group)
+            if g is None:
+                continue
+            for m in (self.wn.by_wnid(w) for w in members):
+                for u, w in idx.under.get(m, {}).items() if m is not None else ():
+                    if w >= 1.0:
+                        idx.under.setdefault(g, {})[u] = 1.0
         self._under = idx.under
+        self._entity = self.wn.by_wnid(ENTITY)
+        self._spell: _DeletionIndex | None = None
         self._stand_ins = {i for i in (self.wn.by_wnid(w) for w in STAND_INS) if i is not None}
         self._implied_keys = {int(s) for s in (implied or {})}
         self._by_name: dict[str, list[int]] = {}
@@ -217,13 +319,36 @@ class ConceptVocabulary:
         )
 
     def _senses(self, word: str) -> list[int]:
+        """The word's physical noun senses (and "entity", above them all), most frequent
+        first; never an instance ("Day" the writer is not a reading of "day")."""
         key = normalise(word)
         key = OVERRIDES.get(key, key)
         return [
             s
             for s in self.wn.lookup(key)
-            if self.physical(s) and (key, self.wn.wnid(s)) not in BLOCKED
+            if (self.physical(s) or s == self._entity)
+            and not self.wn.instance(s)
+            and (key, self.wn.wnid(s)) not in BLOCKED
         ]
+
+    def _word_note(self, word: str) -> str:
+        key = normalise(word)
+        for k in (key, OVERRIDES.get(key, key), *self.wn.base_forms(key)):
+            if k in WORD_NOTES:
+                return WORD_NOTES[k]
+        return ""
+
+    def _too_broad(self, word: str, units: Mapping[int, float]) -> TooBroad | None:
+        direct = sum(1 for w in units.values() if w >= 1.0)
+        n = len(self.names)
+        if n < MIN_BROAD_UNITS or direct < BROAD_SHARE * n:
+            return None
+        return TooBroad(
+            word,
+            f"{word!r} covers nearly everything this model can see ({direct} of its {n} "
+            "concepts), so every photo would match it; name something narrower, e.g. "
+            "'animal', 'vehicle', 'food' or 'building'",
+        )
 
     # -- reading ---------------------------------------------------------------------------
     def read_noun(self, word: str) -> Concept | None:
@@ -247,8 +372,11 @@ class ConceptVocabulary:
             how = "implied" if not direct else "narrower"
             if len(units) == 1 and direct and s in self.synsets[direct[0]]:
                 how = "exact"
+            broad = self._too_broad(word, units)
+            if broad is not None:
+                raise broad
             label = self.wn.name(s)
-            note = ""
+            note = self._word_note(key)
             if how == "implied":
                 shown = ", ".join(self.names[u] for u, _ in sorted(units.items(), key=_by_w)[:3])
                 note = f"{word!r} is judged from what implies it ({shown}, ...)"
@@ -273,12 +401,18 @@ class ConceptVocabulary:
         """The reading of a query term; :class:`UnknownTerm` when it names nothing the
         model can see."""
         text = normalise(term)
+        if re.search(r"\bor\b", text):
+            return Reading(term, (self.read_union(term),))
+        if text in UNSEEN:
+            raise self.unknown(term)
         whole = self.read_noun(text) if text else None
         if whole is not None:
             return Reading(term, (whole,))
         words = [w for w in re.findall(r"[a-z0-9][a-z0-9'\-]*", text) if w not in STOP]
         concepts: list[Concept] = []
         ignored: list[str] = []
+        counts: list[str] = []
+        unseen: list[str] = []  # things the phrase names that the model cannot see
         i = 0
         while i < len(words):
             for n in (3, 2, 1):
@@ -286,6 +420,14 @@ class ConceptVocabulary:
                 if len(words[i : i + n]) < n:
                     continue
                 if n == 1 and chunk in FILLER:
+                    i += 1
+                    break
+                if n == 1 and (chunk in COUNTS or chunk.isdigit()):
+                    counts.append(chunk)
+                    i += 1
+                    break
+                if n == 1 and chunk in UNSEEN:
+                    unseen.append(chunk)
                     i += 1
                     break
                 if n > 1 and not self.wn.known(chunk):
@@ -296,23 +438,62 @@ class ConceptVocabulary:
                     i += n
                     break
                 if n == 1:
-                    if self.wn.known(chunk) or chunk in OVERRIDES:
-                        ignored.append(chunk)
-                    elif not chunk.isdigit():
-                        ignored.append(chunk)
+                    (unseen if self._names_a_thing(chunk) else ignored).append(chunk)
                     i += 1
                     break
             else:  # pragma: no cover - the n == 1 case always breaks
                 i += 1
+        if unseen and concepts:
+            raise UnknownTerm(term, self._phrase_refusal(term, unseen[0], concepts))
+        if unseen:  # "something red", "a sunny day": refused as the word alone would be
+            raise self.unknown(unseen[0], term)
         if not concepts:
-            raise UnknownTerm(term, self.refusal(term), self.suggest(term))
+            raise self.unknown(term)
         seen: set[tuple[tuple[int, float], ...]] = set()
         unique = []
         for c in concepts:  # "dog and dogs" is one concept
             if c.units not in seen:
                 seen.add(c.units)
                 unique.append(c)
-        return Reading(term, tuple(unique), tuple(ignored))
+        return Reading(term, tuple(unique), tuple(ignored), tuple(counts))
+
+    def read_union(self, term: str) -> Concept:
+        """ "cats or dogs", "a cat or a dog": one concept whose units are the union of the
+        alternatives' (each alternative one thing the model can see); its evidence is theirs
+        together. UnknownTerm when an alternative cannot be read, SparsemmError when one is
+        a phrase of several things."""
+        text = normalise(term)
+        alternatives = [a for a in re.split(r"\s*\bor\b\s*", text) if a.strip()]
+        alternatives = [re.sub(r"^(either|a|an|the|some|any)\s+", "", a) for a in alternatives]
+        if len(alternatives) < 2:
+            raise SparsemmError(f"{term!r}: put a thing on each side of 'or', e.g. 'cat or dog'")
+        parts: list[Concept] = []
+        for alt in alternatives:
+            r = self.read(alt)
+            if len(r.concepts) != 1 or r.concepts[0].parts:
+                raise SparsemmError(
+                    f"{alt!r} in {term!r} is several things; 'or' joins single things "
+                    "('cats or dogs'): search the others separately"
+                )
+            parts.append(r.concepts[0])
+        units: dict[int, float] = {}
+        for c in parts:
+            for u, w in c.units:
+                units[u] = max(units.get(u, 0.0), w)
+        label = " or ".join(dict.fromkeys(c.label for c in parts))
+        note = "; ".join(dict.fromkeys(c.note for c in parts if c.note))
+        return Concept(term, label, _sorted(units), "union", None, note, tuple(parts))
+
+    def _phrase_refusal(self, term: str, word: str, concepts: Sequence[Concept]) -> str:
+        why = UNSEEN[word][0] if word in UNSEEN else "this model has nothing that shows it"
+        rest = " and ".join(dict.fromkeys(c.term for c in concepts))
+        useful = word in UNSEEN or self.similar is not None  # not spelling look-alikes
+        near = [n for n in self.suggest(word) if n not in rest] if useful else []
+        hint = f"; closest concepts it knows: {', '.join(near)}" if near else ""
+        return (
+            f"{word!r} in {term!r} is not something this model can see ({why}); search "
+            f"{rest!r} without it{hint}"
+        )
 
     def read_names(self, term: str) -> Reading | None:
         """``term`` read as the things it names when it says nothing else ("there is a dog",
@@ -338,7 +519,10 @@ class ConceptVocabulary:
                     chunk = " ".join(words[i : i + n])
                     if not self._names_a_thing(chunk):
                         continue
-                    c = self.read_noun(chunk)
+                    try:
+                        c = self.read_noun(chunk)
+                    except TooBroad:  # "an object on a table": a description, not names
+                        return None
                     if c is not None and c.how != "broader":
                         concepts.append(c)
                         i += n
@@ -362,37 +546,50 @@ class ConceptVocabulary:
             return any(self.synsets[u] for u in self._by_name.get(key, ()))
         return self.physical(senses[0])
 
-    def refusal(self, term: str) -> str:
-        if not self._senses_any(term):
-            typo = self.spelling(term)
-            if typo:  # a misspelt word: say what it probably is
-                return f"{term!r} is not a noun WordNet knows; did you mean {' or '.join(typo)}?"
-        near = self.suggest(term)
+    def unknown(self, word: str, term: str | None = None) -> UnknownTerm:
+        """The refusal of ``word`` (typed as ``term``, default the word itself), with its
+        suggestions computed once."""
+        near = self.suggest(word)
+        return UnknownTerm(term or word, self.refusal(word, near), near)
+
+    def refusal(self, term: str, near: Sequence[str] | None = None) -> str:
+        """Why ``term`` is refused, in one line (``near``: its suggestions, computed when
+        not given)."""
+        key = normalise(term)
+        near = self.suggest(term) if near is None else near
+        hint = f"; closest concepts it knows: {', '.join(near)}" if near else ""
+        if key in UNSEEN:
+            return f"{term!r} is not something this model can see ({UNSEEN[key][0]}){hint}"
+        if not self._english_any(term):
+            if near:  # a misspelt word: say what it probably is
+                fix = " or ".join(near)
+                return f"{term!r} is not an English word WordNet knows; did you mean {fix}?"
+            return (
+                f"{term!r} is not something this model can see (it is no English word "
+                "WordNet knows; check the spelling)"
+            )
         known = (
             "WordNet has no such noun"
             if not self._senses_any(term)
             else ("this model has nothing that shows it")
         )
-        hint = f"; closest concepts it knows: {', '.join(near)}" if near else ""
         return f"{term!r} is not something this model can see ({known}){hint}"
 
     def spelling(self, term: str, k: int = 3) -> list[str]:
-        """Up to ``k`` nouns one or two edits (a letter left out, added, changed or two
+        """Up to ``k`` words one or two edits (a letter left out, added, changed or two
         swapped) from a one-word ``term`` that the model reads as themselves: what a typo
-        ("dgo") probably meant. Closer words first, then words with more senses."""
+        ("dgo") probably meant. Closer words first, then words with more senses. Found
+        through an index of deletions (built once, on first use), in about a millisecond."""
         word = normalise(term)
         if not re.fullmatch(r"[a-z]{3,20}", word):
             return []
-        near1 = _edits(word)
-        found: dict[str, int] = {}
-        for dist, cands in ((1, near1), (2, {e2 for e in near1 for e2 in _edits(e)})):
-            for c in sorted(cands):
-                if c != word and c not in found and self.wn.known(c):
-                    found[c] = dist
-            if found:
-                break
+        if self._spell is None:
+            self._spell = _DeletionIndex(self._spelling_words())
+        found = self._spell.near(word)
         readable = []
         for c in sorted(found, key=lambda c: (found[c], -len(self.wn.lookup(c)), c)):
+            if c == word:
+                continue
             try:
                 concept = self.read_noun(c)
             except SparsemmError:
@@ -405,37 +602,116 @@ class ConceptVocabulary:
                 break
         return readable
 
+    def _spelling_words(self) -> list[str]:
+        """One-word names of what the model can read: the lemmas of every sense with units
+        at or below it, the units' own names, the overrides and the everyday people words."""
+        out: set[str] = set(EVERYDAY_PEOPLE) | set(OVERRIDES)
+        for s in self._under:
+            out.update(normalise(w) for w in self.wn.lemmas(s))
+        out.update(self._by_name)
+        return sorted(w for w in out if re.fullmatch(r"[a-z]{2,22}", w))
+
     def _senses_any(self, term: str) -> bool:
         words = [w for w in re.findall(r"[a-z0-9][a-z0-9'\-]*", normalise(term)) if w]
         return any(self.wn.known(w) for w in words) or self.wn.known(normalise(term))
 
+    def _english_any(self, term: str) -> bool:
+        """Whether some word of ``term`` is an English word (any part of speech): then a
+        spelling fix is not offered ("selfie" is not a misspelt "kelpie")."""
+        words = re.findall(r"[a-z0-9][a-z0-9'\-]*", normalise(term))
+        return any(self.wn.english(w) for w in words) or self._senses_any(term)
+
     def suggest(self, term: str, k: int = 3) -> list[str]:
-        """Up to ``k`` names closest to ``term``: what a misspelt word probably meant, else
+        """Up to ``k`` names closest to ``term``: the useful stand-ins for a word no model
+        here can see ("sunset": sky, seashore), what a misspelt word probably meant, else
         unit names by the model's text similarity when it has one, else by spelling."""
-        if not self._senses_any(term):
-            typo = self.spelling(term, k)
-            if typo:
-                return typo
+        key = normalise(term)
+        if key in UNSEEN:  # curated: what a person would search instead (none: colours)
+            return [w for w in UNSEEN[key][1] if self._readable(w)][:k]
+        if not self._english_any(term):
+            # no English word: a typo's fix or nothing; a string with no meaning is not
+            # worth the text encoder's time (nor a flood of them)
+            return self.spelling(term, k)
         if self.similar is not None:
             try:
                 return list(dict.fromkeys(self.similar(term, k)))[:k]
             except SparsemmError:
                 pass
         names = list(dict.fromkeys(normalise(n) for n in self.names))
-        return difflib.get_close_matches(normalise(term), names, n=k, cutoff=0.6)
+        return difflib.get_close_matches(key, names, n=k, cutoff=0.6)
+
+    def implies(self, included: Sequence[Concept], excluded: Sequence[Concept]) -> bool:
+        """True when every item matching ``included`` (all its concepts) also matches
+        ``excluded`` to this model: each excluded concept is at or above some included one
+        in the hierarchy ("dog" and "animal"; "kitten", read as a cat, and "cat"), or covers,
+        at full weight, every unit it is read through."""
+        if not included or not excluded:
+            return False
+
+        def covers(wide: Concept, narrow: Concept) -> bool:
+            if wide.synset is not None and narrow.synset is not None:
+                if self.wn.is_a(narrow.synset, wide.synset):
+                    return True
+            full = {u for u, w in wide.units if w >= 1.0}
+            mine = [u for u, w in narrow.units if w >= 1.0]
+            return bool(mine) and len(mine) == len(narrow.units) and set(mine) <= full
+
+        return all(any(covers(b, c) for c in included) for b in excluded)
+
+    def _readable(self, word: str) -> bool:
+        try:
+            return self.read_noun(word) is not None
+        except SparsemmError:
+            return False
 
 
-_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+class _DeletionIndex:
+    """Words by the strings one or two deletions away (symmetric-delete spelling, after
+    SymSpell): a word within two edits of a query shares a deletion string with it, so a
+    lookup touches a few dozen keys instead of every string two edits away."""
+
+    def __init__(self, words: Sequence[str]) -> None:
+        self.words = frozenset(words)
+        self.by_delete: dict[str, list[str]] = {}
+        for w in self.words:
+            for d in _deletes(w):
+                self.by_delete.setdefault(d, []).append(w)
+
+    def near(self, word: str, max_dist: int = 2) -> dict[str, int]:
+        """{word: edit distance} of the indexed words within ``max_dist`` of ``word``,
+        only the closest distance found (1 before 2)."""
+        cands: set[str] = set()
+        for d in _deletes(word):
+            cands.update(self.by_delete.get(d, ()))
+        found = {c: _osa(word, c) for c in cands}
+        found = {c: d for c, d in found.items() if 0 < d <= max_dist}
+        if not found:
+            return {}
+        best = min(found.values())
+        return {c: d for c, d in found.items() if d == best}
 
 
-def _edits(word: str) -> set[str]:
-    """Every string one deletion, transposition, replacement or insertion from ``word``."""
-    splits = [(word[:i], word[i:]) for i in range(len(word) + 1)]
-    out = {a + b[1:] for a, b in splits if b}
-    out |= {a + b[1] + b[0] + b[2:] for a, b in splits if len(b) > 1}
-    out |= {a + c + b[1:] for a, b in splits if b for c in _LETTERS}
-    out |= {a + c + b for a, b in splits for c in _LETTERS}
-    return out
+def _deletes(word: str) -> set[str]:
+    """``word`` and every string one or two deletions from it."""
+    one = {word[:i] + word[i + 1 :] for i in range(len(word))}
+    two = {w[:i] + w[i + 1 :] for w in one for i in range(len(w))}
+    return {word} | one | two
+
+
+def _osa(a: str, b: str) -> int:
+    """Optimal string alignment distance (insertions, deletions, substitutions and
+    adjacent transpositions)."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[-1]
 
 
 def _by_w(item: tuple[int, float]) -> tuple[float, int]:

@@ -3,7 +3,9 @@
 ``data/wordnet-nouns.json.gz`` is derived once from Debian's ``wordnet-base`` by
 ``scripts/derive_wordnet.py`` (WordNet's licence is beside it, ``data/WORDNET-LICENSE``): every
 noun synset with its lemmas, their sense numbers and its hypernyms (instance hypernyms
-included), plus the noun exception list for irregular plurals. Users need nothing else.
+included, and which synsets are instances: "Day" the writer Clarence Day, "Paris"), plus the
+noun exception list for irregular plurals and the one-word verbs, adjectives and adverbs
+that are not nouns (:meth:`WordNet.english`). Users need nothing else.
 
 A synset is addressed by its index in the file (an ``int``); :meth:`WordNet.wnid` gives the
 ImageNet-style id (``n02084071`` for dog.n.01). Lookups go through WordNet's own noun
@@ -38,6 +40,23 @@ _NOUN_RULES = (
     ("men", "man"),
     ("ies", "y"),
     ("s", ""),
+)
+# WordNet's verb and adjective detachment rules (morphy), for :meth:`WordNet.english`
+_OTHER_RULES = (
+    ("s", ""),
+    ("ies", "y"),
+    ("es", "e"),
+    ("es", ""),
+    ("ed", "e"),
+    ("ed", ""),
+    ("ing", "e"),
+    ("ing", ""),
+    ("er", ""),
+    ("est", ""),
+    ("er", "e"),
+    ("est", "e"),
+    ("ier", "y"),
+    ("iest", "y"),
 )
 # lexicographer files of nouns (lex_filenum 03-28), the ones a photo can show marked True
 LEXNAMES = {
@@ -93,6 +112,8 @@ class WordNet:
         if not (len(self.lexfiles) == len(self._lemmas) == len(self.parents) == n):
             raise SparsemmError("the packaged WordNet file is damaged; reinstall sparsemm")
         self._senses: dict[str, list[int]] = data["senses"]
+        self._instances = frozenset(int(i) for i in data["instances"])
+        self._other_words = frozenset(str(w) for w in data["other_words"])
         self._children: list[tuple[int, ...]] | None = None
         self._by_wnid: dict[str, int] | None = None
         for child, extra in EXTRA_PARENTS.items():
@@ -173,6 +194,26 @@ class WordNet:
 
     def known(self, text: str) -> bool:
         return bool(self.base_forms(text))
+
+    def instance(self, i: int) -> bool:
+        """True when synset ``i`` is a named instance (a person, place or work: "Day" as
+        Clarence Day), not a kind of thing."""
+        return i in self._instances
+
+    def english(self, word: str) -> bool:
+        """Whether ``word`` is an English word WordNet knows in any part of speech (a noun,
+        or a verb, adjective or adverb, also inflected: "running", "sunnier", "indoors")."""
+        key = normalise(word)
+        if self.known(key) or key in self._other_words:
+            return True
+        for suffix, repl in _OTHER_RULES:
+            if key.endswith(suffix) and len(key) > len(suffix) + 1:
+                stem = key[: -len(suffix)] + repl
+                if stem in self._other_words or self.known(stem):
+                    return True
+                if not repl and stem[-1] == stem[-2] and stem[:-1] in self._other_words:
+                    return True  # "running" -> run, "bigger" -> big
+        return False
 
     # -- hierarchy ------------------------------------------------------------------------
     @functools.lru_cache(maxsize=65536)  # noqa: B019 - one WordNet per process

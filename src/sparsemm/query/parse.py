@@ -27,7 +27,8 @@ Rules, in the order they matter:
   or quoted phrase, search-engine style; the words after it are included again. A ``-``
   inside a word (``t-shirt``) is part of the word.
 * **Prefix negation cues** open an exclusion of the noun phrase that follows them: ``no``,
-  ``not``, ``without``, ``except (for)``, ``excluding``, ``exclude``, ``minus``, ``w/o``,
+  ``not``, ``without``, ``except (for)``, ``other than``, ``apart from``, ``aside from``,
+  ``excluding``, ``exclude``, ``minus``, ``w/o``,
   ``lacks``/``lacking``/``lack of``, ``devoid of``, ``free of``/``free from``, ``empty of``,
   ``absence of``, ``no sign/trace of``, ``isn't``/``aren't``, ``doesn't have/contain/show``,
   ``not wearing/holding/...``, and the inverted ``absent is any X`` / ``missing: X``.
@@ -40,7 +41,9 @@ Rules, in the order they matter:
 * **Person cues** exclude ``person``: ``nobody``, ``no one``, ``unoccupied``,
   ``uninhabited``, ``deserted``, ``unpopulated``.
 * The excluded noun phrase is at most three words and ends before a preposition, a verb,
-  a clause word or punctuation (``no dining table in the room`` -> ``dining table``).
+  a clause word or punctuation (``no dining table in the room`` -> ``dining table``); an
+  -ing or -ed word that starts a WordNet noun stays in it (``not parking meter``, ``not
+  living thing``). ``anything other than cats`` excludes cats and includes nothing.
   Presence filler after it is dropped: ``in the image``, ``in sight``, ``to be seen``,
   ``in the scene``, ``is visible``, ``anywhere``, ``at all``... A list continues the
   exclusion: ``no dogs or cats``, ``dog but not cat, bird`` (a comma continues only when the
@@ -50,6 +53,9 @@ Rules, in the order they matter:
   else the remaining text is kept whole as one *phrase*, the form a similarity scorer needs
   (``man is making pizzas in a kitchen``). Leading articles and "<photo|picture|...> of"
   are stripped; plurals are kept as typed (matching them is the searcher's job).
+  Alternatives joined by ``or`` are one term, their articles dropped (``a cat or a dog``
+  -> ``cat or dog``; a model reads it as the union of both); after a cue ``or`` lists
+  exclusions instead (``but not cats or dogs`` excludes both).
 * ``exclude=`` values (the CLI's ``--exclude``) are added to the excluded terms; a value may
   hold several comma-separated terms. Duplicates are dropped, first occurrence wins.
 * Control characters count as spaces and invisible format characters are dropped.
@@ -83,6 +89,9 @@ _PREFIX_CUES: tuple[tuple[str, ...], ...] = tuple(
     sorted(
         (
             ("except", "for"),
+            ("other", "than"),
+            ("apart", "from"),
+            ("aside", "from"),
             ("no", "sign", "of"),
             ("no", "signs", "of"),
             ("no", "trace", "of"),
@@ -187,7 +196,10 @@ _NP_STOP = frozenset(
 _NP_NOT_VERB = frozenset(
     {"building", "buildings", "ceiling", "clothing", "painting", "paintings", "bedding",
      "railing", "awning", "icing", "frosting", "topping", "toppings", "stuffing", "pudding",
-     "seed", "seeds", "bed", "beds", "sled", "sleds", "shed", "bread", "steed"}
+     "seed", "seeds", "bed", "beds", "sled", "sleds", "shed", "bread", "steed",
+     "thing", "things", "something", "anything", "nothing", "everything", "king", "kings",
+     "ring", "rings", "wing", "wings", "string", "strings", "swing", "swings", "spring",
+     "earring", "earrings", "duckling", "ducklings", "sibling", "siblings"}
 )  # fmt: skip
 # Presence filler after an excluded phrase ("in the image", "to be seen", "is visible").
 _FILLER = frozenset(
@@ -199,7 +211,7 @@ _FILLER = frozenset(
         "anywhere", "at", "all", "whatsoever", "around", "nearby", "here", "there", "either",
         "background", "foreground", "appear", "appears", "seem", "seems", "of", "it",
         "anymore", "evident", "apparent", "out", "nowhere", "really", "whatever", "any", "more",
-        "spotted", "detected", "immediately", "clearly", "obviously",
+        "spotted", "detected", "immediately", "clearly", "obviously", "them",
     }
 )  # fmt: skip
 # A filler run not followed by a clause boundary must hold one of these to count as filler
@@ -614,7 +626,9 @@ class _Parser:
                 return None  # "not present", "not visible": postfix
             if nxt in _HAVE_VERBS:
                 return i + 2  # "not wearing a hat"
-            if nxt in _NOT_FOLLOWERS or (nxt is not None and _verb_like(nxt)):
+            if nxt in _NOT_FOLLOWERS or (
+                nxt is not None and _verb_like(nxt) and not _compound_noun(nxt, self._word(i + 2))
+            ):
                 return None  # "not on the couch", "not looking at": not an exclusion
             return i + 1
         if w in NEGATIONS:
@@ -678,6 +692,10 @@ class _Parser:
         if self._kind(j) == "end" and self.tokens[j][1] == ":":
             j += 1
         nps, j = self._np_list(j, leading)
+        if nps and self.words and all(w in _EVERYTHING for w in self.words):
+            for _ in range(len(self.words)):  # "anything other than cats": only the exclusion
+                self.words.pop()
+                self.removed.add(self.widx.pop())
         if not nps and cue_words[0] in _SOFT_CUES:
             return self._remove(i, j)  # "..., isn't it?": no object, nothing to exclude
         if not nps:
@@ -709,7 +727,9 @@ class _Parser:
             w = self._word(i)
             if w is None or w in _NP_STOP or w in _PERSON_WORDS:
                 break
-            if words and (w in _DETERMINERS or _verb_like(w)):
+            if words and (
+                w in _DETERMINERS or (_verb_like(w) and not _compound_noun(words[-1], w))
+            ):
                 break
             if w in NEGATIONS:
                 break
@@ -834,7 +854,7 @@ class _Parser:
                 words.pop(0)
             while words and words[-1] in _CONNECTIVES:
                 words.pop()
-            words = strip_filler_words(words)
+            words = _alternatives(strip_filler_words(words))
             if words and all(w in _MEDIA for w in words) and len(self.pieces) == 1:
                 continue  # "photos without text": nothing to include
             if words:
@@ -842,8 +862,8 @@ class _Parser:
         if not pieces:
             return []
         plain = [p for p in pieces if not p.quoted]
-        if all(len(p.words) <= MAX_TERM_WORDS for p in plain) and (
-            sum(len(p.words) for p in plain) <= MAX_LABEL_WORDS
+        if all(_term_words(p.words) <= MAX_TERM_WORDS for p in plain) and (
+            sum(_term_words(p.words) for p in plain) <= MAX_LABEL_WORDS
         ):
             return [" ".join(p.words) for p in pieces]
         return [self._phrase()]
@@ -886,6 +906,42 @@ class _Parser:
             words.pop(0)
         words = strip_filler_words(words)
         return _normalize(" ".join(words).replace(" ,", ","))
+
+
+def _alternatives(words: list[str]) -> list[str]:
+    """An include piece of alternatives ("a cat or a dog", "either cats or dogs") as
+    ``cat or dog``: each alternative without its article; other pieces unchanged."""
+    if "or" not in words[1:-1]:
+        return words
+    alts: list[list[str]] = [[]]
+    for w in words[1:] if words[0] == "either" else words:
+        if w == "or":
+            alts.append([])
+        else:
+            alts[-1].append(w)
+    alts = [strip_filler_words(a) for a in alts]
+    if any(not a for a in alts):
+        return words
+    return [w for i, a in enumerate(alts) for w in ([] if i == 0 else ["or"]) + a]
+
+
+def _term_words(words: list[str]) -> int:
+    """How many words a term counts as: its longest alternative ("cat or dog": 1)."""
+    count, longest = 0, 0
+    for w in words:
+        count = 0 if w == "or" else count + 1
+        longest = max(longest, count)
+    return longest
+
+
+def _compound_noun(first: str, second: str | None) -> bool:
+    """Whether "first second" is a WordNet noun ("parking meter", "living thing", "dining
+    table"): then a participle-looking first word starts a noun phrase, not a clause."""
+    if second is None:
+        return False
+    from sparsemm.concepts.wordnet import wordnet
+
+    return wordnet().known(f"{first} {second}")
 
 
 def _verb_like(word: str) -> bool:

@@ -28,14 +28,16 @@ detector", "detector", "code similarity", "zero-shot") and any note for the user
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.concepts.vocabulary import Concept, ConceptVocabulary, UnknownTerm
+from sparsemm.errors import SparsemmError
 from sparsemm.text import term_tokens
 
 
@@ -291,6 +293,9 @@ class DetectorScorer:
         return c
 
     def read(self, term: str) -> TermReading:
+        union = self._read_union(term) if re.search(r"\bor\b", term) else None
+        if union is not None:
+            return union
         if term and len(term.split()) <= self.max_words:
             c = self.vocabulary.read_noun(term)
             # the word's own detector, looked up by its singular words when they are all of
@@ -312,6 +317,29 @@ class DetectorScorer:
             concepts = tuple(self._own(c) for c in names.concepts)
             return TermReading(term, "concepts", concepts, tuple(names.notes), "detector")
         return TermReading(term, "similarity", (), (), "code similarity")
+
+    def _read_union(self, term: str) -> TermReading | None:
+        """'cats or dogs': one concept over the alternatives' detectors (the most probable
+        one is taken, as for a category word). None when an alternative is not one thing
+        with a detector ("a man riding a bike or walking a dog"): the term is then read as
+        any other, a description scored by its code similarity."""
+        alternatives = [a for a in re.split(r"\s*\bor\b\s*", term) if a.strip()]
+        parts: list[Concept] = []
+        for alt in alternatives:
+            r = self.read(re.sub(r"^(either|a|an|the)\s+", "", alt))
+            if r.kind != "concepts" or len(r.concepts) != 1:
+                return None
+            parts.append(r.concepts[0])
+        if len(parts) < 2:
+            return None
+        units: dict[int, float] = {}
+        for c in parts:
+            for u, w in c.units:
+                units[u] = max(units.get(u, 0.0), w)
+        label = " or ".join(dict.fromkeys(c.label for c in parts))
+        union = Concept(term, label, tuple(sorted(units.items())), "union", None, "", tuple(parts))
+        notes = tuple(dict.fromkeys(c.note for c in parts if c.note))
+        return TermReading(term, "concepts", (union,), notes, "detector")
 
     def texts(self, reading: TermReading) -> tuple[str, ...]:
         """Texts its probability codes besides the term: the words of the detectors it reads
@@ -434,9 +462,33 @@ def unit_codes_scorer(scorer: Any) -> bool:
     return isinstance(scorer, DetectorScorer)
 
 
+def refuse_self_exclusion(
+    readings: Sequence[tuple[str, str, TermReading]], vocabulary: ConceptVocabulary
+) -> None:
+    """SparsemmError when an excluded term is at or above an included one to the model
+    ("dog but not animal", "kitten but not cat"): nothing could match, so the query is
+    refused with one line saying why instead of answering with what it excluded.
+    ``readings``: (side, term, reading), side "search for" or "exclude"."""
+    inc = [(t, r) for side, t, r in readings if side != "exclude" and r.kind == "concepts"]
+    exc = [(t, r) for side, t, r in readings if side == "exclude" and r.concepts]
+    for term, r in inc:
+        for bad, b in exc:
+            if not vocabulary.implies(r.concepts, b.concepts):
+                continue
+            if r.label == b.label:  # "kitten", read as a cat
+                raise SparsemmError(
+                    f"this model cannot tell {term!r} from {bad!r} (both are read as "
+                    f"{b.label!r}), so '{term} but not {bad}' would find nothing"
+                )
+            raise SparsemmError(
+                f"every {term!r} is also {bad!r} to this model, so excluding {bad!r} leaves "
+                f"nothing to find; did you mean '{bad} but not {term}'?"
+            )
+
+
 def unknown(term: str, vocabulary: ConceptVocabulary) -> UnknownTerm:
     """The refusal of a term no scorer can read."""
-    return UnknownTerm(term, vocabulary.refusal(term), vocabulary.suggest(term))
+    return vocabulary.unknown(term)
 
 
 # -- CLIP-like encoders: zero-shot -------------------------------------------------------------
@@ -453,6 +505,13 @@ class ZeroShotScorer:
     vocabulary: ConceptVocabulary
 
     def read(self, term: str) -> TermReading:
+        if re.search(r"\bor\b", term):  # "cats or dogs": the best of the alternatives
+            try:
+                union = self.vocabulary.read_union(term)
+            except SparsemmError:
+                return TermReading(term, "zero-shot", (), (), "zero-shot")
+            parts = tuple(c for c in union.parts if c.how not in ("broader", "implied"))
+            return TermReading(term, "zero-shot", (replace(union, parts=parts),), (), "zero-shot")
         c = self.vocabulary.read_noun(term) if len(term.split()) <= 3 else None
         concepts = (c,) if c is not None and c.how not in ("broader", "implied") else ()
         return TermReading(term, "zero-shot", concepts, (), "zero-shot")
@@ -472,7 +531,7 @@ class ZeroShotScorer:
         p = self.model.probability(x @ np.asarray(ctx.term_embedding(reading.term), np.float64))
         emb = self.model.concept_emb.numpy()
         limit = int(self.model.config.max_expansion)
-        for c in reading.concepts:
+        for c in (p for r in reading.concepts for p in (r.parts if r.how == "union" else (r,))):
             units = [u for u, w in sorted(c.units, key=lambda uw: -uw[1]) if w >= 1.0][:limit]
             if units:
                 p = np.maximum(

@@ -38,7 +38,7 @@ from sparsemm.query.hits import Answer, Concept, ExcludedCheck, Explainer, Hit, 
 from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.rank import rank_query
 from sparsemm.query.request import MATCH_THRESHOLD, QueryRequest
-from sparsemm.query.scorers import DetectorScorer
+from sparsemm.query.scorers import DetectorScorer, refuse_self_exclusion
 from sparsemm.query.strategies import (
     ExclusionContext,
     HardFilter,
@@ -526,6 +526,7 @@ class Searcher:
                     f"{term!r} matches no concept of this collection's model, so it "
                     f"cannot {side} anything; check the spelling or try another word"
                 )
+        refuse_self_exclusion(readings, strat.scorer.vocabulary)
 
     def notes(self, query: str | Query, strategy: str | None = None) -> list[str]:
         """What the served scorer says about how it read the query's terms ("'woman' is

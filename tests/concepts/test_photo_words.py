@@ -1,0 +1,165 @@
+"""Words people use for photos, read by the photo model's units (the 1,000 ImageNet classes
+and the face unit): pets, landmarks, indoors/outdoors, selfies, counts, "or"; what it
+cannot see (sunsets, colours, kitchens) refused with what to search instead, alone or in a
+phrase; too-broad terms refused; instance nouns never a reading; suggestions by meaning
+for English words and by spelling, fast, for typos."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from sparsemm.concepts.vocabulary import ConceptVocabulary, TooBroad, UnknownTerm
+from sparsemm.concepts.wordnet import wordnet
+from sparsemm.errors import SparsemmError
+from sparsemm.models.concepts import (
+    CLASS_SENSES,
+    FACE_UNIT_NAME,
+    imagenet_class_texts,
+    imagenet_class_wnids,
+    implied_table,
+)
+
+
+@pytest.fixture(scope="module")
+def vocab() -> ConceptVocabulary:
+    """The photo model's vocabulary, built as ImageNetConceptModel.vocabulary builds it."""
+    wn = wordnet()
+    wnids = imagenet_class_wnids()
+    names = [t.split(",")[0] for t in imagenet_class_texts()[0]] + [FACE_UNIT_NAME]
+    synsets: list = [wn.by_wnid(CLASS_SENSES.get(w, w)) for w in wnids]
+    synsets.append((wn.by_wnid("n00007846"), wn.by_wnid("n05600637")))
+    by_wnid = {w: i for i, w in enumerate(wnids)}
+    implied: dict[int, list[tuple[int, float]]] = {}
+    for entry in implied_table():
+        target = wn.by_wnid(entry["wnid"])
+        pairs = [(by_wnid[w], float(x)) for w, _, x in entry["classes"] if w in by_wnid]
+        if target is not None and pairs:
+            implied.setdefault(target, []).extend(pairs)
+    return ConceptVocabulary(names, synsets, implied, wn=wn)
+
+
+def names(vocab: ConceptVocabulary, term: str) -> set[str]:
+    return {vocab.names[u] for c in vocab.read(term).concepts for u, _ in c.units}
+
+
+def test_pets_and_landmarks(vocab: ConceptVocabulary) -> None:
+    for term in ("pet", "pets", "a pet"):
+        pets = names(vocab, term)
+        assert {"hamster", "guinea pig", "goldfish", "tabby", "beagle", "Angora"} <= pets
+        assert "macaw" in pets and "cheetah" not in pets and "tiger" not in pets
+    assert "cannot tell a pet" in vocab.read("pets").notes[0]
+    landmarks = names(vocab, "a famous landmark")
+    assert {"castle", "palace", "church", "suspension bridge", "obelisk"} <= landmarks
+    assert "minivan" not in landmarks
+    notes = vocab.read("a famous landmark").notes
+    assert any("famous" in n and "left out" in n for n in notes)  # never silently
+
+
+def test_indoors_and_outdoors_are_judged_from_what_implies_them(vocab: ConceptVocabulary) -> None:
+    for term in ("indoors", "indoor photos", "a photo taken indoors", "inside"):
+        c = vocab.read(term).concepts[0]
+        assert c.how == "implied", term
+        assert {"dining table", "bookcase", "refrigerator"} <= names(vocab, term)
+    for term in ("outdoors", "outside", "an outdoor photo"):
+        assert {"alp", "seashore", "school bus"} <= names(vocab, term), term
+    assert names(vocab, "the ocean") == names(vocab, "sea")
+    people_out = vocab.read("people outside")
+    assert [c.label for c in people_out.concepts] == ["person", "outdoors"]
+
+
+def test_selfies_people_and_counts_say_what_the_model_cannot_tell(
+    vocab: ConceptVocabulary,
+) -> None:
+    selfie = vocab.read("a selfie")
+    assert names(vocab, "selfie") == {FACE_UNIT_NAME}
+    assert "cannot tell a selfie" in selfie.notes[0]
+    for term, who in (("a child", "children"), ("a woman", "women"), ("man", "men")):
+        r = vocab.read(term)
+        assert r.concepts[0].label == "person" and f"cannot tell {who}" in r.notes[0]
+    for term in ("two dogs", "2 dogs", "several dogs"):
+        r = vocab.read(term)
+        assert [c.label for c in r.concepts] == ["dog"]
+        assert "counts are not known" in r.notes[0], term
+
+
+def test_what_the_model_cannot_see_is_refused_alone_or_in_a_phrase(
+    vocab: ConceptVocabulary,
+) -> None:
+    with pytest.raises(UnknownTerm, match="time of day") as err:
+        vocab.read("sunset")
+    assert err.value.suggestions[:2] == ["sky", "seashore"]
+    with pytest.raises(UnknownTerm, match=r"'sunset' in 'a sunset over the sea'.*search 'sea'"):
+        vocab.read("a sunset over the sea")
+    for term in ("something red", "a red car", "white dog"):
+        with pytest.raises(UnknownTerm, match="not their colours"):
+            vocab.read(term)
+    with pytest.raises(UnknownTerm, match=r"'kitchen' in 'a dog in a kitchen'.*search 'dog'"):
+        vocab.read("a dog in a kitchen")
+    with pytest.raises(UnknownTerm, match="does not read text"):
+        vocab.read("text")
+    assert names(vocab, "red wine") == {"red wine"}  # a thing whose name has a colour
+    assert names(vocab, "an orange") == {"orange"}
+
+
+def test_instance_nouns_are_never_a_reading(vocab: ConceptVocabulary) -> None:
+    # "day" was read through Clarence Day (a writer: a person); "red" through the Red River
+    with pytest.raises(UnknownTerm, match="time of day"):
+        vocab.read("a sunny day")
+    for word in ("paris", "lincoln"):  # a city, a president: names, not kinds
+        with pytest.raises(UnknownTerm):
+            vocab.read(word)
+
+
+def test_or_unites_the_alternatives(vocab: ConceptVocabulary) -> None:
+    union = vocab.read("cats or dogs").concepts
+    assert len(union) == 1 and union[0].how == "union" and union[0].label == "cat or dog"
+    assert names(vocab, "cats or dogs") == names(vocab, "cat") | names(vocab, "dog")
+    assert names(vocab, "a cat or a dog") == names(vocab, "cats or dogs")
+    with pytest.raises(SparsemmError, match="'or' joins single things"):
+        vocab.read("a cup of coffee or a dog")
+    with pytest.raises(UnknownTerm, match="time of day"):
+        vocab.read("dogs or sunsets")
+
+
+def test_too_broad_terms_are_refused_alike(vocab: ConceptVocabulary) -> None:
+    for term in ("entity", "physical entity", "object", "physical object"):
+        with pytest.raises(TooBroad, match="covers nearly everything"):
+            vocab.read(term)
+    assert len(names(vocab, "animal")) > 300  # broad, but a real choice
+
+
+def test_the_hierarchy_says_when_an_exclusion_covers_the_include(
+    vocab: ConceptVocabulary,
+) -> None:
+    def implies(a: str, b: str) -> bool:
+        return vocab.implies(vocab.read(a).concepts, vocab.read(b).concepts)
+
+    assert implies("dog", "animal") and not implies("animal", "dog")
+    assert implies("kitten", "cat") and implies("cat", "kitten")  # read alike
+    assert implies("people", "living thing")
+    assert implies("cats or dogs", "animal") and not implies("animal", "cats or dogs")
+    assert not implies("canoe", "water")  # a canoe only implies water, at a weight
+    assert not implies("person", "face")
+
+
+def test_suggestions_by_meaning_not_spelling_alone(vocab: ConceptVocabulary) -> None:
+    with pytest.raises(UnknownTerm, match="did you mean dog"):
+        vocab.read("dgo")
+    # an English word that is not misspelt gets no "did you mean"
+    for word in ("quickly", "happily"):
+        with pytest.raises(UnknownTerm) as err:
+            vocab.read(word)
+        assert "did you mean" not in str(err.value), word
+    assert "kelpie" not in str(vocab.read("selfie").notes)
+
+
+def test_a_spelling_suggestion_is_fast(vocab: ConceptVocabulary) -> None:
+    vocab.spelling("dgo")  # builds the index once
+    for word in ("abcdefghi", "qwertyuiopasdfghjklz", "tabyy", "retreiver"):
+        start = time.perf_counter()
+        vocab.spelling(word)
+        assert time.perf_counter() - start < 0.05, word  # was 0.9 s and 6.6 s
+    assert vocab.spelling("tabyy")[0] == "tabby"
+    assert "retriever" in vocab.spelling("retreiver")
