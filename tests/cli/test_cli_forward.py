@@ -82,9 +82,97 @@ def test_search_is_answered_by_the_running_server_with_the_same_output(
     status, forwarded, err = _search(capsys, str(collection), QUERY, "-k", "4")
     assert status == 0 and err == ""
     assert forwarded == local
-    # Output modes the server does not give in the local format run locally.
-    with pytest.raises(AssertionError, match="searched locally"):
-        main(["search", str(collection), QUERY, "--json"])
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ["--explain"],
+        ["--json"],
+        ["-f"],
+        ["-f", "-z"],
+        ["--json", "--offset", "2", "-k", "3"],
+        ["--like", "s1", "--json"],
+        ["--like", "s1", "--explain"],
+        ["--strategy", "filter", "--explain"],
+    ],
+)
+def test_every_output_mode_is_answered_by_the_server_as_locally(
+    served: tuple[Path, int],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    mode: list[str],
+) -> None:
+    """--explain, --json, -f and --like cost a cold process seconds of model loading: a
+    running server answers them, printed exactly as a local search prints them."""
+    collection, _ = served
+    query = "but not a bag" if "--like" in mode else QUERY
+    local = _search(capsys, str(collection), query, *mode, "--no-server")
+    assert local[0] == 0 and local[1]
+    import sparsemm.query.searcher
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("searched locally")
+
+    monkeypatch.setattr(sparsemm.query.searcher.Searcher, "__init__", refuse)
+    assert _search(capsys, str(collection), query, *mode) == local
+
+
+def test_min_score_is_refused_by_the_server_as_locally(
+    served: tuple[Path, int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    collection, _ = served
+    args = (str(collection), QUERY, "--min-score", "60%", "--strategy", "filter")
+    local = _search(capsys, *args, "--no-server")
+    assert local[0] == 2 and "not probabilities" in local[2]
+    assert _search(capsys, *args) == local
+    # with the default scorer, "use the default scorer" would be no help
+    args = (str(collection), QUERY, "--min-score", "60%")
+    local = _search(capsys, *args, "--no-server")
+    assert local[0] == 2 and "this collection's model gives none" in local[2]
+    assert "use the default" not in local[2] and local[2].count("\n") == 1
+    assert _search(capsys, *args) == local
+
+
+def test_an_unknown_like_item_is_named_by_the_server_as_locally(
+    served: tuple[Path, int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    collection, _ = served
+    args = (str(collection), "--like", "no-such-item", "but not a bag")
+    local = _search(capsys, *args, "--no-server")
+    assert local[0] == 2 and "no item 'no-such-item'" in local[2]
+    assert _search(capsys, *args) == local
+
+
+def test_a_picture_is_sent_to_the_servers_upload_search(
+    served: tuple[Path, int], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--like photo.jpg` posts the file to /api/search/image (the server has the image
+    encoder loaded); a file over the upload limit is searched locally."""
+    collection, _ = served
+    sent: list[tuple[str, str]] = []
+
+    def fake(url: str, image: str, *args: object, **kwargs: object) -> dict:
+        sent.append((url, str(image)))
+        return {
+            "query": {"include": [], "exclude": ["bag"], "text": "-bag"}, "strategy": "match",
+            "probabilistic": True, "hits": [], "total": 12,
+        }  # fmt: skip
+
+    from sparsemm.web.images import MAX_UPLOAD_BYTES
+
+    assert running.UPLOAD_LIMIT == MAX_UPLOAD_BYTES
+    real = running.forward_image
+    monkeypatch.setattr(running, "forward_image", fake)
+    photo = collection.parent / "photo.png"
+    photo.write_bytes(b"\x89PNG not really")
+    status, out, _ = _search(capsys, str(collection), "--like", str(photo), "but not a bag")
+    assert status == 0 and len(sent) == 1 and sent[0][1] == str(photo)
+    assert out.startswith(f"query: like {photo}  but not: bag")
+    monkeypatch.setattr(running, "forward_image", real)
+    monkeypatch.setattr(running, "UPLOAD_LIMIT", 4)
+    url = running.find_server(collection)
+    assert url and running.forward_image(url, photo, "", ["bag"], 3, 0, None) is None
 
 
 def test_bad_query_is_refused_by_the_server_like_locally(

@@ -331,11 +331,18 @@ def test_up_trains_sr_on_captions_and_reuses_it(
     index = InvertedIndex.open(out / "collection" / "index")
     assert index.meta["model_type"] == "sr" and index.meta["spine"]
     assert (out / "sr" / "config.json").is_file() and not (out / ".training").exists()
+    # captions improve a folder without changing its scale: the served default is the
+    # match probability (word detectors fitted from 2 mentions in a folder this small), so
+    # scores stay "% match" and --min-score applies
     searcher = Searcher(out / "collection")
-    assert searcher.default_strategy == "hybrid"
+    assert searcher.default_strategy == "match" and searcher.probabilistic()
     hits = searcher.search("a cat but not a dog", k=4)
-    assert all(np.isfinite(h.score) for h in hits)
+    assert hits and all(0.0 <= h.score <= 1.0 for h in hits)
+    assert {h.id for h in searcher.search("a dog", k=2)} == {"p1.png", "p2.png"}
     assert searcher.search_like("p2.png", k=1)[0].id == "p2.png"
+    col = str(out / "collection")
+    assert main(["search", col, "a dog", "--min-score", "60%", "--no-server"]) == 0
+    assert "% or more" in capsys.readouterr().out
 
     # a re-run reuses the trained model; a new photo is indexed with it
     _photo(photos / "p4.png", 4)
@@ -351,6 +358,29 @@ def test_up_trains_sr_on_captions_and_reuses_it(
     assert InvertedIndex.open(out / "collection" / "index").meta["model_type"] == (
         "imagenet_concepts"
     )
+
+
+def test_captions_with_no_shared_word_keep_the_concept_model(
+    tmp_path: Path, model_cache: Path, tiny_training: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No word in two captions: an SR model would have no detectors and rank on raw code
+    similarity (9.383, not "% match"); `up` keeps the ImageNet concepts and says why."""
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    words = ["a red car", "a sleeping cat", "an old bridge"]
+    for i, _ in enumerate(words):
+        _photo(photos / f"p{i}.png", i)
+    caps = tmp_path / "caps.jsonl"
+    caps.write_text(
+        "".join(json.dumps({"id": f"p{i}.png", "caption": w}) + "\n" for i, w in enumerate(words))
+    )
+    argv = ["up", str(photos), "-o", str(out), "--no-serve", "--no-progress", "--train"]
+    assert main([*argv, "--captions", str(caps)]) == 0
+    cap = capsys.readouterr()
+    assert "no word is in the captions of 2 or more of the 3 photos" in cap.out
+    assert "--min-mentions" not in cap.out + cap.err  # `up` has no such option
+    index = InvertedIndex.open(out / "collection" / "index")
+    assert index.meta["model_type"] == "imagenet_concepts"
+    assert not (out / "sr").exists() and not (out / ".training").exists()
 
 
 def test_up_train_errors_are_one_line(
@@ -525,6 +555,30 @@ def test_sub_folder_names_are_not_labels_of_photos(
     assert not any(it.get("labels") for it in items)
 
 
+def test_a_running_page_sees_photos_added_later(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/own-photos.md, "Re-running": a server started on the folder serves the photos a
+    later `up --no-serve` adds, on its next request (it notices the new index), no restart."""
+    from fastapi.testclient import TestClient
+
+    from sparsemm.web.app import create_app
+
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    for i in range(2):
+        _photo(photos / f"p{i}.png", i)
+    assert _up(photos, out, capsys)[0] == 0
+    app = create_app(out / "collection")
+    app.state.service.check_every = 0.0  # look at the index at every request
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        assert client.get("/api/health").json()["items"] == 2
+        _photo(photos / "later" / "new.png", 4)
+        assert _up(photos, out, capsys)[0] == 0
+        assert client.get("/api/health").json()["items"] == 3
+        r = client.get("/api/search", params={"like": "later/new.png", "k": 3})
+        assert r.status_code == 200 and "later/new.png" in [h["id"] for h in r.json()["hits"]]
+
+
 def test_duplicates_are_one_photo_with_their_other_paths(
     tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -564,9 +618,9 @@ def test_duplicates_are_one_photo_with_their_other_paths(
         assert api == {"p0.png": ["backup/p0.png", "shortcut.png"], "p1.png": [], "p2.png": []}
         item = client.get("/api/items/p0.png/explain", params={"q": "no cat"}).json()["item"]
         assert item["also"] == ["backup/p0.png", "shortcut.png"]  # the page's side panel
-    from sparsemm.cli.search import print_answer
+    from sparsemm.cli.search import print_hits
 
-    print_answer(body)  # the text of a search a running server answered
+    print_hits(body["hits"], False, body["probabilistic"])  # as a forwarded search prints
     assert "       also: backup/p0.png, shortcut.png" in capsys.readouterr().out.splitlines()
 
     # the first copy deleted: the photo stays, under its remaining path, nothing embedded

@@ -155,8 +155,9 @@ def test_train_detectors_cli_and_captionless_search(tmp_path: Path, capsys) -> N
         dog, cat = hits[0].evidence
         assert (dog.term, dog.side, dog.kind) == ("dog", "include", "detector")
         assert (cat.term, cat.side, cat.kind) == ("cat", "exclude", "detector")
-        assert dog.value > 0.5 > cat.value and dog.text == f"dog {dog.value:.2f}"
-        assert cat.text.startswith("cat 0.") and cat.text.endswith(" (left out)")
+        assert dog.value > 0.5 > cat.value and dog.text == f"dog {int(100 * dog.value)}%"
+        # the chance of a cat, which was left out (not "not cat 0.02")
+        assert cat.text.startswith("cat ") and cat.text.endswith("% (left out)")
         assert OBJECTS.index("dog") in dog.dims
         # the dims checked for an excluded term are those its detector weighs most
         assert OBJECTS.index("cat") in hits[0].excluded[0].dims

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -278,3 +279,31 @@ def test_sentences_and_exclusion_only_queries(client: TestClient) -> None:
     got = [h["id"] for h in body["hits"]]
     cats = [got.index(i) for i in with_("cat") if i in got]
     assert cats and min(cats) > max(got.index(i) for i in got if i not in with_("cat"))
+
+
+def test_hits_say_how_each_term_was_scored_as_the_cli_does(client: TestClient) -> None:
+    """`search --explain` prints "scored: 'dog' by ..." from a running server too: the API's
+    hits carry the scorer's per-term source (Hit.scored_by)."""
+    body = client.get("/api/search", params={"q": "dog but not cat", "k": 3}).json()
+    assert body["hits"] and all(
+        h["scored_by"] == {"dog": "code similarity", "cat": "code similarity"} for h in body["hits"]
+    )
+    # codes that are not class probabilities: every concept the page is given may show
+    assert client.get("/api/health").json()["concept_floor"] == 0.0
+
+
+def test_a_hit_that_likely_shows_a_left_out_term_is_marked(web_app: Any) -> None:
+    """A photo folder has no labels: an upload of a cat "but not cat" lists the cats when
+    nothing else looks like it (at a low match); the card says they show one."""
+    from sparsemm.query.hits import Hit, TermEvidence
+
+    service = web_app.state.service
+    row = service.row("d1")
+
+    def hit(p_cat: float, kind: str = "classifier") -> Hit:
+        ev = [TermEvidence("cat", "exclude", kind, p_cat)]
+        return Hit(rank=1, row=row, id="d1", score=0.1, caption="", labels=[], evidence=ev)
+
+    assert service._hit(hit(0.89), "", ["cat"]).violations == ["cat"]
+    assert service._hit(hit(0.2), "", ["cat"]).violations == []
+    assert service._hit(hit(0.89, "code similarity"), "", ["cat"]).violations == []

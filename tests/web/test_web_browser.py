@@ -13,6 +13,7 @@ is used). Skipped when either is missing; ``SPARSEMM_CHROMIUM`` overrides the br
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import threading
@@ -130,9 +131,13 @@ def test_search_page_end_to_end(server: str, tmp_path: Path) -> None:
             page.set_default_timeout(TIMEOUT_MS)
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.on(
+            page.on(  # a refused query's 400 is an answer the page shows (step 1b)
                 "console",
-                lambda msg: errors.append(msg.text) if msg.type == "error" else None,
+                lambda msg: (
+                    errors.append(msg.text)
+                    if msg.type == "error" and "status of 400" not in msg.text
+                    else None
+                ),
             )
             page.goto(server + "/")
             page.wait_for_selector("body[data-ready='true']", state="attached")
@@ -172,10 +177,81 @@ def test_search_page_end_to_end(server: str, tmp_path: Path) -> None:
                 " && s.left >= b.left && s.width > 0 }",
             )
             assert inside
-            # the strategy menu offers what the collection can run (as /api/health says)
-            offered = page.eval_on_selector_all("#strategy option", "os => os.map(o => o.value)")
+            # the strategy menu: a photo user sees no research scorers; "advanced" offers
+            # what the collection can run (as /api/health says)
             health = page.evaluate("() => fetch('/api/health').then(r => r.json())")
-            assert offered == health["strategies"]
+            assert page.locator("#strategy").is_hidden()
+            offered = page.eval_on_selector_all("#strategy option", "os => os.map(o => o.value)")
+            assert offered == [health["default_strategy"]]
+            page.check("#advanced")
+            offered = page.eval_on_selector_all("#strategy option", "os => os.map(o => o.value)")
+            assert offered == health["strategies"] and page.locator("#strategy").is_visible()
+
+            # 1b. a refused query, then an empty one: the error stands alone, the previous
+            # answer's grid is not left under it to read as this query's answer
+            page.fill("#include", "dog but not dog")
+            page.click("#search-button")
+            page.wait_for_selector("#error:not([hidden])")
+            assert page.locator("#results .card").count() == 0
+            assert page.inner_text("#status") == "" and page.locator("#more").is_hidden()
+            page.fill("#include", "dog")
+            page.click("#search-button")
+            wait_for_query(page, "dog")
+            page.fill("#include", "")
+            page.click("#search-button")
+            page.wait_for_selector("#error:not([hidden])")
+            assert "Type what to search for" in page.inner_text("#error")
+            assert page.locator("#results .card").count() == 0
+
+            # 1c. a photo folder's card (served answer rewritten: a name in nested folders,
+            # no caption, ImageNet's faint classes among the matched concepts): the path
+            # wraps at its folders on lines of its own, only concepts that matter are chips
+            def photo_folder(route: Any) -> None:
+                body = route.fetch().json()
+                hit = body["hits"][0]
+                hit["caption"] = ""
+                hit["id"] = "holiday/2024/summer/day1/IMG_20240612_184512.jpg"
+                top = max(c["weight"] for c in hit["matched"])
+                hit["matched"] += [
+                    {"dim": 4, "weight": 0.02 * top, "words": ["wig"]},
+                    {"dim": 5, "weight": 0.1 * top, "words": ["bassoon"]},
+                ]
+                route.fulfill(json=body)
+
+            page.route("**/api/search", photo_folder)
+            page.fill("#include", "dog")
+            page.click("#search-button")
+            wait_for_query(page, "dog")
+            page.unroute("**/api/search", photo_folder)
+            first = page.locator("#results .card").first
+            assert first.locator(".chip[data-term='wig']").count() == 0
+            assert first.locator(".chip[data-term='bassoon']").count() == 0
+            assert first.locator(".chip").count() >= 1
+            page.click("#results .card:nth-child(2) .thumb")  # the panel narrows the grid
+            page.wait_for_selector("#panel h3")
+            box = first.locator(".caption").bounding_box()
+            card = first.bounding_box()
+            assert box and card and box["width"] >= 0.6 * card["width"], (box, card)
+            size = first.locator(".caption").evaluate("c => getComputedStyle(c).fontSize")
+            line = 1.4 * float(size.removesuffix("px"))  # a "normal" line height, at most
+            # 48 characters on at most 5 lines, not one or two characters a line
+            assert box["height"] <= 5 * line, (box, line)
+
+            # 1d. the "why" panel of an item with no captions (a photo folder) shows no
+            # stray "null" where the other captions would be listed
+            def captionless(route: Any) -> None:
+                body = route.fetch().json()
+                body["item"]["captions"] = []
+                body["item"]["caption"] = ""
+                route.fulfill(json=body)
+
+            page.route("**/api/items/*/explain*", captionless)
+            page.click("#results .card:nth-child(3) .thumb")
+            page.wait_for_selector("#panel .concepts, #panel h3 >> text=Excluded")
+            assert "null" not in page.inner_text("#panel")
+            page.unroute("**/api/items/*/explain*", captionless)
+            page.click("#panel-close")
+            page.fill("#include", "dog")
 
             # 2. leave out cat through the "but not" box
             page.fill("#exclude", "cat")
@@ -236,14 +312,17 @@ def test_search_page_end_to_end(server: str, tmp_path: Path) -> None:
             page.wait_for_selector("#results[data-query='-dog']", state="attached")
             assert "anything but not “dog”" in page.inner_text("#status")
 
-            # 8. the served scorer: each card says how strongly it carries each term
+            # 8. the served scorer: each card says how strongly it carries each term; an
+            # excluded term reads as the chance the item shows it ("cat 0% (left out)"),
+            # never "not cat 0.00" (which read as the chance of no cat)
             page.select_option("#strategy", "hybrid")
             page.fill("#include", "dog")
             page.fill("#exclude", "cat")
             page.click("#search-button")
             page.wait_for_selector("#results .card .evidence")
             line = page.inner_text("#results .card:first-child .evidence")
-            assert line.startswith("dog ") and " · not cat " in line
+            assert line.startswith("dog ") and "not " not in line
+            assert re.search(r" · cat (\d+%|<1%|\d\.\d\d) \(left out\)$", line), line
 
             # 9. items that break the query are marked (code_a ignores the exclusion)
             page.select_option("#strategy", "code_a")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import unicodedata
 from collections.abc import Sequence
@@ -12,10 +11,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparsemm.cli.index import add_backend_args
-from sparsemm.query.request import DEFAULT_STRATEGY, QueryRequest, build_request
+from sparsemm.query.request import (
+    DEFAULT_STRATEGY,
+    QueryRequest,
+    build_request,
+    evidence_text,
+    percent,
+)
 
 if TYPE_CHECKING:
-    from sparsemm.query.hits import Answer, Hit
+    from sparsemm.query.hits import Answer
     from sparsemm.query.searcher import Searcher
 
 
@@ -138,13 +143,6 @@ def check_args(args: argparse.Namespace) -> None:
         )
 
 
-def percent(p: float) -> str:
-    """A match probability as it is shown and ranked: whole percent, rounded down ("92%";
-    "<1%" below 1%)."""
-    n = math.floor(100.0 * p + 1e-7)
-    return "<1%" if n < 1 else f"{n}%"
-
-
 def score_text(score: float, probabilistic: bool) -> str:
     return percent(score) if probabilistic else f"{score:.3f}"
 
@@ -179,18 +177,10 @@ def image_path(searcher: Searcher, row: int) -> str | None:
 
 
 def forwardable(args: argparse.Namespace) -> bool:
-    """A plain search of the local store (the text output without --explain): the one a
-    running `sparsemm serve` answers the same way (sparsemm.pipeline.running)."""
-    return not (
-        args.no_server
-        or args.min_score is not None
-        or args.json
-        or args.paths
-        or args.explain
-        or args.backend != "local"
-        or args.engine != "strategy"
-        or args.like is not None
-    )
+    """A search of the local store by the served scorers (any output: text, --explain,
+    --json, -f; --min-score; --like an item or a picture): the one a running `sparsemm
+    serve` answers the same way (sparsemm.pipeline.running)."""
+    return not (args.no_server or args.backend != "local" or args.engine != "strategy")
 
 
 def unknown_note(words: list[str]) -> str:
@@ -203,21 +193,104 @@ def unknown_note(words: list[str]) -> str:
     )
 
 
-def print_answer(answer: dict) -> None:
-    """Print a server's /api/search answer in the text format of a local search."""
-    query, hits = answer["query"], answer["hits"]
-    if answer.get("unknown_words"):
+def forward(args: argparse.Namespace) -> dict | None:
+    """The running server's answer to this search (None: search here): a text query or a
+    like-item through /api/search, a like-picture through /api/search/image."""
+    from sparsemm.errors import SparsemmError
+    from sparsemm.pipeline.running import (
+        NotOnServer,
+        find_server,
+        forward_image,
+        forward_search,
+        within_server_limits,
+    )
+
+    if not within_server_limits(args.k, args.offset, list(args.exclude)):
+        return None
+    url = find_server(args.collection) if args.collection is not None else None
+    if not url:
+        return None
+    query, exclude = args.query or "", list(args.exclude)
+    if args.like is not None and Path(args.like).is_file():
+        return forward_image(
+            url, args.like, query, exclude, args.k, args.offset, args.strategy,
+            min_score=args.min_score,
+        )  # fmt: skip
+    try:
+        return forward_search(
+            url, query, exclude, args.k, args.offset, args.strategy,
+            min_score=args.min_score, like=args.like,
+        )  # fmt: skip
+    except NotOnServer:  # worded as the local search words it (Searcher.row_of)
+        raise SparsemmError(f"no item {args.like!r} in {args.collection}; check the id") from None
+
+
+def render_forwarded(answer: dict, args: argparse.Namespace) -> None:
+    """Print a server's search answer exactly as :func:`render` prints a local one."""
+    from sparsemm.pipeline.running import item_images
+
+    query, hits, prob = answer["query"], answer["hits"], bool(answer.get("probabilistic"))
+    images: dict[str, str | None] = {}
+    if args.json or args.paths:
+        images = item_images(args.collection, {str(h["id"]) for h in hits})
+    if args.json:
+        out = {
+            **({"like": args.like} if args.like is not None else {}),
+            "query": {"include": query["include"], "exclude": query["exclude"],
+                      "text": query["text"]},
+            "strategy": answer["strategy"],
+            "probabilistic": prob,
+            "min_score": args.min_score,
+            "matches": answer.get("matches") if args.min_score is not None else None,
+            "certified": answer.get("certified", True),
+            "notes": answer.get("notes") or [],
+            "unknown_words": answer.get("unknown_words") or [],
+            "hits": [hit_json(h, images.get(str(h["id"]))) for h in hits],
+        }  # fmt: skip
+        print(json.dumps(out, indent=1))
+        return
+    if answer.get("unknown_words"):  # on stderr, so piped paths stay clean
         print(unknown_note(list(answer["unknown_words"])), file=sys.stderr)
     for note in answer.get("notes") or []:
         print(f"note: {note}", file=sys.stderr)
-    print(header(", ".join(query["include"]), query["exclude"], answer["strategy"]))
-    prob = bool(answer.get("probabilistic"))
-    for h in hits:
-        print(hit_line(h["rank"], h["id"], h["score"], h["caption"], prob))
-        if h.get("also"):
-            print(also_line(h["also"]))
-    if not hits:
-        print("no results")
+    if args.paths:
+        end = "\0" if args.null else "\n"
+        for h in hits:
+            print(images.get(str(h["id"])) or h["id"], end=end)
+        return
+    include = like_header(args.like) if args.like is not None else ", ".join(query["include"])
+    print(header(include, query["exclude"], answer["strategy"]))
+    print_hits(hits, args.explain, prob)
+    if args.min_score is not None and answer.get("matches") is not None:
+        print(
+            f"{answer['matches']} of {answer['total']} items match at "
+            f"{percent(answer['threshold'])} or more"
+        )
+
+
+def hit_json(hit: dict, image: str | None) -> dict:
+    """A served hit in the --json form of a local one (Hit.to_dict plus the image path)."""
+    return {
+        "rank": hit["rank"],
+        "id": hit["id"],
+        "score": hit["score"],
+        "caption": hit["caption"],
+        "labels": hit["labels"],
+        "matched": hit["matched"],
+        "excluded": [
+            {k: e[k] for k in ("term", "dims", "item_mass", "words")} for e in hit["excluded"]
+        ],
+        "scored_by": hit.get("scored_by") or {},
+        "evidence": hit.get("evidence") or [],
+        "also": hit.get("also") or [],
+        "image": image,
+    }
+
+
+def like_header(like: str) -> str:
+    from sparsemm.data.sources import text_name
+
+    return f"like {text_name(str(like))}"
 
 
 def also_line(paths: Sequence[str]) -> str:
@@ -244,16 +317,10 @@ def run(args: argparse.Namespace) -> int:
         print(list_strategies())
         return 0
     check_args(args)
-    if forwardable(args):
-        from sparsemm.pipeline.running import find_server, forward_search, within_server_limits
-
-        limits_ok = within_server_limits(args.k, args.offset, list(args.exclude))
-        url = find_server(args.collection) if limits_ok else None
-        forwarded = url and forward_search(
-            url, args.query, list(args.exclude), args.k, args.offset, args.strategy
-        )
+    if forwardable(args) and (args.query is not None or args.like is not None):
+        forwarded = forward(args)
         if forwarded:
-            print_answer(forwarded)
+            render_forwarded(forwarded, args)
             return 0
     if args.collection is None or (args.query is None and args.like is None):
         raise SparsemmError(
@@ -309,7 +376,9 @@ def render(
             "certified": answer.certified,
             "notes": answer.notes,
             "unknown_words": answer.unknown_words,
-            "hits": [{**h.to_dict(), "image": image_path(searcher, h.row)} for h in hits],
+            "hits": [
+                hit_json(h.to_dict(), image_path(searcher, h.row)) for h in hits
+            ],
         }  # fmt: skip
         print(json.dumps(out, indent=1))
         return
@@ -322,14 +391,9 @@ def render(
         for h in hits:
             print(image_path(searcher, h.row) or h.id, end=end)
         return
-    if request.like is not None:
-        from sparsemm.data.sources import text_name
-
-        include = f"like {text_name(str(args.like))}"
-    else:
-        include = ", ".join(query.include)
+    include = like_header(args.like) if request.like is not None else ", ".join(query.include)
     print(header(include, query.exclude, answer.strategy))
-    print_hits(hits, args.explain, prob)
+    print_hits([h.to_dict() for h in hits], args.explain, prob)
     if answer.matches is not None and answer.threshold is not None:
         n = len(searcher.collection.items)
         print(f"{answer.matches} of {n} items match at {percent(answer.threshold)} or more")
@@ -343,30 +407,37 @@ def _why(way: str) -> str:
     }.get(way, "")
 
 
-def print_hits(hits: list[Hit], explain: bool, probabilistic: bool = False) -> None:
-    """The text output's result lines (and with ``explain`` the why of each)."""
+def print_hits(hits: list[dict], explain: bool, probabilistic: bool = False) -> None:
+    """The text output's result lines (and with ``explain`` the why of each), from hits as
+    dicts (:meth:`Hit.to_dict`, or a server's answer: both print the same)."""
     for h in hits:
-        print(hit_line(h.rank, h.id, h.score, h.caption, probabilistic))
-        if h.also:
-            print(also_line(h.also))
+        print(hit_line(h["rank"], h["id"], h["score"], h["caption"], probabilistic))
+        if h.get("also"):
+            print(also_line(h["also"]))
         if explain:
-            for c in h.matched:
-                print(f"       matched dim {c.dim} (+{c.weight:.3f}): {', '.join(c.words[:5])}")
-            for e in h.excluded:
+            for c in h["matched"]:
                 print(
-                    f"       checked '{e.term}': dims {e.dims[:6]} "
-                    f"({', '.join(e.words[:4])}) item mass {e.item_mass:.3f}"
+                    f"       matched dim {c['dim']} (+{c['weight']:.3f}): "
+                    f"{', '.join(c['words'][:5])}"
                 )
-            if h.evidence:
+            for e in h["excluded"]:
+                print(
+                    f"       checked '{e['term']}': dims {e['dims'][:6]} "
+                    f"({', '.join(e['words'][:4])}) item mass {e['item_mass']:.3f}"
+                )
+            evidence = h.get("evidence") or []
+            if evidence:
                 ev = ", ".join(
-                    f"{e.text} [dims {', '.join(map(str, e.dims)) or '-'}]" for e in h.evidence
+                    evidence_text(e["term"], e["side"], e["kind"], e["value"])
+                    + f" [dims {', '.join(map(str, e['dims'])) or '-'}]"
+                    for e in evidence
                 )
                 print(f"       evidence: {ev}")
-            for ev_term in h.evidence:
-                if ev_term.read_as and ev_term.read_as != [ev_term.term]:
-                    print(f"       '{ev_term.term}' read as: {', '.join(ev_term.read_as)}")
-            if h.scored_by:
-                how = ", ".join(f"'{t}' by {way}" + _why(way) for t, way in h.scored_by.items())
+            for e in evidence:
+                if e["read_as"] and e["read_as"] != [e["term"]]:
+                    print(f"       '{e['term']}' read as: {', '.join(e['read_as'])}")
+            if h.get("scored_by"):
+                how = ", ".join(f"'{t}' by {way}" + _why(way) for t, way in h["scored_by"].items())
                 print(f"       scored: {how}")
     if not hits:
         print("no results")

@@ -41,6 +41,60 @@ DEFAULT_SIGLIP = "google/siglip-base-patch16-224"
 _E = TypeVar("_E", bound="_HFDualEncoder")
 
 
+HUB_CHECK_TIMEOUT_S = 3.0  # how long a connection to the hub may take before "offline"
+
+
+class WeightsUnavailable(SparsemmError):
+    """A hub model is neither a local folder, nor in the Hugging Face cache, nor reachable.
+    ``flag``: the command-line option that gives a local folder (``--model`` of `encode`;
+    `up` names its ``--encoder-model``)."""
+
+    def __init__(self, encoder: str, source: str, why: str, flag: str = "--model") -> None:
+        self.encoder, self.source, self.why = encoder, source, why
+        super().__init__(self.line(flag))
+
+    def line(self, flag: str) -> str:
+        return (
+            f"cannot load the {self.encoder} weights {self.source!r}: {self.why}; pass a "
+            f"local folder of them (config.json, weights, tokenizer, "
+            f"preprocessor_config.json) with {flag} DIR, or connect to the internet"
+        )
+
+
+def hub_unreachable(timeout: float = HUB_CHECK_TIMEOUT_S) -> str | None:
+    """Why the Hugging Face hub cannot be reached (None: it can): HF_HUB_OFFLINE or
+    TRANSFORMERS_OFFLINE set, or no TCP connection to its host within ``timeout`` seconds.
+    Asked before a download, so an offline machine gets one line at once instead of the
+    hub client's half a minute of retries and warnings."""
+    import os
+    import socket
+    from urllib.parse import urlsplit
+
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"{var} is set"
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host = url.hostname or "huggingface.co"
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError:
+        return f"not in the local cache and {host} cannot be reached (offline?)"
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    """Whether the Hugging Face cache holds ``repo_id``'s config (it was downloaded)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except (ValueError, OSError):  # not a valid repo id
+        return False
+
+
 def _transformers(extra: str) -> Any:
     try:
         import transformers
@@ -228,27 +282,45 @@ class _HFDualEncoder:
         cls: type[_E], name_or_path: str | Path | None = None, device: str | None = None
     ) -> _E:
         """Load model, tokenizer and image processor from a hub name or a local folder."""
-        transformers = _transformers(cls.extra)
         source = str(name_or_path or cls.default_model)
         local = Path(source).expanduser()
         is_local = local.is_dir()
         if not is_local and source.startswith((".", "/", "~")):
             raise SparsemmError(f"{cls.name} model folder not found: {source}")
         where = str(local) if is_local else source
+        # Weights neither in a folder nor in the cache must be downloaded: asked first,
+        # before importing the model code (tens of seconds on a busy machine), so that an
+        # offline machine gets one line at once instead of the hub client's retries.
+        cached = is_local or _in_hub_cache(source)
+        if not cached:
+            why = hub_unreachable()
+            if why is not None:
+                raise WeightsUnavailable(cls.name, source, why)
+        transformers = _transformers(cls.extra)
         try:
-            model = cls._model_class(transformers).from_pretrained(where, local_files_only=is_local)
-            tokenizer = transformers.AutoTokenizer.from_pretrained(where, local_files_only=is_local)
-            image_processor = transformers.AutoImageProcessor.from_pretrained(
-                where, local_files_only=is_local
+            model, tokenizer, image_processor = cls._load_parts(
+                transformers, where, local_only=cached
             )
         except (OSError, ValueError) as exc:
-            raise SparsemmError(
-                f"could not load {cls.name} model {source!r} ({exc}); pass a local folder "
-                "with config.json, weights, tokenizer and preprocessor_config.json via "
-                "--model, or connect to the internet"
-            ) from exc
+            if is_local:
+                raise SparsemmError(
+                    f"could not load {cls.name} model {source!r} ({exc}); the folder needs "
+                    "config.json, weights, tokenizer and preprocessor_config.json"
+                ) from exc
+            raise WeightsUnavailable(cls.name, source, f"loading failed ({exc})") from exc
         logger.info("loaded %s model %s", cls.name, source)
         return cls(model, tokenizer, image_processor, device=device, model_id=source)
+
+    @classmethod
+    def _load_parts(cls, transformers: Any, where: str, local_only: bool) -> tuple[Any, Any, Any]:
+        """Model, tokenizer and image processor (``local_only``: from a folder or the
+        Hugging Face cache, never the network)."""
+        model = cls._model_class(transformers).from_pretrained(where, local_files_only=local_only)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(where, local_files_only=local_only)
+        image_processor = transformers.AutoImageProcessor.from_pretrained(
+            where, local_files_only=local_only
+        )
+        return model, tokenizer, image_processor
 
     # -- features (subclasses) ------------------------------------------------------------
 

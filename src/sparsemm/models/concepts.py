@@ -169,9 +169,19 @@ def split_synonyms(entry: str) -> list[str]:
     return [s.strip() for s in str(entry).split(",") if s.strip()]
 
 
-def dimension_names(class_synonyms: Sequence[str]) -> list[str]:
+# What tells apart two ImageNet classes that share their only name, by WordNet id (the
+# synsets' own hypernyms): a reader sees "crane (bird)", never "crane (class 134)".
+SENSE_HINTS = {
+    "n02012849": "bird",  # crane
+    "n03126707": "machine",  # crane
+    "n03710637": "tights",  # maillot (the other is "maillot, tank suit")
+}
+
+
+def dimension_names(class_synonyms: Sequence[str], class_wnids: Sequence[str] = ()) -> list[str]:
     """One unique readable name per class: its first synonym, with the second one added in
-    parentheses when two classes share the first (ImageNet has two 'crane's)."""
+    parentheses when two classes share the first (ImageNet has two 'crane's), or when a class
+    has no second one, the hint :data:`SENSE_HINTS` holds for its WordNet id."""
     firsts = [
         split_synonyms(s)[0] if split_synonyms(s) else f"class {i}"
         for i, s in enumerate(class_synonyms)
@@ -183,7 +193,8 @@ def dimension_names(class_synonyms: Sequence[str]) -> list[str]:
     for i, (entry, first) in enumerate(zip(class_synonyms, firsts, strict=True)):
         if seen[first] > 1:
             rest = split_synonyms(entry)[1:]
-            first = f"{first} ({rest[0] if rest else f'class {i}'})"
+            hint = SENSE_HINTS.get(class_wnids[i]) if i < len(class_wnids) else None
+            first = f"{first} ({rest[0] if rest else hint or f'class {i}'})"
         names.append(first)
     return names
 
@@ -218,7 +229,7 @@ class ImageNetConceptModel(PretrainedMixin, nn.Module):
         self.synonym_class = np.repeat(
             np.arange(n_classes), [len(s) for s in self.synonyms]
         ).astype(np.int64)
-        self.names = dimension_names(config.class_synonyms)
+        self.names = dimension_names(config.class_synonyms, config.class_wnids)
 
     @property
     def n_classes(self) -> int:

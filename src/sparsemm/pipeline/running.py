@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import mimetypes
 import os
 import tempfile
 import urllib.error
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sparsemm.errors import SparsemmError
+from sparsemm.io import resolve_path
 from sparsemm.query.request import MAX_K, MAX_OFFSET, MAX_TERMS
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,11 @@ log = logging.getLogger(__name__)
 # A warm server answers in milliseconds, its first query may take seconds (JIT, detector
 # fits); a local cold search takes longer still. Past this, search locally.
 FORWARD_TIMEOUT_S = 10.0
+UPLOAD_LIMIT = 8 * 2**20  # the server's upload limit (sparsemm.web.images.MAX_UPLOAD_BYTES)
+
+
+class NotOnServer(SparsemmError):
+    """The server has no such item (HTTP 404): the caller words it as a local search would."""
 
 
 def within_server_limits(k: int, offset: int, exclude: list[str]) -> bool:
@@ -134,30 +141,110 @@ def forward_search(
     offset: int,
     strategy: str | None,
     timeout: float = FORWARD_TIMEOUT_S,
+    *,
+    min_score: float | None = None,
+    like: str | None = None,
 ) -> dict[str, Any] | None:
     """The server's ``/api/search`` answer (SearchOut as a dict), or None to search locally.
+    ``like``: an item id ("more like this" item).
 
     Raises SparsemmError with the server's message when it refuses the query as bad input.
     """
-    params: list[tuple[str, str]] = [("q", query), ("k", str(k)), ("offset", str(offset))]
-    params += [("exclude", term) for term in exclude]
-    if strategy:
-        params.append(("strategy", strategy))
+    params = _params(query, exclude, k, offset, strategy, min_score)
+    if like is not None:
+        params.append(("like", like))
     request = urllib.request.Request(
         f"{url}/api/search?{urllib.parse.urlencode(params)}",
         headers={"Accept": "application/json"},
     )
+    return _answer(url, request, timeout)
+
+
+def forward_image(
+    url: str,
+    image: str | Path,
+    query: str,
+    exclude: list[str],
+    k: int,
+    offset: int,
+    strategy: str | None,
+    timeout: float = FORWARD_TIMEOUT_S,
+    *,
+    min_score: float | None = None,
+) -> dict[str, Any] | None:
+    """The server's ``/api/search/image`` answer for "more like" the picture file ``image``
+    (sent as the request body: the server embeds it with the encoders it has loaded), or
+    None to search locally (a file over the server's upload limit, no answer)."""
+    path = Path(image)
+    try:
+        if path.stat().st_size > UPLOAD_LIMIT:
+            return None
+        data = path.read_bytes()
+    except OSError:
+        return None  # the local search names the problem
+    params = _params(query, exclude, k, offset, strategy, min_score)
+    kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    request = urllib.request.Request(
+        f"{url}/api/search/image?{urllib.parse.urlencode(params)}",
+        data=data,
+        method="POST",
+        headers={"Accept": "application/json", "Content-Type": kind},
+    )
+    return _answer(url, request, timeout)
+
+
+def _params(
+    query: str,
+    exclude: list[str],
+    k: int,
+    offset: int,
+    strategy: str | None,
+    min_score: float | None,
+) -> list[tuple[str, str]]:
+    params: list[tuple[str, str]] = [("q", query), ("k", str(k)), ("offset", str(offset))]
+    params += [("exclude", term) for term in exclude]
+    if strategy:
+        params.append(("strategy", strategy))
+    if min_score is not None:
+        params.append(("min_score", repr(float(min_score))))
+    return params
+
+
+def _answer(url: str, request: urllib.request.Request, timeout: float) -> dict[str, Any] | None:
     try:
         with urllib.request.urlopen(request, timeout=timeout) as resp:
             answer: dict[str, Any] = json.loads(resp.read().decode("utf-8"))
             return answer
     except urllib.error.HTTPError as exc:
-        if exc.code == 400:
+        if exc.code in (400, 404):  # the query's own fault (404: no such item to be like)
             with contextlib.suppress(ValueError, OSError):
                 message = json.loads(exc.read().decode("utf-8")).get("error")
                 if message:
-                    raise SparsemmError(str(message)) from None
+                    raise (NotOnServer if exc.code == 404 else SparsemmError)(
+                        str(message)
+                    ) from None
         log.debug("server %s answered %s; searching locally", url, exc.code)
     except (OSError, ValueError) as exc:  # refused, timed out, not JSON
         log.debug("server %s did not answer (%s); searching locally", url, exc)
     return None
+
+
+def item_images(collection: str | Path, ids: set[str]) -> dict[str, str | None]:
+    """The absolute image path of each of the items ``ids`` (None: no image), read from the
+    collection's ``items.jsonl`` as ``sparsemm search`` prints them (-f, --json)."""
+    root = Path(collection)
+    out: dict[str, str | None] = {}
+    with open(root / "items.jsonl", encoding="utf-8", errors="surrogateescape") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            item = json.loads(line)
+            item_id = str(item.get("id"))
+            if item_id not in ids:
+                continue
+            img = item.get("image")
+            p = Path(str(img)) if img else None
+            out[item_id] = str(p if p.is_absolute() else resolve_path(root / p)) if p else None
+            if len(out) == len(ids):
+                break
+    return out

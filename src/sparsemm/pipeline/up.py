@@ -177,20 +177,36 @@ def will_train(out: Path, n_captioned: int, force: bool) -> bool:
     return force or (out / SR_MODEL / CONFIG_FILE).is_file() or n_captioned >= MIN_TRAIN_PHOTOS
 
 
+def detector_mentions(n_photos: int) -> int:
+    """Captioned photos a word needs for a word detector of its own in a folder of
+    ``n_photos`` captioned photos: a tenth of them, between 2 and the default 10 (a folder
+    of 25 mentions "dog" twice, not ten times)."""
+    from sparsemm.models.detectors import DetectorConfig
+
+    return max(2, min(DetectorConfig.min_mentions, n_photos // 10))
+
+
 def caption_model(
     out: Path, col: Any, force: bool, progress: bool, say: Callable[[str], None] = _said
-) -> Path:
+) -> Path | None:
     """``OUT/sr``: the SR model trained on the collection's captions before, else (or with
     ``force``) one trained now, with its SPINE vectors in ``OUT/spine``. Training happens in
     ``OUT/.training``, which replaces ``OUT/sr`` and ``OUT/spine`` only when done, so a
-    killed run leaves the previous model."""
+    killed run leaves the previous model.
+
+    The model is served with its word detectors (:func:`detector_mentions`): they give the
+    default scorer its match probabilities. None when no word is in enough captions for
+    one: an SR model without them would rank by raw code similarity, on another scale
+    than "% match", so the caller keeps the ImageNet concept model instead."""
     from sparsemm.io import replace_dir
     from sparsemm.models.base import CONFIG_FILE
+    from sparsemm.models.detectors import DetectorConfig, has_detectors
     from sparsemm.train.spine import train_caption_spine
     from sparsemm.train.sr import SRTrainConfig, train_sr_on_collection
 
     target = out / SR_MODEL
-    if (target / CONFIG_FILE).is_file() and not force:
+    # a model saved without detectors (served on another scale than "% match") is redone
+    if (target / CONFIG_FILE).is_file() and has_detectors(target) and not force:
         say(f"model: SR trained on the captions earlier ({target}; --train trains it again)")
         return target
     rows, owner = col.caption_rows(col.split_mask("all"))
@@ -227,11 +243,26 @@ def caption_model(
     )
     from sparsemm.train.detectors import fit_model_detectors
 
+    need = detector_mentions(n_photos)
     try:
-        n_det = len(fit_model_detectors(model, work / SR_MODEL, col, "all", progress=progress))
-    except SparsemmError as exc:  # too few mentions of any word: code similarity only
-        log.warning("no concept detectors: %s", exc)
-        n_det = 0
+        n_det = len(
+            fit_model_detectors(
+                model,
+                work / SR_MODEL,
+                col,
+                "all",
+                DetectorConfig(min_mentions=need),
+                progress=progress,
+            )
+        )
+    except SparsemmError:  # no word in `need` captions: no match probabilities
+        shutil.rmtree(work, ignore_errors=True)
+        say(
+            f"no word is in the captions of {need} or more of the {n_photos} photos, so an "
+            "SR model would have no word detectors (no match probabilities): the ImageNet "
+            "concepts are kept (the captions are shown on the page)"
+        )
+        return None
     replace_dir(work / SPINE, out / SPINE)
     replace_dir(work / SR_MODEL, target)
     shutil.rmtree(work, ignore_errors=True)
@@ -455,9 +486,13 @@ def _up(
     )
     if clip:
         from sparsemm.data.encode import encoder_info
+        from sparsemm.encoders.hf import WeightsUnavailable
 
         kwargs = {"model": encoder_model} if encoder_model else {}
-        encoder = get_encoder(encoder_name, **kwargs)
+        try:
+            encoder = get_encoder(encoder_name, **kwargs)
+        except WeightsUnavailable as exc:  # `up` takes the folder as --encoder-model
+            raise SparsemmError(exc.line("--encoder-model")) from None
         text_encoder: Any = encoder  # one model embeds images, captions and queries
         text_info = encoder_info(encoder)
         model_dir = out / MODEL
@@ -508,8 +543,11 @@ def _up(
     if clip:
         model_dir = clip_model(out, report.collection, encoder, vocabulary, progress, say)
     elif train:
-        model_dir = caption_model(out, report.collection, force_train, progress, say)
-        spine_dir = out / SPINE / "vectors"
+        trained = caption_model(out, report.collection, force_train, progress, say)
+        if trained is None:
+            model_dir = ensure_model(out, None, progress, say)
+        else:
+            model_dir, spine_dir = trained, out / SPINE / "vectors"
     elif n_captioned and model is None:
         say(
             f"model: ImageNet concepts ({n_captioned} captioned photos; an SR model is trained "

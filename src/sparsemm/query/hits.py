@@ -19,6 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.query.parse import Query
+from sparsemm.query.request import evidence_text
 
 
 @dataclass
@@ -61,9 +62,9 @@ class TermEvidence:
 
     @property
     def text(self) -> str:
-        """e.g. ``dog 0.93``, or ``cat 0.02 (left out)`` for an excluded term: the value is
-        how strongly the item carries the term either way (P(cat) = 0.02, not P(not cat))."""
-        return f"{self.term} {self.value:.2f}{' (left out)' if self.side == 'exclude' else ''}"
+        """e.g. ``dog 93%``, or ``cat 0% (left out)`` for an excluded term: the chance the
+        item shows it either way (P(cat), not P(not cat)); :func:`evidence_text`."""
+        return evidence_text(self.term, self.side, self.kind, self.value)
 
 
 @dataclass

@@ -10,6 +10,7 @@ the CLI can refuse bad input before anything heavy loads.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,26 @@ class QueryRequest:
     def heavy_terms(self) -> int:
         """How many terms the query holds (a server gives many-term queries fewer lanes)."""
         return len(self.query.include) + len(self.query.exclude)
+
+
+def percent(p: float) -> str:
+    """A match probability as it is shown and ranked: whole percent, rounded down ("92%";
+    "<1%" below 1%)."""
+    n = math.floor(100.0 * p + 1e-7)
+    return "<1%" if n < 1 else f"{n}%"
+
+
+def evidence_text(term: str, side: str, kind: str, value: float) -> str:
+    """One query term's evidence on an item as the CLI and the page write it: ``dog 93%``,
+    ``cat 0% (left out)`` for an excluded term (the chance the item shows a cat, which was
+    left out; never "not cat"), two decimals for a code similarity (no probability for the
+    word), ``like it 48%`` for a "more like this" picture."""
+    if kind == "code similarity":
+        shown = f"{value:.2f}"
+    else:
+        shown = "0%" if value <= 0 else percent(value)
+    name = "like it" if term.startswith("like: ") else term
+    return f"{name} {shown}{' (left out)' if side == 'exclude' else ''}"
 
 
 def parse_probability(value: float | str, name: str = "min_score") -> float:

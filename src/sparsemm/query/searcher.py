@@ -653,6 +653,13 @@ class Searcher:
         hits = [h for h in hits if math.isfinite(h.score)]
         prob = bool(getattr(spec.cls, "probabilistic", False))
         if request.min_score is not None and not prob:
+            if spec.name == self.default_strategy:  # "use the default" would be no help
+                raise SparsemmError(
+                    "a minimum score keeps matches by probability, and this collection's "
+                    f"model gives none (its default scorer, {spec.name}, ranks by "
+                    "similarity; an SR model needs word detectors: `sparsemm train "
+                    "detectors MODEL COLLECTION`); search without --min-score"
+                )
             raise SparsemmError(
                 f"a minimum score keeps matches by probability; the {spec.name} scorer's "
                 "scores are not probabilities (use the default scorer)"

@@ -120,7 +120,11 @@ class HitOut(ItemOut):
     matched: list[ConceptOut]
     excluded: list[ExcludedOut]
     evidence: list[EvidenceOut] = []
-    violations: list[str] = []  # excluded terms among the item's labels (it breaks the query)
+    # how the served scorer judged each query term ("dog": "detector"), as `search --explain`
+    scored_by: dict[str, str] = {}
+    # excluded terms the item most likely shows (its labels name them, or the scorer gives
+    # them 50% or more): it breaks the query
+    violations: list[str] = []
 
 
 class ItemDetailOut(ItemOut):
@@ -187,3 +191,6 @@ class HealthOut(BaseModel):
     max_k: int
     max_query_chars: int
     filter_threshold: float  # the filter strategy drops items whose peak exceeds this
+    # an item's own concept is worth showing from this value (its codes are class
+    # probabilities: a 3% "volcano" on a sunset is noise); 0 when codes are not probabilities
+    concept_floor: float = 0.0

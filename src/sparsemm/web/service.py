@@ -25,9 +25,9 @@ from sparsemm import __version__
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.io import json_sha256, read_json
-from sparsemm.query.hits import Concept, ExcludedCheck, Hit
+from sparsemm.query.hits import Concept, ExcludedCheck, Hit, TermEvidence
 from sparsemm.query.parse import MAX_QUERY_CHARS, Query
-from sparsemm.query.request import QueryRequest, build_request
+from sparsemm.query.request import MATCH_THRESHOLD, QueryRequest, build_request
 from sparsemm.query.searcher import INDEX_DIR, Searcher
 from sparsemm.query.strategies import HardFilter
 from sparsemm.text import singular
@@ -69,6 +69,9 @@ RELOAD_CHECK_SECONDS = 1.0  # how often a request stats the manifests for a re-i
 # requests are done (they finish within QUEUE_TIMEOUT plus a search); checked this often.
 RESETTLE_SECONDS = 15.0
 MAX_DIM_ITEMS = 100
+# The photo concept model's codes are class probabilities: below this one a class is a
+# guess, not something a reader should see named on a photo ("wig", "bassoon" at 2-4%).
+CONCEPT_FLOOR = 0.1
 
 
 # ------------------------------------------------------------------------------- queries
@@ -78,11 +81,21 @@ def _query_out(q: Query) -> QueryOut:
     return QueryOut(include=list(q.include), exclude=list(q.exclude), text=q.text)
 
 
-def violations(labels: Sequence[str], exclude: Sequence[str]) -> list[str]:
-    """The excluded terms that one of ``labels`` names (case and a plural 's' ignored;
-    'person' matches the label 'person', 'dogs' the label 'dog')."""
+def violations(
+    labels: Sequence[str], exclude: Sequence[str], evidence: Sequence[TermEvidence] = ()
+) -> list[str]:
+    """The excluded terms the item most likely shows: one of ``labels`` names it (case and a
+    plural 's' ignored; 'person' matches the label 'person', 'dogs' the label 'dog'), or the
+    served scorer gives it a probability of at least :data:`MATCH_THRESHOLD` (a photo
+    folder has no labels: "more like" a cat picture "but not cat" still lists the cats
+    when nothing else looks like it, at a low match, and says they show one)."""
     have = {_label_key(str(lab)) for lab in labels}
-    return [t for t in exclude if _label_key(t) in have]
+    likely = {
+        e.term
+        for e in evidence
+        if e.side == "exclude" and e.kind != "code similarity" and e.value >= MATCH_THRESHOLD
+    }
+    return [t for t in exclude if _label_key(t) in have or t in likely]
 
 
 def _label_key(text: str) -> str:
@@ -445,7 +458,8 @@ class SearchService:
                 )
                 for e in hit.evidence
             ],
-            violations=violations(fields["labels"], exclude),
+            scored_by=dict(hit.scored_by),
+            violations=violations(fields["labels"], exclude, hit.evidence),
         )
 
     # -- operations --------------------------------------------------------------------
@@ -469,7 +483,13 @@ class SearchService:
             max_k=MAX_K,
             max_query_chars=MAX_QUERY_CHARS,
             filter_threshold=float(HardFilter.params["threshold"]),
+            concept_floor=CONCEPT_FLOOR if self._probability_codes() else 0.0,
         )
+
+    def _probability_codes(self) -> bool:
+        """Whether the item codes hold class probabilities (the photo concept model)."""
+        model = self.searcher.model
+        return getattr(model, "kind", "") == "imagenet_concepts" and not model.unit_codes
 
     def _bound_caches(self) -> None:
         """Drop the strategy context's per-query caches once they pass MAX_CACHE_BYTES

@@ -10,6 +10,7 @@
   const includeBox = $("include");
   const excludeBox = $("exclude");
   const strategySelect = $("strategy");
+  const advancedBox = $("advanced");
   const minScoreSelect = $("min-score");
   const results = $("results");
   const statusLine = $("status");
@@ -28,6 +29,9 @@
     seq: 0,
     explained: null,
     filterThreshold: 0.1,
+    conceptFloor: 0,
+    strategies: [],
+    defaultStrategy: "",
     // "more like this": null, {kind: "item", id, item} or {kind: "image", file, url}
     like: null,
   };
@@ -114,6 +118,20 @@
     runSearch(false);
   }
 
+  // A concept is shown as a chip when it carries at least this share of the strongest one
+  // (and, with codes that are probabilities, at least the server's concept floor): the
+  // long tail of faint classes ("wig", "bassoon" on a portrait) is noise to a reader.
+  const CHIP_SHARE = 0.25;
+  const MAX_CHIPS = 4;
+
+  /** The concepts worth showing, strongest first. */
+  function shownConcepts(concepts, floor = 0, most = MAX_CHIPS) {
+    const top = Math.max(0, ...concepts.map((c) => c.weight));
+    return concepts
+      .filter((c) => c.weight > 0 && c.weight >= CHIP_SHARE * top && c.weight >= floor)
+      .slice(0, most);
+  }
+
   /** A clickable concept chip: click leaves the concept out. Query concepts are inert. */
   function chip(concept) {
     const term = conceptTerm(concept);
@@ -161,6 +179,12 @@
     return score.toFixed(a >= 100 ? 0 : a >= 10 ? 1 : a >= 1 ? 2 : 3);
   }
 
+  /** A name with a line-break opportunity after each "/" ("holiday/day1/IMG_1234.jpg"
+   * wraps at the folders, not one character a line). */
+  function breakable(text) {
+    return text.split(/(?<=\/)/).flatMap((part, i) => (i ? [el("wbr"), part] : [part]));
+  }
+
   function thumbnail(item, size, full = false) {
     if (item.image) {
       return el("img", {
@@ -192,7 +216,7 @@
       el(
         "figcaption",
         {},
-        el("span", { class: "caption" }, hit.caption || hit.id),
+        el("span", { class: "caption", title: hit.id }, breakable(hit.caption || hit.id)),
         el(
           "span",
           {
@@ -209,10 +233,10 @@
             `also: ${hit.also.join(", ")}`)
         : null,
       bad.length
-        ? el("div", { class: "violation", title: "its labels name a term you left out" },
+        ? el("div", { class: "violation", title: "it shows a term you left out (its labels name it, or the scorer finds it likely)" },
             `✗ has ${bad.join(", ")}`)
         : null,
-      el("div", { class: "chips", "aria-label": "matched concepts" }, hit.matched.map(chip)),
+      el("div", { class: "chips", "aria-label": "matched concepts" }, shownConcepts(hit.matched).map(chip)),
       evidenceLine(hit.evidence || []),
       el(
         "div",
@@ -258,12 +282,22 @@
     runSearch(false);
   }
 
-  /** "dog 0.93 · not cat 0.02": how strongly the item carries each query term. */
+  /** A term's value as the CLI prints it (TermEvidence.text): a probability in whole
+   * percent ("dog 93%", "cat 0% (left out)": the chance the item shows a cat, which was left
+   * out), a code similarity with two decimals; a picture's similarity reads "like it 48%". */
+  function evidenceText(e) {
+    const n = Math.floor(100 * e.value + 1e-7);
+    const value = e.kind === "code similarity"
+      ? e.value.toFixed(2)
+      : `${n < 1 && e.value > 0 ? "<1" : n}%`;
+    const term = e.term.startsWith("like: ") ? "like it" : e.term;
+    return `${term} ${value}${e.side === "exclude" ? " (left out)" : ""}`;
+  }
+
+  /** "dog 93% · cat 2% (left out)": how strongly the item carries each query term. */
   function evidenceLine(evidence) {
     if (!evidence.length) return null;
-    const text = evidence
-      .map((e) => `${e.side === "exclude" ? "not " : ""}${e.term} ${e.value.toFixed(2)}`)
-      .join(" · ");
+    const text = evidence.map(evidenceText).join(" · ");
     const title = evidence
       .map((e) => {
         const read = e.read_as && e.read_as.length && e.read_as.join(", ") !== e.term
@@ -291,6 +325,8 @@
     const q = includeBox.value.trim();
     if (!append && q && state.like) setLike(null); // typed text: back to a text search
     if (!q && !state.like && !splitTerms(excludeBox.value).length) {
+      ++state.seq; // an answer still on its way is no longer wanted
+      clearResults();
       showError("Type what to search for (or only what to leave out: 'no people').");
       return;
     }
@@ -335,7 +371,7 @@
             ? `Showing ${n} for ${describe(data.query)}`
             : `Showing ${n} of ${of} for ${describe(data.query)}`) +
           matches +
-          (flagged ? ` · ${flagged} marked ✗ carry a term you left out (by their labels)` : "")
+          (flagged ? ` · ${flagged} marked ✗ show a term you left out (by their labels, or 50% likely)` : "")
         : `No results for ${describe(data.query)}${matches}.`;
       for (const note of data.notes || []) statusLine.textContent += ` · ${note}`;
       const unknown = data.unknown_words || [];
@@ -351,11 +387,23 @@
       syncUrl();
     } catch (error) {
       if (seq !== state.seq) return;
-      statusLine.textContent = "";
+      // the previous answer is not the answer to this query: never leave it under the error
+      if (!append) clearResults();
       showError(error.message);
     } finally {
       if (seq === state.seq) results.removeAttribute("aria-busy");
     }
+  }
+
+  /** Empty the grid (and its status, "more" button and "why" panel). */
+  function clearResults() {
+    results.replaceChildren();
+    delete results.dataset.query;
+    statusLine.textContent = "";
+    moreButton.hidden = true;
+    state.request = null;
+    state.nextOffset = null;
+    closePanel();
   }
 
   /** POST the uploaded picture with the query's exclusions as URL parameters. */
@@ -363,6 +411,7 @@
     const params = new URLSearchParams({ k: String(request.k), offset: String(request.offset) });
     for (const term of request.exclude) params.append("exclude", term);
     if (request.strategy) params.set("strategy", request.strategy);
+    if (request.min_score !== undefined) params.set("min_score", String(request.min_score));
     return api(`api/search/image?${params}`, {
       method: "POST",
       body: request.image,
@@ -373,7 +422,8 @@
   // ------------------------------------------------------------------ side panel
 
   function openPanel(children) {
-    panelBody.replaceChildren(...children);
+    // replaceChildren would insert a null as the text "null"
+    panelBody.replaceChildren(...children.filter((c) => c !== null && c !== undefined && c !== false));
     panel.hidden = false;
     document.body.classList.add("panel-open");
   }
@@ -475,7 +525,7 @@
       el("h3", {}, "Matched concepts"),
       el("p", { class: "note" }, `Concept dimensions shared by ${describe(data.query)} and this item; weight = contribution to the score.`),
       data.matched.length
-        ? conceptTable(data.matched, "contribution to the score")
+        ? conceptTable(shownConcepts(data.matched, 0, data.matched.length), "contribution to the score")
         : el("p", { class: "muted" }, state.like && state.like.kind === "image"
           ? "Shared concepts are shown for text and “more like this” searches."
           : "No concept in common with the query."),
@@ -484,9 +534,11 @@
         ? el("ul", { class: "checks" }, data.excluded.map((c) => checkRow(c, item.labels)))
         : el("p", { class: "muted" }, "Nothing excluded yet: type terms in “but not” or click a concept."),
       el("h3", {}, "Strongest concepts in this item"),
-      data.concepts.length
-        ? el("div", { class: "chips" }, data.concepts.map(chip))
-        : el("p", { class: "muted" }, "This item has no active concept."),
+      shownConcepts(data.concepts, state.conceptFloor).length
+        ? el("div", { class: "chips" }, shownConcepts(data.concepts, state.conceptFloor).map(chip))
+        : el("p", { class: "muted" }, data.concepts.length
+          ? "No concept stands out in this item."
+          : "This item has no active concept."),
     ];
   }
 
@@ -545,15 +597,33 @@
       const info = await api("api/health");
       $("collection-info").textContent =
         `${info.collection}: ${info.items} items, ${info.images} images, ${info.dims} concept dimensions`;
-      strategySelect.replaceChildren(
-        ...info.strategies.map((s) => el("option", { value: s, selected: s === info.default_strategy }, s)),
-      );
+      state.strategies = info.strategies;
+      state.defaultStrategy = info.default_strategy;
       strategySelect.dataset.default = info.default_strategy;
+      fillStrategies();
       state.filterThreshold = info.filter_threshold;
+      state.conceptFloor = info.concept_floor || 0;
     } catch (error) {
       showError(`The search service is not answering: ${error.message}`);
     }
   }
+
+  /** The scorer menu: the default only, every scorer the collection can run with
+   * "advanced" ticked (the research scorers mean nothing to someone finding photos). */
+  function fillStrategies() {
+    const chosen = strategySelect.value || state.defaultStrategy;
+    const offered = advancedBox.checked ? state.strategies : [state.defaultStrategy];
+    strategySelect.replaceChildren(
+      ...offered.map((s) =>
+        el("option", { value: s, selected: s === chosen }, s === state.defaultStrategy ? `${s} (default)` : s)),
+    );
+    strategySelect.closest("label").hidden = !advancedBox.checked;
+  }
+
+  advancedBox.addEventListener("change", () => {
+    if (!advancedBox.checked) strategySelect.value = state.defaultStrategy;
+    fillStrategies();
+  });
 
   form.addEventListener("submit", (event) => {
     event.preventDefault();
@@ -579,7 +649,11 @@
 
   loadInfo().then(() => {
     const params = new URLSearchParams(location.search);
-    if (params.get("strategy")) strategySelect.value = params.get("strategy");
+    if (params.get("strategy") && params.get("strategy") !== state.defaultStrategy) {
+      advancedBox.checked = true;
+      fillStrategies();
+      strategySelect.value = params.get("strategy");
+    }
     if (params.get("min")) minScoreSelect.value = params.get("min");
     if (params.get("not")) excludeBox.value = params.get("not");
     if (params.get("like")) {
