@@ -322,7 +322,40 @@ def collection_terms(collection: str | Path, limit: int = 80) -> list[str]:
         counts = Counter(
             w for it in col.items for c in it.get("captions") or [] for w in set(tokenize(c))
         )
+    if len(counts) < 2:  # photos without labels or captions (`sparsemm up`): concept names
+        counts = index_terms(col.root)
+    if len(counts) < 2:
+        raise SystemExit(
+            f"{collection} has fewer than two labels, caption words or indexed concepts to "
+            "query; index it first (sparsemm index / sparsemm up)"
+        )
     return [t for t, _ in counts.most_common(limit)]
+
+
+def index_terms(collection_root: Path) -> Counter[str]:
+    """The first label of each dimension of a collection's index, counted by the items
+    holding it (so the most common concepts come first); empty without an index."""
+    from sparsemm.errors import SparsemmError
+    from sparsemm.index import InvertedIndex
+    from sparsemm.query.parse import parse_query
+
+    root = collection_root / "index"
+    if not (root / "manifest.json").is_file():
+        return Counter()
+    index = InvertedIndex.open(root)
+    labels = (index.meta.get("labels") or {}).get("data") or []
+    codes = index.codes(np.arange(len(index)))
+    held = np.bincount(codes.indices, minlength=index.dim)
+    counts: Counter[str] = Counter()
+    for j, names in enumerate(labels[: index.dim]):
+        name = str(names[0]).strip().lower() if names else ""
+        try:  # a name the parser reads as one term ("person (face)" is not)
+            ok = bool(name) and parse_query(name).include == (name,)
+        except SparsemmError:
+            ok = False
+        if ok and held[j]:
+            counts[name] = max(counts[name], int(held[j]))
+    return counts
 
 
 # ------------------------------------------------------------------------------ the server

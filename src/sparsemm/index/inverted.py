@@ -1232,6 +1232,11 @@ def _check_manifest(root: Path, manifest: Any) -> None:
         )
     if not isinstance(manifest.get("segments"), list) or int(manifest.get("dim", 0)) < 1:
         raise SparsemmError(f"{root}/{MANIFEST} is malformed; rebuild the index")
+    count = manifest.get("count")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise SparsemmError(
+            f"{root}/{MANIFEST} has no valid item count ({str(count)[:40]}); rebuild the index"
+        )
     for seg in manifest["segments"]:
         counts = [seg.get(k) for k in ("count", "nnz")] if isinstance(seg, dict) else [None]
         if (

@@ -255,6 +255,7 @@ def index_collection(
     from sparsemm.data.collection import open_collection
     from sparsemm.index import InvertedIndex
     from sparsemm.linalg import normalize_rows
+    from sparsemm.models.base import config_digest
     from sparsemm.models.detectors import model_weights_sha256
     from sparsemm.query.code_models import load_code_model
     from sparsemm.query.indexing import build_index
@@ -273,9 +274,10 @@ def index_collection(
     if index is not None:
         meta = index.meta or {}
         ids, n_old = col.ids, len(index)
-        same_model = meta.get("model") == str(model_dir.resolve()) and meta.get("model_sha256") in (
-            None,
-            model_weights_sha256(model_dir),
+        same_model = (
+            meta.get("model") == str(model_dir.resolve())
+            and meta.get("model_sha256") in (None, model_weights_sha256(model_dir))
+            and meta.get("model_config_sha256") in (None, config_digest(model_dir))
         )
         prefix = list(index.ids) == ids[:n_old]
         if same_model and prefix and n_old == len(ids):
