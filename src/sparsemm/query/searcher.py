@@ -110,6 +110,7 @@ class Searcher:
         encoder: Any = None,
         store: Store | None = None,
         image_encoder: Any = None,
+        in_memory: bool = False,
     ) -> None:
         self.collection: Collection = open_collection(collection_dir)
         # collection.root: where open_collection found it (a crash may have parked it aside)
@@ -127,7 +128,7 @@ class Searcher:
                 f"{collection_dir} --model MODEL_DIR`"
             )
         try:
-            self.index = InvertedIndex.open(root)
+            self.index = InvertedIndex.open(root, in_memory=in_memory)
         except SparsemmError as exc:  # damaged: say how to build it again, with what
             raise SparsemmError(f"{exc} ({_rebuild_hint(collection_dir, root)})") from exc
         if store is not None and (len(store) != len(self.index) or store.dim != self.index.dim):

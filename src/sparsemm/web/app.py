@@ -132,7 +132,10 @@ def create_app(
     if searcher is None:
         if collection_dir is None:
             raise SparsemmError("create_app needs a collection folder or a Searcher")
-        searcher = Searcher(collection_dir, encoder=encoder)
+        searcher = Searcher(collection_dir, encoder=encoder, in_memory=True)
+    # Segments read into memory, not mapped: a segment file cut short in place while
+    # clients search would end a mapped read (and the server) with SIGBUS.
+    searcher.index.hold_in_memory()
     if batch_texts:
         searcher.batch_text_encoding()
     if warm:
