@@ -182,3 +182,58 @@ def test_the_server_reads_its_segments_into_memory(toy_root: Path) -> None:
     for seg in index._segments:
         for arr in seg.stored:
             assert not isinstance(arr, np.memmap) and not isinstance(arr.base, np.memmap)
+
+
+def _tiny_part_form(limit: int) -> tuple[bytes, int]:
+    """A form of as many tiny text parts as fit in ``limit`` bytes (and the count)."""
+    part = b'--b\r\nContent-Disposition: form-data; name="x"\r\n\r\n1\r\n'
+    n = (limit - 8) // len(part)
+    return part * n + b"--b--\r\n", n
+
+
+def test_a_form_of_many_tiny_parts_is_refused_at_once_and_health_stays_fast(
+    toy_root: Path,
+) -> None:
+    """A form of 161,300 tiny parts (8 MiB) once held the event loop 70 s (/api/health took
+    69.6 s): a form may hold 16 parts, and it is parsed off the event loop."""
+    import http.client
+    import threading
+    import time
+
+    from load import serve_in_thread
+    from webtoy import WebKeywordEncoder
+
+    from sparsemm.web import images
+    from sparsemm.web.app import create_app
+
+    body, n = _tiny_part_form(images.MAX_UPLOAD_BYTES)
+    assert n > 160_000
+    t0 = time.perf_counter()
+    with pytest.raises(SparsemmError, match="more than 16 parts"):
+        images.upload_bytes(body, "multipart/form-data; boundary=b")
+    assert time.perf_counter() - t0 < 0.5
+    app = create_app(searcher=Searcher(toy_root / "col", encoder=WebKeywordEncoder()))
+    with serve_in_thread(app) as port:
+        answers: list[int] = []
+
+        def post() -> None:
+            for _ in range(4):
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                form = {"content-type": "multipart/form-data; boundary=b"}
+                conn.request("POST", "/api/search/image", body=body, headers=form)
+                answers.append(conn.getresponse().status)
+                conn.close()
+
+        poster = threading.Thread(target=post)
+        poster.start()
+        slowest = 0.0
+        while poster.is_alive():
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            t0 = time.perf_counter()
+            conn.request("GET", "/api/health")
+            assert conn.getresponse().status == 200
+            slowest = max(slowest, time.perf_counter() - t0)
+            conn.close()
+        poster.join()
+    assert answers == [400] * 4
+    assert slowest < 1.0, slowest

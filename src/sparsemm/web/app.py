@@ -268,7 +268,8 @@ def create_app(
         data = await request.body()
         if len(data) > MAX_UPLOAD_BYTES:
             raise HTTPException(413, f"the image is larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
-        data = upload_bytes(data, request.headers.get("content-type", ""))
+        # a form is parsed off the event loop too (bounded: MAX_FORM_PARTS parts)
+        data = await run_in_threadpool(upload_bytes, data, request.headers.get("content-type", ""))
         # decoded off the event loop, at most DECODE_SLOTS at once (the rest get 503)
         image = await run_in_threadpool(decode_upload, data)
         return await run_in_threadpool(service.search, params, prefix(request), image)
