@@ -22,8 +22,9 @@ is cached and every request pays for its text encoding, as a real user's new que
     python benchmarks/load.py --collection C --clients 100 --duration 30 --fresh-words
 
 Upload-abuse mode (``--uploaders N``): the clients run twice for ``--duration``, first
-alone, then beside N uploaders that POST a decompression-bomb-sized PNG (a few KB that
-decode to 39.7 megapixels) to ``/api/search/image`` over and over; it reports the good
+alone, then beside N uploaders that POST a one-bit PNG of a few KB that decodes to
+``--upload-megapixels`` (23.9: just under the server's cap, so it is decoded; 39.7: over
+it, refused from its header) to ``/api/search/image`` over and over; it reports the good
 clients' throughput with uploaders as a share of it without, their p99, the uploads'
 answers and the server's memory (peak and current resident set, from /proc).
 
@@ -322,7 +323,40 @@ def collection_terms(collection: str | Path, limit: int = 80) -> list[str]:
         counts = Counter(
             w for it in col.items for c in it.get("captions") or [] for w in set(tokenize(c))
         )
+    if len(counts) < 2:  # photos without labels or captions (`sparsemm up`): concept names
+        counts = index_terms(col.root)
+    if len(counts) < 2:
+        raise SystemExit(
+            f"{collection} has fewer than two labels, caption words or indexed concepts to "
+            "query; index it first (sparsemm index / sparsemm up)"
+        )
     return [t for t, _ in counts.most_common(limit)]
+
+
+def index_terms(collection_root: Path) -> Counter[str]:
+    """The first label of each dimension of a collection's index, counted by the items
+    holding it (so the most common concepts come first); empty without an index."""
+    from sparsemm.errors import SparsemmError
+    from sparsemm.index import InvertedIndex
+    from sparsemm.query.parse import parse_query
+
+    root = collection_root / "index"
+    if not (root / "manifest.json").is_file():
+        return Counter()
+    index = InvertedIndex.open(root)
+    labels = (index.meta.get("labels") or {}).get("data") or []
+    codes = index.codes(np.arange(len(index)))
+    held = np.bincount(codes.indices, minlength=index.dim)
+    counts: Counter[str] = Counter()
+    for j, names in enumerate(labels[: index.dim]):
+        name = str(names[0]).strip().lower() if names else ""
+        try:  # a name the parser reads as one term ("person (face)" is not)
+            ok = bool(name) and parse_query(name).include == (name,)
+        except SparsemmError:
+            ok = False
+        if ok and held[j]:
+            counts[name] = max(counts[name], int(held[j]))
+    return counts
 
 
 # ------------------------------------------------------------------------------ the server
@@ -470,14 +504,16 @@ async def _abuse_run(
     return good, bad, await abuse
 
 
-def bomb_png() -> bytes:
-    """A PNG of a few KB that decodes to 7280 x 5456 = 39.7 megapixels."""
+def bomb_png(megapixels: float = 23.9) -> bytes:
+    """A one-bit PNG of a few KB that decodes to about ``megapixels`` (4:3): 23.9 is just
+    under the server's 24-megapixel cap (decoded), 39.7 over it (refused from the header)."""
     import io
 
     from PIL import Image
 
+    height = int((megapixels * 1e6 * 3 / 4) ** 0.5)
     out = io.BytesIO()
-    Image.new("1", (7280, 5456)).save(out, format="PNG")
+    Image.new("1", (int(megapixels * 1e6 / height), height)).save(out, format="PNG")
     return out.getvalue()
 
 
@@ -515,7 +551,7 @@ async def _upload_run(
     args: argparse.Namespace, port: int, paths: list[str]
 ) -> tuple[LoadReport, Counter[str]]:
     """The clients beside ``args.uploaders`` bomb uploaders."""
-    host, body, answers = "127.0.0.1", bomb_png(), Counter[str]()
+    host, body, answers = "127.0.0.1", bomb_png(args.upload_megapixels), Counter[str]()
     deadline = time.perf_counter() + args.duration
     good, *_ = await asyncio.gather(
         run_load(host, port, paths, args.clients, args.duration, args.timeout),
@@ -578,6 +614,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         default=0,
         help="clients posting decompression-bomb PNGs beside the clients (after a run alone)",
+    )
+    p.add_argument(
+        "--upload-megapixels",
+        type=float,
+        default=23.9,
+        help="size of the uploaders' PNG (23.9: just under the 24-MP cap; 39.7: over it)",
     )
     p.add_argument(
         "--search-threads", type=int, default=DEFAULT_WORKERS, help="the server's search lanes"

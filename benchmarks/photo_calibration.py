@@ -44,6 +44,7 @@ class Pairs:
     e_whole: np.ndarray  # (m,) summed class probability over the whole photo
     e_region: np.ndarray  # (m,) the same over its tiles (0 without regions)
     face: np.ndarray  # (m,) the face unit's probability, times its weight in the concept
+    broader: np.ndarray  # (m,) 0/1: the word is read as a broader thing ("woman": person)
 
 
 def closure(tags: list[str], implies: dict[str, list[str]]) -> set[str]:
@@ -82,6 +83,7 @@ def build_pairs(searcher: Any, photos: list[dict[str, Any]], implies: dict[str, 
             continue
         if len(reading.concepts) != 1:
             continue
+        broader = int(reading.concepts[0].how == "broader")
         wt = scorer._unit_weights(reading.concepts[0]).copy()
         face_w = 0.0
         if scorer.face is not None:
@@ -105,6 +107,7 @@ def build_pairs(searcher: Any, photos: list[dict[str, Any]], implies: dict[str, 
             out["e_whole"].append(e_w[i])
             out["e_region"].append(e_r[i])
             out["face"].append(f[i])
+            out["broader"].append(broader)
     del model
     return Pairs(**{k: np.asarray(v) for k, v in out.items()})
 
@@ -114,32 +117,48 @@ def _logit(p: np.ndarray) -> np.ndarray:
     return np.log(p) - np.log1p(-p)
 
 
-def predict(pairs: Pairs, a: float, b: float, lam: float) -> np.ndarray:
-    """P(concept | photo) of the served scorer with these settings."""
+def predict(pairs: Pairs, a: float, b: float, lam: float, share: float = 1.0) -> np.ndarray:
+    """P(concept | photo) of the served scorer with these settings (``share``: the
+    broader-reading share, for words read as a broader thing)."""
     e = np.maximum(pairs.e_whole, lam * pairs.e_region)
     e = np.clip(e, 0.0, 1.0)
     pc = np.where(e > 0, 1.0 / (1.0 + np.exp(-(a * _logit(e) + b))), 0.0)
-    return 1.0 - (1.0 - pc) * (1.0 - np.clip(pairs.face, 0.0, 1.0))
+    p = 1.0 - (1.0 - pc) * (1.0 - np.clip(pairs.face, 0.0, 1.0))
+    return np.where(pairs.broader == 1, share * p, p)
 
 
-def log_loss(y: np.ndarray, p: np.ndarray) -> float:
+def log_loss(y: np.ndarray, p: np.ndarray, pos_weight: float = 1.0) -> float:
     p = np.clip(p, 1e-4, 1 - 1e-4)
-    return float(-np.mean(y * np.log(p) + (1 - y) * np.log1p(-p)))
+    w = np.where(y == 1, pos_weight, 1.0)
+    return float(-np.sum(w * (y * np.log(p) + (1 - y) * np.log1p(-p))) / np.sum(w))
 
 
-def fit(pairs: Pairs, lambdas: tuple[float, ...] | None = LAMBDAS) -> dict[str, float]:
-    """(a, b, lam) of least log loss on ``pairs`` (a > 0)."""
+def fit(
+    pairs: Pairs, lambdas: tuple[float, ...] | None = LAMBDAS, pos_weight: float = 1.0
+) -> dict[str, float]:
+    """(a, b, lam) of least log loss on ``pairs`` (a > 0), positives weighted
+    ``pos_weight`` (above 1: a missed thing costs more than a false alarm, for terms to
+    leave out); then the broader-reading share, so that its words' mean P is their rate."""
     best: dict[str, float] | None = None
+    direct = pairs.broader == 0
+    sub = subset(pairs, direct) if direct.any() else pairs
     for lam in lambdas or LAMBDAS:
 
         def loss(v: np.ndarray, lam: float = lam) -> float:
-            return log_loss(pairs.y, predict(pairs, float(np.exp(v[0])), float(v[1]), lam))
+            p = predict(sub, float(np.exp(v[0])), float(v[1]), lam)
+            return log_loss(sub.y, p, pos_weight)
 
         res = minimize(loss, np.array([0.0, 0.0]), method="Nelder-Mead")
         cand = {"a": float(np.exp(res.x[0])), "b": float(res.x[1]), "lam": lam, "loss": res.fun}
         if best is None or cand["loss"] < best["loss"]:
             best = cand
     assert best is not None
+    share = 1.0
+    wide = pairs.broader == 1
+    if wide.any():
+        p = predict(subset(pairs, wide), best["a"], best["b"], best["lam"])
+        share = float(np.clip(pairs.y[wide].sum() / max(p.sum(), 1e-9), 0.01, 1.0))
+    best["share"] = share
     return best
 
 
@@ -185,6 +204,7 @@ def leave_one_source_out(
     pairs: Pairs,
     groups: dict[str, str] | None = None,
     lambdas: tuple[float, ...] | None = None,
+    pos_weight: float = 1.0,
 ) -> dict[str, Any]:
     """Fit on every source but one, predict that one; ``groups`` maps a source to the group
     left out together (packages of one family). Returns per-group figures and the pooled
@@ -194,8 +214,10 @@ def leave_one_source_out(
     per: dict[str, Any] = {}
     for g in sorted(set(group)):
         test = group == g
-        params = fit(subset(pairs, ~test), lambdas or LAMBDAS)
-        held[test] = predict(subset(pairs, test), params["a"], params["b"], params["lam"])
+        params = fit(subset(pairs, ~test), lambdas or LAMBDAS, pos_weight)
+        held[test] = predict(
+            subset(pairs, test), params["a"], params["b"], params["lam"], params["share"]
+        )
         per[g] = {
             "pairs": int(test.sum()),
             "positives": int(pairs.y[test].sum()),

@@ -679,3 +679,45 @@ def test_photo_words_are_answered_alike_by_the_cli_the_api_and_the_page(
         r = client.get("/api/search", params={"q": q, "k": 3})
         assert r.status_code == 200
         assert [h["id"] for h in r.json()["hits"]] == cli == [h.id for h in answer.hits]
+
+
+def test_a_run_stopped_before_the_index_says_to_run_up_again(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Killed between the collection rewrite and the index build: no index. The error
+    once suggested `sparsemm index --model MODEL_DIR`; it names `sparsemm up PHOTOS`."""
+    import shutil
+
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    assert _up(photos, out, capsys)[0] == 0
+    shutil.rmtree(out / "collection" / "index")
+    assert main(["search", str(out / "collection"), "a cat", "--no-server"]) == 2
+    err = _one_error_line(capsys.readouterr().err)
+    assert f"run `sparsemm up {photos.resolve()}` again" in err and "--model" not in err
+    code, text, _ = _up(photos, out, capsys)
+    assert code == 0 and "0 new, 0 changed" in text and "built the index" in text
+    assert main(["search", str(out / "collection"), "a cat", "--no-server"]) == 0
+
+
+def test_an_edited_model_config_is_refused_until_up_runs_again(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """presence_bias edited from 1.16 to 6 once moved a cat to 98% "dog" without a word:
+    the index records the checksum of its model's settings."""
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    assert _up(photos, out, capsys)[0] == 0
+    config = out / "model" / "config.json"
+    original = json.loads(config.read_text())
+    assert original["presence_bias"] == 1.16
+    config.write_text(json.dumps({**original, "presence_bias": 6}))
+    capsys.readouterr()
+    assert main(["search", str(out / "collection"), "a cat", "--no-server"]) == 2
+    err = _one_error_line(capsys.readouterr().err)
+    assert "config.json changed since the index" in err and "sparsemm up" in err
+    assert _up(photos, out, capsys)[0] == 0  # writes the model's settings again
+    assert json.loads(config.read_text())["presence_bias"] == 1.16
+    assert main(["search", str(out / "collection"), "a cat", "--no-server"]) == 0

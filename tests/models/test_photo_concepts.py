@@ -18,7 +18,9 @@ from sparsemm.models.concepts import (
     ImageNetConceptModel,
     PhotoEvidence,
     class_texts_to_embed,
+    evidence_entry_digest,
     packaged_class_texts,
+    photo_evidence,
     read_evidence,
     with_photo_defaults,
 )
@@ -82,13 +84,93 @@ def test_evidence_entries_are_checked(tmp_path: Path) -> None:
     root = tmp_path / "col"
     (root / "concepts").mkdir(parents=True)
     source = {"classifier": "x"}
+    items = {"a": ev.to_json(), "b": {"c": [[0, -1.0]]}}
     good = {"format": "sparsemm.concept-evidence", "version": 1, "source": source,
-            "items": {"a": ev.to_json(), "b": {"c": [[0, -1.0]]}}}  # fmt: skip
+            "items": items,
+            "sha256": {k: evidence_entry_digest(k, v) for k, v in items.items()}}  # fmt: skip
     (root / "concepts" / "evidence.json").write_text(json.dumps(good))
     assert read_evidence(root, source) == {"a": ev}  # the damaged entry is computed again
     assert read_evidence(root, {"classifier": "other"}) == {}  # other weights: all again
     (root / "concepts" / "evidence.json").write_text("{not json")
     assert read_evidence(root, source) == {}
+
+
+def test_evidence_swapped_between_photos_or_unchecked_is_computed_again(tmp_path: Path) -> None:
+    """Values swapped between two photos were once used as they were ("sheep" returned the
+    cat); each entry's checksum is tied to its photo's key."""
+    cat, sheep = PhotoEvidence(((0, 0.9),)), PhotoEvidence(((2, 0.8),))
+    items = {"cat": cat.to_json(), "sheep": sheep.to_json()}
+    checks = {k: evidence_entry_digest(k, v) for k, v in items.items()}
+    root = tmp_path / "col"
+    (root / "concepts").mkdir(parents=True)
+    path, source = root / "concepts" / "evidence.json", {"classifier": "x"}
+
+    def write(items: dict, checks: dict | None) -> None:
+        data = {"format": "sparsemm.concept-evidence", "version": 1, "source": source,
+                "items": items}  # fmt: skip
+        if checks is not None:
+            data["sha256"] = checks
+        path.write_text(json.dumps(data))
+
+    write(items, checks)
+    assert read_evidence(root, source) == {"cat": cat, "sheep": sheep}
+    write({"cat": items["sheep"], "sheep": items["cat"]}, checks)  # swapped values
+    assert read_evidence(root, source) == {}
+    write(items, None)  # no checksums at all (removed, or an older file)
+    assert read_evidence(root, source) == {}
+    edited = {**items, "cat": {"c": [[0, 0.1]], "f": []}}
+    write(edited, checks)
+    assert read_evidence(root, source) == {"sheep": sheep}
+
+
+class _Reader:
+    """Evidence from the image files' first byte; stops (a kill) after ``stop`` photos."""
+
+    def __init__(self, stop: int) -> None:
+        self.stop, self.read_photos, self.source = stop, 0, {"classifier": "fake"}
+
+    def read(self, images, progress=False):
+        out = []
+        for img in images:
+            if self.read_photos == self.stop:
+                raise KeyboardInterrupt("killed")
+            self.read_photos += 1
+            out.append(PhotoEvidence(((Path(img).read_bytes()[0] % 3, 0.5),)))
+        return out
+
+
+def test_evidence_is_recorded_in_chunks_so_a_stopped_run_resumes(tmp_path: Path) -> None:
+    from sparsemm.data.collection import open_collection, write_collection
+
+    pics = tmp_path / "pics"
+    pics.mkdir()
+    items = []
+    for i in range(80):
+        (pics / f"{i}.png").write_bytes(bytes([i]))
+        items.append({"id": f"p{i}", "image": str(pics / f"{i}.png")})
+    emb = np.ones((80, 4), np.float32) / 2
+    write_collection(tmp_path / "col", items, {"name": "e", "dim": 4}, image_emb=emb,
+                     extra={"image_kind": "pixels"})  # fmt: skip
+    col = open_collection(tmp_path / "col")
+    with pytest.raises(KeyboardInterrupt):
+        photo_evidence(col, _Reader(stop=70))
+    assert len(read_evidence(col.root, {"classifier": "fake"})) == 64  # two chunks of 32
+    again = _Reader(stop=10**6)
+    got = photo_evidence(col, again)
+    assert again.read_photos == 16  # only what the stopped run had not recorded
+    assert [ev.classes[0][0] for ev in got] == [i % 3 for i in range(80)]
+
+
+def test_config_fields_of_the_wrong_type_are_one_error(tmp_path: Path) -> None:
+    m = model()
+    m.save_pretrained(tmp_path / "m")
+    cfg_path = tmp_path / "m" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    for field, value in [("face_unit", "yes"), ("item_top_k", 2.5), ("presence_bias", "6"),
+                         ("image_size", True), ("class_synonyms", [1, 2, 3])]:  # fmt: skip
+        cfg_path.write_text(json.dumps({**cfg, field: value}))
+        with pytest.raises(SparsemmError, match=rf"malformed \({field} must be of type"):
+            ImageNetConceptModel.from_pretrained(tmp_path / "m")
 
 
 def test_packaged_class_texts_and_defaults() -> None:

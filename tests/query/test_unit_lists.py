@@ -125,6 +125,24 @@ def test_lists_round_trip_and_refuse_damage(setup) -> None:
         UnitLists.load(root)
 
 
+def test_lists_without_checksums_are_not_trusted(setup) -> None:
+    """Lists whose checksums were removed and bounds zeroed once gave a wrong top 10 with a
+    warning about an older version; lists without checksums are now refused (the searcher
+    then goes without them, exact)."""
+    _det, _codes, _index, _full, _text, lists, tmp = setup
+    root = tmp / "col-unchecked"
+    root.mkdir()
+    lists.save(root)
+    folder = root / "unit_lists"
+    np.save(folder / "ub.npy", np.zeros_like(lists.ub), allow_pickle=False)
+    np.save(folder / "theta.npy", np.zeros_like(lists.theta), allow_pickle=False)
+    meta = json.loads((folder / "meta.json").read_text())
+    del meta["sha256"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(SparsemmError, match="records no checksums"):
+        UnitLists.load(root)
+
+
 def test_list_length_scales_with_the_collection() -> None:
     assert list_length(500) == 500
     assert list_length(100_000) == 1562

@@ -111,3 +111,27 @@ def test_cli_invalid_utf8_in_a_query_is_not_a_traceback(toy_collection: Path, cl
     assert res.out.startswith("query: dog  but not: cat")
     res = cli("search", str(toy_collection), "\udcff\udcfe")
     res.one_line_error("empty query")
+
+
+def test_exclusion_only_queries_and_stray_quotes_are_searched_as_documented(
+    toy_collection: Path, cli: Any, client: TestClient
+) -> None:
+    """reliability.md once listed an exclusion-only query and an unbalanced quote among the
+    refused queries; neither is. "no dog" ranks by absence (README); a stray double quote
+    is dropped and the words are searched as written. The table now says so."""
+    body = client.get("/api/search", params={"q": "no dog", "k": 24}).json()
+    assert body["query"]["include"] == [] and body["query"]["exclude"] == ["dog"]
+    assert body["hits"] and not [h for h in body["hits"][:5] if "dog" in ITEMS[h["id"]]]
+    res = cli("search", str(toy_collection), "no dog", "-k", "3")
+    assert res.code == 0 and res.out.strip(), res.err
+    plain = client.get("/api/search", params={"q": "dog but not cat"}).json()
+    for stray in ('dog but not "cat', '"dog but not cat', "dog but not cat\u201d"):
+        got = client.get("/api/search", params={"q": stray})
+        assert got.status_code == 200, got.text
+        assert got.json()["query"] == plain["query"] and got.json()["hits"] == plain["hits"]
+        res = cli("search", str(toy_collection), stray, "-k", "3")
+        assert res.code == 0, res.err
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text()
+    refused = next(line for line in doc.splitlines() if line.startswith("| empty, whitespace"))
+    assert "only-excluding" not in refused and "unbalanced quote" not in refused
+    assert "| a query that only excludes" in doc and "| an unbalanced double quote" in doc

@@ -59,7 +59,8 @@ def test_uploads_beyond_the_decode_slots_are_told_to_retry(
 ) -> None:
     draw(["pizza"], tmp_path / "q.png")
     query = (tmp_path / "q.png").read_bytes()
-    held = [images._decode_slots.acquire(blocking=False) for _ in range(images.DECODE_SLOTS)]
+    budget = images.decode_budget
+    held = [budget.take(1) for _ in range(images.DECODE_SLOTS)]
     try:
         assert all(held)
         r = client.post("/api/search/image", content=query)
@@ -67,7 +68,7 @@ def test_uploads_beyond_the_decode_slots_are_told_to_retry(
         assert "try again" in r.json()["error"]
     finally:
         for _ in held:
-            images._decode_slots.release()
+            budget.give_back(1)
     r = client.post("/api/search/image", content=query)
     assert r.status_code == 200, r.text
 
@@ -75,21 +76,21 @@ def test_uploads_beyond_the_decode_slots_are_told_to_retry(
 def test_concurrent_decodes_never_exceed_the_slots(monkeypatch: pytest.MonkeyPatch) -> None:
     inside, most = 0, 0
     lock = threading.Lock()
-    real_open = Image.open
+    real_thumbnail = Image.Image.thumbnail
 
-    def slow_open(fp, *a, **kw):  # type: ignore[no-untyped-def]
+    def slow_thumbnail(img, *a, **kw):  # type: ignore[no-untyped-def]
         nonlocal inside, most
         with lock:
             inside += 1
             most = max(most, inside)
         try:
             threading.Event().wait(0.05)
-            return real_open(fp, *a, **kw)
+            return real_thumbnail(img, *a, **kw)
         finally:
             with lock:
                 inside -= 1
 
-    monkeypatch.setattr(Image, "open", slow_open)
+    monkeypatch.setattr(Image.Image, "thumbnail", slow_thumbnail)
     data = _png((64, 48), "RGB")
     results: list[str] = []
 
@@ -123,3 +124,56 @@ def test_a_form_upload_is_accepted(client: TestClient, tmp_path: Path) -> None:
     assert r.status_code == 400 and "curl -F image=@photo.jpg" in r.json()["error"]
     with pytest.raises(SparsemmError, match="no image file"):
         images.upload_bytes(b"--b--\r\n", "multipart/form-data; boundary=b")
+
+
+def test_uploads_just_under_the_cap_share_one_pixel_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight clients posting 3-KB PNGs of 23.9 megapixels once decoded two at a time without
+    pause (204 -> 17 req/s for the searches, 1.3 GB): the decode slots share a budget of
+    pixels in flight (one image at the cap) and per second."""
+    monkeypatch.setattr(images, "decode_budget", images.PixelBudget())
+    inside, most = 0, 0
+    lock = threading.Lock()
+    real_thumbnail = Image.Image.thumbnail
+
+    def slow_thumbnail(img, *a, **kw):  # type: ignore[no-untyped-def]
+        nonlocal inside, most
+        with lock:
+            inside += 1
+            most = max(most, inside)
+        try:
+            threading.Event().wait(0.1)
+            return real_thumbnail(img, *a, **kw)
+        finally:
+            with lock:
+                inside -= 1
+
+    monkeypatch.setattr(Image.Image, "thumbnail", slow_thumbnail)
+    big = _png((5656, 4226))  # 23.9 MP, just under the cap
+    assert len(big) < 5000
+    results: list[str] = []
+    start = threading.Barrier(8)
+
+    def one() -> None:
+        start.wait()
+        try:
+            images.decode_upload(big)
+            results.append("ok")
+        except images.DecodeBusy:
+            results.append("busy")
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most == 1 and results.count("ok") == 1, (most, results)
+    # the rate: a burst of two images at the cap, then about one a second
+    budget = images.PixelBudget()
+    for _ in range(2):
+        assert budget.take(23_900_000)
+        budget.give_back(23_900_000)
+    assert not budget.take(23_900_000)  # a third at once: wait for the rate
+    budget = images.PixelBudget()
+    assert budget.take(10_000_000) and budget.take(10_000_000)  # two phone photos at once
+    assert not budget.take(10_000_000)  # a third would pass the pixels in flight
+    assert budget.decoding == (2, 20_000_000)

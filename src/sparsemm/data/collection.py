@@ -54,6 +54,8 @@ FORMAT = "sparsemm.collection"
 VERSION = 1  # the format this sparsemm writes
 MIN_VERSION = 1  # the oldest format it still reads
 SKIPPED = "skipped.jsonl"
+# manifest["source"]["kind"] of a collection `sparsemm up` keeps for a photo folder
+UP_SOURCE_KIND = "photo folder (sparsemm up)"
 
 
 @dataclass

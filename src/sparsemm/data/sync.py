@@ -21,7 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from sparsemm.data.collection import Collection, collection_lock, open_collection, write_collection
+from sparsemm.data.collection import (
+    UP_SOURCE_KIND,
+    Collection,
+    collection_lock,
+    open_collection,
+    write_collection,
+)
 from sparsemm.data.encode import encode_images_skipping, encoder_info
 from sparsemm.data.sources import Item, image_key, read_image_folder, read_items
 from sparsemm.encoders.base import l2_normalize
@@ -466,7 +472,7 @@ def _sync(
     manifest_extra = {
         "image_kind": "pixels",
         "orientation": ORIENTATION_MARK,
-        "source": {"path": str(Path(source).resolve()), "kind": "photo folder (sparsemm up)"},
+        "source": {"path": str(Path(source).resolve()), "kind": UP_SOURCE_KIND},
     }
     report.collection = write_collection(
         out,

@@ -400,6 +400,7 @@ class InvertedIndex(Store):
         # plain scan: same results, kept for benchmarks and tests that compare the two.
         self.pruning = True
         self._local = threading.local()
+        self._in_memory = False
         self._set_state(manifest, segments)
 
     # ----- construction ---------------------------------------------------------------------
@@ -509,14 +510,45 @@ class InvertedIndex(Store):
         return cls(root, manifest, segments)
 
     @classmethod
-    def open(cls, path: str | Path, *, block_rows: int = BLOCK) -> InvertedIndex:
-        """Open an index folder; arrays are memory-mapped read-only.
+    def open(
+        cls, path: str | Path, *, block_rows: int = BLOCK, in_memory: bool = False
+    ) -> InvertedIndex:
+        """Open an index folder; arrays are memory-mapped read-only, or with ``in_memory``
+        read into memory (a long-running server: a segment file cut short in place by
+        another process then cannot end it with SIGBUS; see :meth:`check_files`).
 
         ``block_rows``: rows per scoring block (a tuning knob; results do not depend on it).
         """
         root = Path(path)
-        manifest, segments = _read_index(root)
-        return cls(root, manifest, segments, block_rows=block_rows)
+        manifest, segments = _read_index(root, in_memory=in_memory)
+        index = cls(root, manifest, segments, block_rows=block_rows)
+        index._in_memory = in_memory
+        return index
+
+    @property
+    def in_memory(self) -> bool:
+        """Segments are read into memory (:meth:`open`'s ``in_memory``), not mapped."""
+        return self._in_memory
+
+    def hold_in_memory(self) -> None:
+        """Read the segments of the version this index shows into memory (instead of
+        mapping them) from now on; reloads and commits read them so too. Derived lists
+        (dense rows, impacts) are built again on first use."""
+        if self._in_memory:
+            return
+        loaded, start = [], 0
+        for meta in self._manifest["segments"]:
+            try:
+                seg = load_segment(self._root, meta, start, self._dim, in_memory=True)
+            except FileNotFoundError as exc:
+                raise SparsemmError(
+                    f"index {self._root} changed while being read into memory ({exc}); "
+                    "open it again"
+                ) from exc
+            loaded.append(seg)
+            start += seg.count
+        self._in_memory = True
+        self._set_state(self._manifest, loaded)
 
     def warm(
         self, approx: float | None = None, quantized: bool = False, pages: bool = True
@@ -545,21 +577,23 @@ class InvertedIndex(Store):
                 s.approx_lists(a)
 
     def check_files(self) -> None:
-        """SparsemmError when a mapped segment file changed size since it was mapped (cut
-        short in place while the index is open): reading it would end the process with a
-        bus error. A server calls this before each search (a few stat calls)."""
+        """SparsemmError when a segment file changed on disk since it was read: cut short
+        in place while mapped (reading it would end the process with a bus error), or
+        rewritten with content that no longer matches its checksum (same size, other
+        values: what a fresh process refuses). A server calls this before each search (a
+        few stat calls; a file whose stat changed is hashed again, once per version)."""
         for seg in self._segments:
             changed = seg.changed_files()
             if changed:
+                path, how = changed[0]
                 raise SparsemmError(
-                    f"index {self._root}: {Path(changed[0]).parent.name}/"
-                    f"{Path(changed[0]).name} changed size on disk while open (overwritten in "
-                    "place?); rebuild the index with `sparsemm index`"
+                    f"index {self._root}: {Path(path).parent.name}/{Path(path).name} {how}; "
+                    "rebuild the index with `sparsemm index`"
                 )
 
     def reload(self) -> None:
         """Re-read the folder to see commits made by other writers since opening."""
-        manifest, segments = _read_index(self._root)
+        manifest, segments = _read_index(self._root, in_memory=self._in_memory)
         self._set_state(manifest, segments)
 
     def _set_state(self, manifest: dict[str, Any], segments: list[Segment]) -> None:
@@ -772,7 +806,9 @@ class InvertedIndex(Store):
         kept = {s.name: s for s in self._segments}
         loaded, start = [], 0
         for meta in segments:
-            seg = kept.get(meta["name"]) or load_segment(self._root, meta, start, self._dim)
+            seg = kept.get(meta["name"]) or load_segment(
+                self._root, meta, start, self._dim, self._in_memory
+            )
             loaded.append(seg)
             start += seg.count
         self._set_state(manifest, loaded)
@@ -1187,7 +1223,9 @@ def check_k(k: Any) -> int:
     return int(k)
 
 
-def _read_index(root: Path, attempts: int = 5) -> tuple[dict[str, Any], list[Segment]]:
+def _read_index(
+    root: Path, attempts: int = 5, in_memory: bool = False
+) -> tuple[dict[str, Any], list[Segment]]:
     """Read manifest + segments; retry if a concurrent merge removed a segment meanwhile."""
     if not (root / MANIFEST).is_file():
         raise SparsemmError(
@@ -1200,7 +1238,7 @@ def _read_index(root: Path, attempts: int = 5) -> tuple[dict[str, Any], list[Seg
         try:
             segments, start = [], 0
             for meta in manifest["segments"]:
-                seg = load_segment(root, meta, start, int(manifest["dim"]))
+                seg = load_segment(root, meta, start, int(manifest["dim"]), in_memory)
                 segments.append(seg)
                 start += seg.count
         except FileNotFoundError as exc:
@@ -1232,6 +1270,11 @@ def _check_manifest(root: Path, manifest: Any) -> None:
         )
     if not isinstance(manifest.get("segments"), list) or int(manifest.get("dim", 0)) < 1:
         raise SparsemmError(f"{root}/{MANIFEST} is malformed; rebuild the index")
+    count = manifest.get("count")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise SparsemmError(
+            f"{root}/{MANIFEST} has no valid item count ({str(count)[:40]}); rebuild the index"
+        )
     for seg in manifest["segments"]:
         counts = [seg.get(k) for k in ("count", "nnz")] if isinstance(seg, dict) else [None]
         if (

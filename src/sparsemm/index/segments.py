@@ -180,9 +180,12 @@ class Segment:
     row_vals: np.ndarray
     ids: list[str]
     list_stats: np.ndarray | None = None
-    # (file, size in bytes when mapped): a file cut short in place (cp or rsync --inplace
-    # over a live index) would end a read of its mapped pages with SIGBUS
-    files: tuple[tuple[str, int], ...] = ()
+    # (file, inode, size, mtime_ns, SHA-256 or None) of each file as it was read: a file
+    # cut short in place (cp or rsync --inplace over a live index) would end a read of its
+    # mapped pages with SIGBUS, and one overwritten with other values of the same size
+    # would be served as it is; ``check_files`` compares before each served request
+    files: tuple[tuple[str, int, int, int, str | None], ...] = ()
+    in_memory: bool = False  # arrays read into memory (no map a truncation can break)
     _dense: tuple[np.ndarray, np.ndarray] | None = field(
         default=None, init=False, repr=False, compare=False
     )
@@ -219,15 +222,45 @@ class Segment:
             return np.zeros(len(self.post_indptr) - 1, np.bool_)
         return self.list_stats[3] > 0
 
-    def changed_files(self) -> list[str]:
-        """Mapped files whose size is no longer what it was when mapped (or that are gone)."""
+    def changed_files(self) -> list[tuple[str, str]]:
+        """(file, how) for the files that changed on disk since they were read and no longer
+        hold what was read: gone, cut short or grown (a mapped read of it could end the
+        process with SIGBUS), or rewritten with content that does not match the file's
+        checksum. A file whose inode, size or mtime changed is hashed again (once per new
+        version per process); one that still matches its checksum (touched, or restored
+        byte for byte) is accepted. Without a checksum, any change counts."""
         out = []
-        for path, size in self.files:
+        files = list(self.files)
+        for i, (path, ino, size, mtime, digest) in enumerate(files):
             try:
-                if os.stat(path).st_size != size:
-                    out.append(path)
+                st = os.stat(path)
             except OSError:
-                out.append(path)
+                out.append((path, "is gone"))
+                continue
+            if (st.st_ino, st.st_size, st.st_mtime_ns) == (ino, size, mtime):
+                continue
+            if st.st_size != size:  # no checksum to match: say what a user can check
+                out.append((path, "changed size on disk while open (overwritten in place?)"))
+                continue
+            key = (path, st.st_ino, st.st_size, st.st_mtime_ns, str(digest))
+            with VERIFIED_LOCK:
+                known = key in VERIFIED
+            try:
+                same = digest is not None and (known or sha256_file(path) == digest)
+            except (OSError, SparsemmError):
+                same = False
+            if not same:
+                how = "changed on disk while open" + (
+                    f" and no longer matches its checksum in {MANIFEST}"
+                    if digest is not None
+                    else ""
+                )
+                out.append((path, how + " (overwritten in place?)"))
+                continue
+            with VERIFIED_LOCK:
+                VERIFIED.add(key)
+            files[i] = (path, st.st_ino, st.st_size, st.st_mtime_ns, digest)
+        self.files = tuple(files)
         return out
 
     def dense_lists(self) -> tuple[np.ndarray, np.ndarray]:
@@ -423,22 +456,33 @@ def read_segment_file(path: Path, read: Callable[[Path], Any]) -> Any:
         raise
 
 
-def load_segment(root: Path, meta: dict[str, Any], start: int, dim: int) -> Segment:
-    """Map one segment and check its layout; FileNotFoundError if any of its files is gone."""
+def load_segment(
+    root: Path, meta: dict[str, Any], start: int, dim: int, in_memory: bool = False
+) -> Segment:
+    """Map one segment (``in_memory``: read it into memory) and check its layout;
+    FileNotFoundError if any of its files is gone."""
     folder = root / str(meta["name"])
     if not folder.is_dir():
         raise FileNotFoundError(folder)
     digests = meta.get("sha256")
-    verify_segment_files(root, folder, digests)
     layout = segment_layout(folder, digests)
+    # each file's version before it is verified and read: a change after this is seen by
+    # Segment.changed_files (and the new content hashed)
+    versions = {}
+    for fname in SEG_FILES[layout]:
+        st = read_segment_file(folder / fname, os.stat)
+        versions[fname] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    verify_segment_files(root, folder, digests)
     arrs = {}
     rows_t: Any
     dims_t: Any
     for name in ARRAYS[layout]:
-        # plain read-only ndarray view of the memory map
+        # plain read-only ndarray view of the memory map, or an array read into memory
         arrs[name] = np.asarray(
-            read_segment_file(folder / f"{name}.npy", lambda p: load_npy(p, mmap=True))
+            read_segment_file(folder / f"{name}.npy", lambda p: load_npy(p, mmap=not in_memory))
         )
+        if in_memory:
+            arrs[name].flags.writeable = False
     ids = read_segment_file(folder / "ids.json", read_json)
     count, nnz = int(meta["count"]), int(meta["nnz"])
     if layout >= 2:
@@ -515,8 +559,14 @@ def load_segment(root: Path, meta: dict[str, Any], start: int, dim: int) -> Segm
         ids=ids,
         list_stats=stats,
         files=tuple(
-            (str(f), f.stat().st_size) for f in sorted(folder.iterdir()) if f.suffix == ".npy"
+            (
+                str(folder / fname),
+                *versions[fname],
+                str(digests[fname]) if isinstance(digests, dict) else None,
+            )
+            for fname in SEG_FILES[layout]
         ),
+        in_memory=in_memory,
         **arrs,
     )
 

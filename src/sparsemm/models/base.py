@@ -49,7 +49,15 @@ from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import atomic_open, fsync_dir, read_json, replace_dir, write_error, write_json
+from sparsemm.io import (
+    atomic_open,
+    fsync_dir,
+    json_sha256,
+    read_json,
+    replace_dir,
+    write_error,
+    write_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +118,31 @@ def weights_file_bytes(
     return data, hashlib.sha256(data).hexdigest()
 
 
+_SCALARS: dict[str, tuple[type, ...]] = {"bool": (bool,), "int": (int,), "float": (int, float)}
+
+
+def check_field_types(config: Any) -> None:
+    """ValueError naming the first field of a config dataclass whose value is not of its
+    declared scalar type (bool, int, float, str; a tuple of str): a config.json edited to
+    ``"face_unit": "yes"`` is refused when loaded, not at the first use of the field. A
+    bool is no int or float here, and a float must be finite."""
+    import math
+
+    for f in dataclasses.fields(config):
+        value, kind = getattr(config, f.name), str(f.type)
+        if kind in _SCALARS:
+            ok = isinstance(value, _SCALARS[kind]) and (kind == "bool" or type(value) is not bool)
+            ok = ok and not (isinstance(value, float) and not math.isfinite(value))
+        elif kind == "str":
+            ok = isinstance(value, str)
+        elif kind == "tuple[str, ...]":
+            ok = isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+        else:
+            continue
+        if not ok:
+            raise ValueError(f"{f.name} must be of type {kind}, got {value!r}"[:160])
+
+
 def check_weights(
     d: Path, want: Any, digest: str | None, state: Mapping[str, torch.Tensor]
 ) -> None:
@@ -135,6 +168,21 @@ def check_weights(
             "checked; save it again to add one",
             d,
         )
+
+
+def config_digest(model_dir: str | Path) -> str | None:
+    """SHA-256 (canonical JSON) of a saved model's settings: its config.json without the
+    weights checksum and the training record, so retraining with the same settings keeps
+    it. An index records it and a searcher compares (an edited ``presence_bias`` once moved
+    a cat to 98% "dog" without a word). None without a readable config.json."""
+    path = pair_dir(model_dir) / CONFIG_FILE
+    try:
+        raw = read_json(path)
+    except (SparsemmError, OSError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    return json_sha256({k: v for k, v in raw.items() if k not in (DIGEST_KEY, TRAINING_KEY)})
 
 
 def _pid_alive(pid: int) -> bool:

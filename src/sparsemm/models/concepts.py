@@ -50,7 +50,7 @@ from torch import nn
 
 from sparsemm.data.sources import image_key
 from sparsemm.errors import SparsemmError
-from sparsemm.models.base import PretrainedMixin
+from sparsemm.models.base import PretrainedMixin, check_field_types
 from sparsemm.text import TERM_TEMPLATE  # the query side embeds terms with the same template
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,7 @@ class ConceptConfig:
     broader_share: float = 1.0
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # "face_unit": "yes" is refused here, not at its first use
         # config.json stores a list; the frozen config keeps a tuple either way
         object.__setattr__(self, "class_synonyms", tuple(str(s) for s in self.class_synonyms))
         if not self.class_synonyms:
@@ -816,6 +817,7 @@ EVIDENCE_FILE = "evidence.json"  # in COLLECTION/concepts, keyed like the norms
 EVIDENCE_FORMAT = "sparsemm.concept-evidence"
 EVIDENCE_TOP = 20  # class probabilities kept per photo
 FACE_MAX_SIDE = 800  # photos are shrunk to this before face detection
+EVIDENCE_CHUNK = 32  # photos read between two writes of the evidence file
 
 
 def evidence_source(model: ImageNetConceptModel) -> dict[str, Any]:
@@ -923,13 +925,33 @@ def read_evidence(collection_root: str | Path, source: dict[str, Any]) -> dict[s
     if data.get("source") != source:
         return {}
     out: dict[str, PhotoEvidence] = {}
-    items = data.get("items")
+    items, checks = data.get("items"), data.get("sha256")
+    checks = checks if isinstance(checks, dict) else {}
+    unchecked = 0
     for key, entry in items.items() if isinstance(items, dict) else []:
+        if checks.get(key) != evidence_entry_digest(key, entry):
+            unchecked += 1  # edited, swapped with another photo's, or from before checksums
+            continue
         try:
             out[str(key)] = PhotoEvidence.from_json(entry)
         except (ValueError, TypeError):
             continue  # a damaged entry is computed again
+    if unchecked:
+        log.warning(
+            "%s: %d photo(s) have no valid checksum for their evidence (edited, damaged or "
+            "written by an older sparsemm); it is computed again",
+            path,
+            unchecked,
+        )
     return out
+
+
+def evidence_entry_digest(key: str, entry: Any) -> str:
+    """The checksum of one photo's evidence, tied to its image key: an entry moved to
+    another photo, or edited, no longer matches it."""
+    from sparsemm.io import json_sha256
+
+    return json_sha256([key, entry])[:32]
 
 
 def record_evidence(
@@ -943,13 +965,15 @@ def record_evidence(
     merged = {**read_evidence(root, source), **fresh}
     live = _live_keys(root)
     (root / NORMS_DIR).mkdir(exist_ok=True)
+    items = {k: v.to_json() for k, v in sorted(merged.items()) if k in live}
     write_json(
         root / NORMS_DIR / EVIDENCE_FILE,
         {
             "format": EVIDENCE_FORMAT,
             "version": 1,
             "source": source,
-            "items": {k: v.to_json() for k, v in sorted(merged.items()) if k in live},
+            "items": items,
+            "sha256": {k: evidence_entry_digest(k, v) for k, v in items.items()},
         },
     )
 
@@ -974,11 +998,23 @@ def photo_evidence(
     missing = [i for i, k in enumerate(keys) if k not in known]
     if missing:
         log.info("reading concepts in %d photos", len(missing))
-        got = reader.read([collection.items[i]["image"] for i in missing], progress=progress)
-        fresh = {keys[i]: ev for i, ev in zip(missing, got, strict=True)}
+    # recorded every EVIDENCE_CHUNK photos, so a run stopped midway resumes where it was
+    from tqdm.auto import tqdm
+
+    writable = True
+    bar = tqdm(total=len(missing), desc="classes and faces", disable=not progress, unit="img")
+    for at in range(0, len(missing), EVIDENCE_CHUNK):
+        part = missing[at : at + EVIDENCE_CHUNK]
+        got = reader.read([collection.items[i]["image"] for i in part])
+        bar.update(len(part))
+        fresh = {keys[i]: ev for i, ev in zip(part, got, strict=True)}
         known.update(fresh)
+        if not writable:
+            continue
         try:
             record_evidence(collection.root, fresh, reader.source)
         except OSError as exc:  # a read-only collection still gets its codes
             log.warning("could not record the photo evidence in %s (%s)", collection.root, exc)
+            writable = False
+    bar.close()
     return [known[k] for k in keys]

@@ -286,6 +286,7 @@ def index_collection(
     from sparsemm.data.collection import open_collection
     from sparsemm.index import InvertedIndex
     from sparsemm.linalg import normalize_rows
+    from sparsemm.models.base import config_digest
     from sparsemm.models.detectors import model_weights_sha256
     from sparsemm.query.code_models import load_code_model
     from sparsemm.query.indexing import build_index
@@ -304,9 +305,10 @@ def index_collection(
     if index is not None:
         meta = index.meta or {}
         ids, n_old = col.ids, len(index)
-        same_model = meta.get("model") == str(model_dir.resolve()) and meta.get("model_sha256") in (
-            None,
-            model_weights_sha256(model_dir),
+        same_model = (
+            meta.get("model") == str(model_dir.resolve())
+            and meta.get("model_sha256") in (None, model_weights_sha256(model_dir))
+            and meta.get("model_config_sha256") in (None, config_digest(model_dir))
         )
         prefix = list(index.ids) == ids[:n_old]
         model = load_code_model(model_dir, int(meta.get("top_k") or 0) or None)

@@ -19,7 +19,7 @@ from sparsemm.data.collection import open_collection
 from sparsemm.errors import SparsemmError
 from sparsemm.index import InvertedIndex
 from sparsemm.linalg import normalize_rows
-from sparsemm.models.base import check_encoders
+from sparsemm.models.base import check_encoders, config_digest
 from sparsemm.models.detectors import model_weights_sha256
 from sparsemm.models.lit import LinearAligner
 from sparsemm.query import unit_lists
@@ -85,6 +85,8 @@ def build_index(
         "model": str(Path(model_dir).resolve()),
         # which weights: a model retrained in the same folder is a different model
         "model_sha256": model_weights_sha256(model_dir),
+        # and which settings: an edited config.json is refused by the Searcher
+        "model_config_sha256": config_digest(model_dir),
         "model_type": model.kind,
         "spine": str(Path(spine_dir).resolve()) if spine_dir is not None else None,
         "top_k": model.top_k,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from sparsemm.data.collection import Collection, open_collection
+from sparsemm.data.collection import UP_SOURCE_KIND, Collection, open_collection
 from sparsemm.data.sources import text_name
 from sparsemm.encoders.base import CachedTextEncoder, get_encoder
 from sparsemm.encoders.batching import MAX_BATCH, BatchingTextEncoder
@@ -31,7 +32,7 @@ from sparsemm.index import Exclusion, InvertedIndex
 from sparsemm.index.store import Store
 from sparsemm.io import read_json
 from sparsemm.linalg import normalize_rows
-from sparsemm.models.base import check_encoders
+from sparsemm.models.base import check_encoders, config_digest
 from sparsemm.models.lit import AlignedTextEncoder, LinearAligner
 from sparsemm.query.code_models import load_code_model
 from sparsemm.query.hits import Answer, Concept, ExcludedCheck, Explainer, Hit, term_evidence
@@ -92,6 +93,14 @@ def _rebuild_hint(collection_dir: str | Path, root: Path) -> str:
     return f"`{cmd}`, or for a folder made by `sparsemm up`, run `sparsemm up` again"
 
 
+def _up_photos(collection: Collection) -> str | None:
+    """The photo folder of a collection made by `sparsemm up` (None for other collections)."""
+    source = collection.manifest.get("source")
+    if isinstance(source, dict) and source.get("kind") == UP_SOURCE_KIND:
+        return str(source.get("path") or "PHOTOS")
+    return None
+
+
 class Searcher:
     """Answer queries over one indexed collection (see the module docstring)."""
 
@@ -101,17 +110,25 @@ class Searcher:
         encoder: Any = None,
         store: Store | None = None,
         image_encoder: Any = None,
+        in_memory: bool = False,
     ) -> None:
         self.collection: Collection = open_collection(collection_dir)
         # collection.root: where open_collection found it (a crash may have parked it aside)
         root = self.collection.root / INDEX_DIR
         if not (root / "manifest.json").is_file():
+            photos = _up_photos(self.collection)
+            if photos is not None:  # `up` was stopped between the collection and the index
+                raise SparsemmError(
+                    f"{collection_dir} has no index yet (was `sparsemm up` interrupted?); run "
+                    f"`sparsemm up {shlex.quote(photos)}` again: it builds the index from the "
+                    "stored embeddings"
+                )
             raise SparsemmError(
                 f"{collection_dir} has no index; build it with `sparsemm index "
                 f"{collection_dir} --model MODEL_DIR`"
             )
         try:
-            self.index = InvertedIndex.open(root)
+            self.index = InvertedIndex.open(root, in_memory=in_memory)
         except SparsemmError as exc:  # damaged: say how to build it again, with what
             raise SparsemmError(f"{exc} ({_rebuild_hint(collection_dir, root)})") from exc
         if store is not None and (len(store) != len(self.index) or store.dim != self.index.dim):
@@ -148,6 +165,20 @@ class Searcher:
                     "where it is now"
                 )
         self.model = load_code_model(meta["model"], top_k)
+        recorded = meta.get("model_config_sha256")
+        if recorded is not None and recorded != config_digest(meta["model"]):
+            photos = _up_photos(self.collection)
+            again = (
+                f"run `sparsemm up {shlex.quote(photos)}` again"
+                if photos is not None
+                else f"rebuild the index with `sparsemm index {collection_dir} --model "
+                f"{meta['model']}`"
+            )
+            raise SparsemmError(
+                f"the settings in {meta['model']}/config.json changed since the index in "
+                f"{root} was built (their checksum differs from the one the index recorded); "
+                f"restore them, or {again}"
+            )
         self.default_strategy: str = self.model.default_strategy
         check_encoders(
             self.model.training_info, self.collection.manifest, meta["model"], collection_dir

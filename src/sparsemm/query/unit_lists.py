@@ -161,6 +161,8 @@ class UnitLists:
                 f"{folder} was written by another sparsemm (version {meta.get('version')}); "
                 f"{remedy}"
             )
+        if meta.get("sha256") is None:  # derived data: trusted only with its checksums
+            raise SparsemmError(f"{folder} records no checksums of its files; {remedy}")
         check_digests(folder, meta.get("sha256"), _FILES, remedy)
         rows = load_npy(folder / "rows.npy", mmap=True)
         ub = load_npy(folder / "ub.npy", mmap=True)

@@ -132,7 +132,10 @@ def create_app(
     if searcher is None:
         if collection_dir is None:
             raise SparsemmError("create_app needs a collection folder or a Searcher")
-        searcher = Searcher(collection_dir, encoder=encoder)
+        searcher = Searcher(collection_dir, encoder=encoder, in_memory=True)
+    # Segments read into memory, not mapped: a segment file cut short in place while
+    # clients search would end a mapped read (and the server) with SIGBUS.
+    searcher.index.hold_in_memory()
     if batch_texts:
         searcher.batch_text_encoding()
     if warm:
@@ -265,7 +268,8 @@ def create_app(
         data = await request.body()
         if len(data) > MAX_UPLOAD_BYTES:
             raise HTTPException(413, f"the image is larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
-        data = upload_bytes(data, request.headers.get("content-type", ""))
+        # a form is parsed off the event loop too (bounded: MAX_FORM_PARTS parts)
+        data = await run_in_threadpool(upload_bytes, data, request.headers.get("content-type", ""))
         # decoded off the event loop, at most DECODE_SLOTS at once (the rest get 503)
         image = await run_in_threadpool(decode_upload, data)
         return await run_in_threadpool(service.search, params, prefix(request), image)

@@ -275,7 +275,12 @@ class SearchService:
                     # a manifest rewritten with the same segments (e.g. metadata only)
                     self._current = dataclasses.replace(old, stamp=stamp)
                     return
-                new = Searcher(root, encoder=old.searcher._encoder, store=_remote_store(old))
+                new = Searcher(
+                    root,
+                    encoder=old.searcher._encoder,
+                    store=_remote_store(old),
+                    in_memory=old.searcher.index.in_memory,
+                )
                 new.default_strategy = old.searcher.default_strategy
                 _ = new.text_context
                 images = ImageStore.from_collection(new.collection)
@@ -341,7 +346,7 @@ class SearchService:
             raise IndexUnavailable(self._reload_error)
         searcher = self._current.searcher
         if searcher.store is searcher.index:
-            try:  # a mapped file cut short in place would end the process with SIGBUS
+            try:  # a segment file changed on disk: other values than the verified ones
                 searcher.index.check_files()
             except SparsemmError as exc:
                 self._reload_error = str(exc)
