@@ -712,12 +712,14 @@ def test_an_edited_model_config_is_refused_until_up_runs_again(
     assert _up(photos, out, capsys)[0] == 0
     config = out / "model" / "config.json"
     original = json.loads(config.read_text())
-    assert original["presence_bias"] == 1.16
+    from sparsemm.models.concepts import PHOTO_DEFAULTS
+
+    assert original["presence_bias"] == PHOTO_DEFAULTS["presence_bias"]
     config.write_text(json.dumps({**original, "presence_bias": 6}))
     capsys.readouterr()
     assert main(["search", str(out / "collection"), "a cat", "--no-server"]) == 2
     err = _one_error_line(capsys.readouterr().err)
     assert "config.json changed since the index" in err and "sparsemm up" in err
     assert _up(photos, out, capsys)[0] == 0  # writes the model's settings again
-    assert json.loads(config.read_text())["presence_bias"] == 1.16
+    assert json.loads(config.read_text())["presence_bias"] == PHOTO_DEFAULTS["presence_bias"]
     assert main(["search", str(out / "collection"), "a cat", "--no-server"]) == 0
