@@ -186,7 +186,7 @@ def test_verification_templates_parse_as_intended() -> None:
     assert all(q["relevant"] for q in cats)
 
 
-@pytest.mark.parametrize("name", ["real_photos", "coco_concepts"])
+@pytest.mark.parametrize("name", ["real_photos", "coco_concepts", "photo_calibration", "people"])
 def test_benchmark_scripts_import(name: str) -> None:
     sys.path.insert(0, str(BENCH))
     try:
@@ -217,3 +217,31 @@ def test_no_photo_is_in_two_labelled_files() -> None:
                     ]
                 ), f"{src['package']} is a source of {path.name} and {packages[src['package']]}"
             packages.setdefault(src["package"], path.name)
+
+
+def test_the_calibration_fit_recovers_a_known_calibration() -> None:
+    """photo_calibration.fit on pairs drawn from a known presence calibration finds it
+    again, its reliability table has a small ECE, and a poor calibration a large one."""
+    import numpy as np
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import photo_calibration as pc
+    finally:
+        sys.path.remove(str(BENCH))
+    rng = np.random.default_rng(0)
+    n = 20_000
+    e_w = rng.beta(0.4, 2.0, n)
+    e_r = np.clip(e_w + rng.beta(0.3, 3.0, n), 0, 1)
+    zeros = np.zeros(n)
+    pairs = pc.Pairs(
+        word=np.array(["w"] * n), photo=np.arange(n).astype(str), source=np.array(["s"] * n),
+        y=zeros, e_whole=e_w, e_region=e_r, face=zeros, broader=zeros.astype(int),
+    )  # fmt: skip
+    p_true = pc.predict(pairs, 0.8, 0.5, 0.5)
+    pairs.y = (rng.random(n) < p_true).astype(int)
+    got = pc.fit(pairs, (0.0, 0.5, 1.0))
+    assert got["lam"] == 0.5 and abs(got["a"] - 0.8) < 0.1 and abs(got["b"] - 0.5) < 0.15
+    assert pc.reliability(pairs.y, p_true)["ece"] < 0.02
+    assert pc.reliability(pairs.y, np.clip(p_true + 0.2, 0, 1))["ece"] > 0.15
+    assert pc.auc(pairs.y, p_true) > 0.7
