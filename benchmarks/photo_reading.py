@@ -121,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         from sparsemm.io import write_json
 
         args.out.mkdir(parents=True, exist_ok=True)
-        write_json(args.out / "config.json", {**vars(args), "photos": str(args.photos)})
+        write_json(
+            args.out / "config.json",
+            {**vars(args), "photos": str(args.photos), "out": str(args.out)},
+        )
         write_json(args.out / "metrics.json", metrics)
     return 0
 

@@ -159,7 +159,12 @@ def test_evidence_recorded_without_the_orientation_mark_is_read_again(tmp_path: 
     old_source = {"classifier": "x"}
     (tmp_path / "concepts").mkdir()
     from sparsemm.io import write_json
-    from sparsemm.models.concepts import EVIDENCE_FILE, EVIDENCE_FORMAT, NORMS_DIR
+    from sparsemm.models.concepts import (
+        EVIDENCE_FILE,
+        EVIDENCE_FORMAT,
+        NORMS_DIR,
+        evidence_entry_digest,
+    )
 
     assert NORMS_DIR == "concepts"
     write_json(
@@ -175,6 +180,7 @@ def test_evidence_recorded_without_the_orientation_mark_is_read_again(tmp_path: 
             "version": 1,
             "source": old_source,
             "items": {"k": {"c": [[1, 0.5]], "f": []}},
+            "sha256": {"k": evidence_entry_digest("k", {"c": [[1, 0.5]], "f": []})},
         },
     )
     assert set(read_evidence(tmp_path, old_source)) == {"k"}
