@@ -128,3 +128,14 @@ def test_a_second_searcher_answers_seen_terms_without_its_encoder(
     assert got == want
     assert FashionWords.calls == before
     assert not second.encoder.loaded
+
+
+def test_an_attribute_error_while_building_the_encoder_is_raised_not_recursed(
+    tmp_path: Path,
+) -> None:
+    def factory() -> Counting:
+        raise AttributeError("no text_dim")
+
+    stored = StoredTextEncoder(factory, TextEmbeddingStore(tmp_path, RECORD), "minilm", 4)
+    with pytest.raises(AttributeError):
+        stored.encode_text(["a never seen text"])

@@ -14,7 +14,8 @@ On disk (``$SPARSEMM_TEXT_STORE/<key>/``, else ``text-embeddings/<key>/`` under
 ``index.json`` (the encoder record, and per text its chunk, row and last use) and
 ``chunk-*.npy`` files, one per batch of texts embedded together, float32 ``(n, dim)``, read
 with ``allow_pickle=False``. Every write is atomic (temp file, then rename). The store keeps
-at most ``max_entries`` texts, dropping the least recently used; a chunk no text refers to
+at most ``max_entries`` texts, dropping the least recently used (a use is written with the
+next new text, or at once when the store is nine-tenths full); a chunk no text refers to
 any more is deleted. A damaged index or chunk is ignored with a warning and the store
 starts again empty. Two processes writing at once lose at most the other's newest texts
 (the last index written wins); nothing is ever read half-written.
@@ -232,9 +233,10 @@ class TextEmbeddingStore:
             self._write()
 
     def touch(self) -> None:
-        """Write the last uses :meth:`get` updated (the least recently used go first)."""
+        """Write the last uses :meth:`get` updated, once the store is nine-tenths full (only
+        then do they choose what goes; below that a hit costs no write)."""
         with self._lock:
-            if self._entries is not None and self._entries:
+            if self._entries and len(self._entries) >= 0.9 * self.max_entries:
                 self._write()
 
     def _evict(self) -> None:
@@ -307,7 +309,8 @@ class StoredTextEncoder:
         return self._base is not None
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
+        # "base" arrives here when building the encoder raised AttributeError: no recursion
+        if name.startswith("_") or name == "base":
             raise AttributeError(name)
         return getattr(self.base, name)
 

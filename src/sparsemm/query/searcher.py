@@ -245,27 +245,24 @@ class Searcher:
         if self._encoder is None:
             info = self.collection.manifest.get("text_encoder", self.collection.manifest["encoder"])
             kwargs = {"model": info["model"]} if info.get("model") else {}
+            text_dim = self.collection.text_dim
 
             def build() -> Any:
                 enc = get_encoder(str(info["name"]), **kwargs)
-                if int(enc.dim) != self.collection.text_dim:
+                if int(enc.dim) != text_dim:
                     raise SparsemmError(
                         f"the {info['name']} encoder gives {enc.dim}-d vectors but the "
-                        f"collection's texts are {self.collection.text_dim}-d; re-encode the "
-                        "collection"
+                        f"collection's texts are {text_dim}-d; re-encode the collection"
                     )
                 return enc
 
             # Texts embedded before (by any process) come from the user's store: the
             # encoder is built only for a text the store does not hold.
-            record = {**info, "dim": self.collection.text_dim}
-            store = TextEmbeddingStore.for_encoder(record)
+            store = TextEmbeddingStore.for_encoder({**info, "dim": text_dim})
             if store is None:
                 self._encoder = build()
             else:
-                self._encoder = StoredTextEncoder(
-                    build, store, str(info["name"]), self.collection.text_dim
-                )
+                self._encoder = StoredTextEncoder(build, store, str(info["name"]), text_dim)
         return self._encoder
 
     def batch_text_encoding(self, max_batch: int = MAX_BATCH) -> None:
