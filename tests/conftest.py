@@ -14,7 +14,14 @@ def _runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     (sparsemm.pipeline.running): keep the tests' records out of the user's."""
     before = os.environ.get("SPARSEMM_RUNTIME_DIR")
     os.environ["SPARSEMM_RUNTIME_DIR"] = str(tmp_path_factory.mktemp("runtime"))
+    # and the query-text embeddings a search stores (sparsemm.encoders.text_store)
+    store = os.environ.get("SPARSEMM_TEXT_STORE")
+    os.environ["SPARSEMM_TEXT_STORE"] = str(tmp_path_factory.mktemp("text-store"))
     yield
+    if store is None:
+        os.environ.pop("SPARSEMM_TEXT_STORE", None)
+    else:
+        os.environ["SPARSEMM_TEXT_STORE"] = store
     if before is None:
         os.environ.pop("SPARSEMM_RUNTIME_DIR", None)
     else:

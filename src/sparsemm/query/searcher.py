@@ -27,6 +27,7 @@ from sparsemm.data.collection import UP_SOURCE_KIND, Collection, open_collection
 from sparsemm.data.sources import text_name
 from sparsemm.encoders.base import CachedTextEncoder, get_encoder
 from sparsemm.encoders.batching import MAX_BATCH, BatchingTextEncoder
+from sparsemm.encoders.text_store import StoredTextEncoder, TextEmbeddingStore
 from sparsemm.errors import SparsemmError
 from sparsemm.index import Exclusion, InvertedIndex
 from sparsemm.index.store import Store
@@ -275,13 +276,24 @@ class Searcher:
         if self._encoder is None:
             info = self.collection.manifest.get("text_encoder", self.collection.manifest["encoder"])
             kwargs = {"model": info["model"]} if info.get("model") else {}
-            enc = get_encoder(str(info["name"]), **kwargs)
-            if int(enc.dim) != self.collection.text_dim:
-                raise SparsemmError(
-                    f"the {info['name']} encoder gives {enc.dim}-d vectors but the collection's "
-                    f"texts are {self.collection.text_dim}-d; re-encode the collection"
-                )
-            self._encoder = enc
+            text_dim = self.collection.text_dim
+
+            def build() -> Any:
+                enc = get_encoder(str(info["name"]), **kwargs)
+                if int(enc.dim) != text_dim:
+                    raise SparsemmError(
+                        f"the {info['name']} encoder gives {enc.dim}-d vectors but the "
+                        f"collection's texts are {text_dim}-d; re-encode the collection"
+                    )
+                return enc
+
+            # Texts embedded before (by any process) come from the user's store: the
+            # encoder is built only for a text the store does not hold.
+            store = TextEmbeddingStore.for_encoder({**info, "dim": text_dim})
+            if store is None:
+                self._encoder = build()
+            else:
+                self._encoder = StoredTextEncoder(build, store, str(info["name"]), text_dim)
         return self._encoder
 
     def batch_text_encoding(self, max_batch: int = MAX_BATCH) -> None:
