@@ -45,7 +45,7 @@ DEMO_QUERIES = (
     "dress but not sandal",
     "coat but not ankle boot",
     "bag but not sneaker",
-    "shirt but not t-shirt",
+    "pullover but not shirt",
     "trousers but not pullover",
 )
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from sparsemm.data.collection import Collection
+from sparsemm.errors import SparsemmError
 from sparsemm.query.hits import Hit
 from sparsemm.query.naming import dimension_word_scores
 from sparsemm.query.parse import parse_query
@@ -152,11 +153,15 @@ def write_demo_report(
         columns: dict[str, list[Any]] = {}
         metrics: dict[str, dict[str, float]] = {}
         hits_of: dict[str, list[Hit]] = {}
-        for name, strategy in methods:
-            hits_of[name] = searcher.search(
-                q, k=n_results, strategy=strategy, **chosen.get(strategy, {})
-            )
-            columns[name], metrics[name] = _column(col, hits_of[name], q.exclude, q.include)
+        try:
+            for name, strategy in methods:
+                hits_of[name] = searcher.search(
+                    q, k=n_results, strategy=strategy, **chosen.get(strategy, {})
+                )
+                columns[name], metrics[name] = _column(col, hits_of[name], q.exclude, q.include)
+        except SparsemmError as exc:  # the model refuses it ("shirt but not t-shirt")
+            log.warning("the report leaves out %r: %s", text, exc)
+            continue
         sr_hits = hits_of[sparse_name]
         # The concept dimensions involved: the include term's strongest dims among the
         # SR results' matches, then each excluded term's dims.
