@@ -47,19 +47,11 @@ class Pairs:
     broader: np.ndarray  # (m,) 0/1: the word is read as a broader thing ("woman": person)
 
 
-def closure(tags: list[str], implies: dict[str, list[str]]) -> set[str]:
-    out, todo = set(tags), list(tags)
-    while todo:
-        for u in implies.get(todo.pop(), []):
-            if u not in out:
-                out.add(u)
-                todo.append(u)
-    return out
-
-
 def build_pairs(searcher: Any, photos: list[dict[str, Any]], implies: dict[str, Any]) -> Pairs:
     """Pairs over ``photos`` (entries of the data files, with ``id`` and ``source``) of the
     collection ``searcher`` serves, for every label word the model reads as one concept."""
+    from real_photos import closure
+
     from sparsemm.concepts.vocabulary import UnknownTerm
     from sparsemm.errors import SparsemmError
 

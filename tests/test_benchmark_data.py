@@ -41,13 +41,13 @@ def test_real_photo_data_is_consistent() -> None:
 
 
 def _closure(tags: list[str], implies: dict[str, list[str]]) -> set[str]:
-    out, todo = set(tags), list(tags)
-    while todo:
-        for u in implies.get(todo.pop(), []):
-            if u not in out:
-                out.add(u)
-                todo.append(u)
-    return out
+    """benchmarks/real_photos.py's closure: labels plus all they imply."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from real_photos import closure
+    finally:
+        sys.path.remove(str(BENCH))
+    return closure(tags, implies)
 
 
 def test_photo_pool_is_well_formed() -> None:
