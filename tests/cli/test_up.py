@@ -723,3 +723,17 @@ def test_an_edited_model_config_is_refused_until_up_runs_again(
     assert _up(photos, out, capsys)[0] == 0  # writes the model's settings again
     assert json.loads(config.read_text())["presence_bias"] == PHOTO_DEFAULTS["presence_bias"]
     assert main(["search", str(out / "collection"), "a cat", "--no-server"]) == 0
+
+
+def test_a_word_read_as_a_concept_is_not_called_unknown(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ "selfie" is read as the face unit: no note that it was searched by subword pieces
+    (the text encoder's vocabulary lacks it, but the photo model never embeds it)."""
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    assert _up(photos, out, capsys)[0] == 0
+    assert main(["search", str(out / "collection"), "a selfie", "--no-server"]) == 0
+    err = capsys.readouterr().err
+    assert "searched as a face" in err and "subword" not in err

@@ -731,8 +731,24 @@ class Searcher:
             matches=matches,
             certified=certified,
             notes=notes,
-            unknown_words=self.unknown_words(q),
+            unknown_words=self._unread_words(q, spec.name),
         )
+
+    def _unread_words(self, q: Query, strategy: str) -> list[str]:
+        """:meth:`unknown_words` less the words of terms the match scorer read as concepts
+        (through the hierarchy, not as subword pieces: "selfie" read as a face)."""
+        unknown = self.unknown_words(q)
+        if not unknown or strategy != "match":
+            return unknown
+        read: set[str] = set()
+        strat = self.match_strategy()
+        for t in (*q.include, *q.exclude):
+            try:
+                if strat.reading(t).kind == "concepts":
+                    read.update(tokenize(t))
+            except SparsemmError:
+                continue
+        return [w for w in unknown if w not in read]
 
     @staticmethod
     def _without_excluded_self(hits: list[Hit], own: int) -> list[Hit]:
