@@ -1006,7 +1006,8 @@ def photo_evidence(
     from tqdm.auto import tqdm
 
     writable = True
-    desc = "classes, regions and faces" if reader.model.config.regions else "classes and faces"
+    regions = getattr(getattr(getattr(reader, "model", None), "config", None), "regions", False)
+    desc = "classes, regions and faces" if regions else "classes and faces"
     bar = tqdm(total=len(missing), desc=desc, disable=not progress, unit="img")
     for at in range(0, len(missing), EVIDENCE_CHUNK):
         part = missing[at : at + EVIDENCE_CHUNK]
