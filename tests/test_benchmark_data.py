@@ -9,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sparsemm.query.parse import parse_query
@@ -181,12 +182,28 @@ def test_verification_templates_parse_as_intended() -> None:
         assert not q.exclude and "car" in " ".join(q.include)
     items = cc.verification_set([["dog", "car"], ["cat"]], [["a dog and a car"], ["a cat"]])
     assert len(items) == 1 and sum(c["true"] for c in items[0]["captions"]) == 1
+    # objects as annotated: a label no caption names is a present object too
+    labels, caps = [["dog", "cup"], ["cat"]], [["a dog on a rug"], ["a cat"]]
+    assert cc.verification_set(labels, caps, objects="named") == []
+    (row,) = cc.verification_set(labels, caps, objects="annotated")
+    assert sorted(row["present"]) == ["cup", "dog"] and row["absent"] == "cat"
+    assert dict(zip(row["present"], row["named"], strict=True)) == {"dog": True, "cup": False}
     cats = cc.category_queries([["car", "dog"], ["bus"], ["dog"], ["car"]])
     assert any(q["a"] == "vehicle" and q["b"] == "car" for q in cats)
     assert all(q["relevant"] for q in cats)
 
 
-@pytest.mark.parametrize("name", ["real_photos", "coco_concepts", "photo_calibration", "people"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "real_photos",
+        "coco_concepts",
+        "coco_calibration",
+        "exclude_caution",
+        "photo_calibration",
+        "people",
+    ],
+)
 def test_benchmark_scripts_import(name: str) -> None:
     sys.path.insert(0, str(BENCH))
     try:
@@ -245,3 +262,20 @@ def test_the_calibration_fit_recovers_a_known_calibration() -> None:
     assert pc.reliability(pairs.y, p_true)["ece"] < 0.02
     assert pc.reliability(pairs.y, np.clip(p_true + 0.2, 0, 1))["ece"] > 0.15
     assert pc.auc(pairs.y, p_true) > 0.7
+
+
+def test_calibration_measures() -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import coco_calibration as cal
+    finally:
+        sys.path.remove(str(BENCH))
+    rng = np.random.default_rng(0)
+    p = rng.uniform(size=20000)
+    y = (rng.uniform(size=p.size) < p).astype(float)  # calibrated by construction
+    assert cal.ece(p, y) < 0.02
+    assert cal.ece(np.clip(p + 0.2, 0, 1), y) > 0.15  # biased towards presence
+    assert cal.auc(np.array([0.1, 0.2, 0.8, 0.9]), np.array([0, 0, 1, 1])) == 1.0
+    assert cal.auc(np.array([0.5, 0.5]), np.array([0, 1])) == 0.5
+    bins = cal.reliability(p, y)
+    assert sum(b["pairs"] for b in bins) == p.size and len(bins) == 10
