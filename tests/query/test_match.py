@@ -170,6 +170,46 @@ def test_detector_index_path_equals_ranking_every_item(tmp_path: Path) -> None:
     np.testing.assert_array_equal(got.rows, want_rows)
 
 
+def test_a_term_to_leave_out_can_be_read_cautiously() -> None:
+    """SR: with a miss weight w, a term to leave out has log(w) added to its log-odds
+    (words, category words and phrases alike), so an item that may show it counts as
+    showing it, and "x but no y" ranks with that reading; the served weight
+    (EXCLUDE_MISS_WEIGHT) leaves a wanted term's probability as it is."""
+    import dataclasses
+    import math
+
+    from sparsemm.query.scorers import EXCLUDE_MISS_WEIGHT
+
+    d = 12
+    det = sr_detectors(d)
+    ctx = sr_context(sr_codes(300, d, seed=4), det)
+    scorer = detector_scorer(det)
+    served = scorer.calibration
+    assert served.exclude_shift == pytest.approx(math.log(EXCLUDE_MISS_WEIGHT))
+    w = 3.0
+    scorer.calibration = dataclasses.replace(served, exclude_shift=math.log(w))
+    try:
+        for term in ("cat", "an animal", "a man making pizza in a kitchen"):
+            reading = scorer.read(term)
+            wanted = scorer.probability(reading, ctx)
+            left_out = scorer.probability(reading, ctx, excluded=True)
+            if reading.kind == "similarity" or len(reading.concepts[0].units) == 1:
+                odds_in, odds_out = wanted / (1 - wanted), left_out / (1 - left_out)
+                np.testing.assert_allclose(odds_out, w * odds_in, rtol=1e-6, err_msg=term)
+            assert (left_out >= wanted - 1e-12).all() and (left_out > wanted).any(), term
+        m = get_strategy("match", ctx)
+        want = m.term_probability("dog") * (1 - m.term_probability("cat", excluded=True))
+        np.testing.assert_allclose(m.probability(["dog"], ["cat"]), want)
+        assert (m.term_probability("cat", excluded=True) > m.term_probability("cat")).any()
+    finally:
+        scorer.calibration = served
+    fresh = sr_context(sr_codes(300, d, seed=4), det)
+    p_in = scorer.probability(scorer.read("cat"), fresh)
+    p_out = scorer.probability(scorer.read("cat"), fresh, excluded=True)
+    odds = EXCLUDE_MISS_WEIGHT * p_in / (1 - p_in)
+    np.testing.assert_allclose(p_out, odds / (1 + odds), rtol=1e-6)
+
+
 def test_detectors_round_trip_their_senses_and_calibration(tmp_path: Path) -> None:
     det = sr_detectors(6)
     det.save(tmp_path)

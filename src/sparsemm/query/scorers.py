@@ -28,6 +28,7 @@ detector", "detector", "code similarity", "zero-shot") and any note for the user
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -242,6 +243,16 @@ class UnitScorer:
 # -- SR: caption-word detectors ------------------------------------------------------------
 
 
+# A term to leave out may be read cautiously: its probability as if the calibration had
+# been fitted with a miss (the thing is there, the scorer says it is not) weighing this
+# many false alarms, i.e. log(weight) added to its log-odds. Measured on the COCO
+# caption-proxy (benchmarks/exclude_caution.py, docs/concepts.md): a weight above 1 makes
+# the verification over annotated objects more balanced (objects no caption names get a
+# modest P) but lowers label-pair AP@10 (0.769 to 0.751 at 5) and the R@5 of negated
+# sentences, so the served weight is 1: a left-out term's P is its calibrated P.
+EXCLUDE_MISS_WEIGHT = 1.0
+
+
 @dataclass(frozen=True)
 class Calibration:
     """P(unit | x) = sigmoid(a z + g cos + c) for a word with a detector (``label`` = (a, g,
@@ -257,6 +268,7 @@ class Calibration:
     phrase_c: float = -12.0
     label: tuple[float, float, float] | None = None
     fitted: bool = False
+    exclude_shift: float = math.log(EXCLUDE_MISS_WEIGHT)  # a term to leave out: log-odds added
 
     def of(self, is_label: bool) -> tuple[float, float, float]:
         """(a, g, c) of a caption word or of a label."""
@@ -362,25 +374,34 @@ class DetectorScorer:
             return np.asarray(self.detectors.term_codes[:, unit])
         return np.asarray(ctx.term_code(self.detectors.terms[unit]))
 
-    def unit_probability(self, unit: int, ctx: Any) -> np.ndarray:
+    def unit_probability(self, unit: int, ctx: Any, excluded: bool = False) -> np.ndarray:
+        """(n,) P(unit's term | item); ``excluded``: the cautious reading of a term to leave
+        out (:meth:`probability`)."""
         a, g, c = self.calibration.of(bool(self.detectors.label_terms[unit]))
         w, b, _ = self.detectors.column_at(unit)
         z = a * (np.asarray(ctx.codes_unit @ w, dtype=np.float64).ravel() + b)
         if g:
             z = z + g * ctx.code_scores(self.term_code(unit, ctx))
-        return _sigmoid(z + c)
+        return _sigmoid(self._caution(z + c, excluded))
+
+    def _caution(self, z: np.ndarray, excluded: bool) -> np.ndarray:
+        return z + self.calibration.exclude_shift if excluded else z
 
     def probability(self, reading: TermReading, ctx: Any, excluded: bool = False) -> np.ndarray:
+        """P(term | item); ``excluded``: as a term to leave out, the cautious reading
+        (``calibration.exclude_shift`` added to every log-odds, as if misses weighed
+        :data:`EXCLUDE_MISS_WEIGHT` times a false alarm): an item that may show the thing
+        counts as showing it."""
         n = ctx.n_items
+        cal = self.calibration
         if reading.kind == "similarity":
-            cal = self.calibration
             sim = ctx.code_scores(ctx.term_code(reading.term))
-            return _sigmoid(cal.phrase_a * sim + cal.phrase_c)
+            return _sigmoid(self._caution(cal.phrase_a * sim + cal.phrase_c, excluded))
         out = np.ones(n)
         for c in reading.concepts:
             best = np.zeros(n)
             for u, w in c.units:
-                best = np.maximum(best, w * self.unit_probability(u, ctx))
+                best = np.maximum(best, w * self.unit_probability(u, ctx, excluded))
             out = out * best
         return out
 
