@@ -90,3 +90,16 @@ def test_calibration_is_fitted_on_held_out_items() -> None:
     assert a > 0 and pa > 0  # more evidence, more likely
     few = fit_calibration(codes[:200], captions[:200], None, det, term_codes, caption_codes[:200])
     assert few is None  # 40 held-out items are too few
+    # the phrase curve is the fitted one flattened about its half point (prior included)
+    import sparsemm.train.detectors as td
+
+    factor = td.PHRASE_SLOPE_FACTOR
+    try:
+        td.PHRASE_SLOPE_FACTOR = 1.0
+        steep = fit_calibration(codes, captions, None, det, term_codes, caption_codes)
+    finally:
+        td.PHRASE_SLOPE_FACTOR = factor
+    assert steep is not None
+    assert cal[3] == pytest.approx(factor * steep[3], rel=1e-5)
+    assert -cal[4] / cal[3] == pytest.approx(-steep[4] / steep[3], rel=1e-5)
+    np.testing.assert_allclose(np.delete(cal, [3, 4]), np.delete(steep, [3, 4]), rtol=1e-6)
