@@ -1,6 +1,7 @@
-"""Store backends by name: :func:`open_store` is the one function that opens a
-:class:`~sparsemm.index.store.Store`: the embedded inverted index (``local``) or a Qdrant
-collection (``qdrant``, imported only when asked for, as it needs the ``qdrant`` extra)."""
+"""Store backends by name: :func:`open_store` opens a :class:`~sparsemm.index.store.Store`
+chosen with ``--backend``: the embedded inverted index (``local``) or a Qdrant collection
+(``qdrant``, imported only when asked for, as it needs the ``qdrant`` extra). A collection's
+own index is opened directly (:meth:`InvertedIndex.open`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""What the front ends run, one function per verb: each returns a report the CLI prints and
-the web app uses.
+"""What the front ends run: each function returns a report the CLI prints and the web app
+uses (``index`` and ``serve`` call one; ``up`` and ``search`` a few, see
+docs/architecture.md).
 
 * :mod:`sparsemm.pipeline.up` - a folder of photos to an indexed collection (:func:`up`).
 * :mod:`sparsemm.pipeline.index` - a collection coded by a model into its index, and into

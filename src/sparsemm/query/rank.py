@@ -1,6 +1,8 @@
-"""The one ranking function behind every search: the CLI, the web API, ``Searcher.search``
-and the benchmarks (``bench exclusion``, ``bench negation``) all rank through
-:func:`rank_query`, so what the benchmarks measure is what users get.
+"""Ranking every item: :func:`score_query` scores a query over a context's items and
+:func:`rank_query` ranks them. Strategies not served through the index, CLIP's ``match``
+and the benchmarks (``bench exclusion``, ``bench negation``) rank here; the served default
+through the index (:mod:`sparsemm.query.two_stage`) rescores its candidates with the same
+scores and is tested equal to :func:`rank_query`.
 
 A parsed :class:`~sparsemm.query.parse.Query` (include terms, excluded terms, either side may
 be empty but not both) is scored over the items of an
