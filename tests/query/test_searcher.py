@@ -285,3 +285,22 @@ def test_prepare_encodes_what_search_needs(searcher: Searcher, strategy: str | N
     searcher.prepare("dog", "no_such_strategy")  # search() names it; prepare stays quiet
     with pytest.raises(SparsemmError, match="unknown strategy"):
         searcher.search("dog", strategy="no_such_strategy")
+
+
+def test_an_answer_round_trips_through_json(searcher: Searcher) -> None:
+    """The CLI prints, and reads back from a running server, one Answer: to_json ->
+    JSON text -> from_json gives the same answer (rows aside, which JSON does not carry),
+    and a server's hit with more keys (thumbnails, violations) reads as the same hit."""
+    from sparsemm.query.hits import Answer
+    from sparsemm.query.request import build_request
+
+    answer = searcher.answer(build_request("dog but not cat", k=5, count=True))
+    assert answer.hits and answer.total == len(ITEMS)
+    data = json.loads(json.dumps(answer.to_json()))
+    back = Answer.from_json(data)
+    assert back.to_json() == data
+    assert back.query == answer.query and [h.id for h in back.hits] == [h.id for h in answer.hits]
+    assert all(h.row == -1 for h in back.hits) and "row" not in data["hits"][0]
+    served = dict(data, k=5, offset=0, like=None)
+    served["hits"] = [dict(h, image="/img/x", thumb=None, violations=[]) for h in data["hits"]]
+    assert Answer.from_json(served).to_json() == data

@@ -6,21 +6,15 @@ import argparse
 import json
 import sys
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparsemm.cli.index import add_backend_args
-from sparsemm.query.request import (
-    DEFAULT_STRATEGY,
-    QueryRequest,
-    build_request,
-    evidence_text,
-    percent,
-)
+from sparsemm.query.request import DEFAULT_STRATEGY, build_request, evidence_text, percent
 
 if TYPE_CHECKING:
-    from sparsemm.query.hits import Answer
+    from sparsemm.query.hits import Answer, Hit
     from sparsemm.query.searcher import Searcher
 
 
@@ -115,20 +109,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, positionals=fill_positionals)
 
 
+# what build_request's messages call the options it checks
+FLAGS = {"k": "-k", "offset": "--offset", "min_score": "--min-score"}
+
+
 def check_args(args: argparse.Namespace) -> None:
-    """What can be refused before anything is loaded (a second or more): -k, --offset,
-    --min-score, a collection folder that is not there, a query with no word in it."""
+    """What only the command line can get wrong, refused before anything is loaded: -z
+    without -f, a collection folder that is not there, a query with no word in it (the
+    rest is build_request's)."""
     from sparsemm.errors import SparsemmError
-    from sparsemm.query.request import parse_probability
 
     if args.null and not args.paths:
         raise SparsemmError("-z ends the paths of -f with NUL bytes; give it with -f")
-    if args.k < 1:
-        raise SparsemmError(f"-k must be at least 1, got {args.k}")
-    if args.offset < 0:
-        raise SparsemmError(f"--offset must be 0 or more, got {args.offset}")
-    if isinstance(args.min_score, str):
-        args.min_score = parse_probability(args.min_score, "--min-score")
     if args.collection is not None and not Path(args.collection).exists():
         raise SparsemmError(f"{args.collection} does not exist")
     text = " ".join([args.query or "", *args.exclude])
@@ -225,68 +217,6 @@ def forward(args: argparse.Namespace) -> dict | None:
         raise SparsemmError(f"no item {args.like!r} in {args.collection}; check the id") from None
 
 
-def render_forwarded(answer: dict, args: argparse.Namespace) -> None:
-    """Print a server's search answer exactly as :func:`render` prints a local one."""
-    from sparsemm.pipeline.running import item_images
-
-    query, hits, prob = answer["query"], answer["hits"], bool(answer.get("probabilistic"))
-    images: dict[str, str | None] = {}
-    if args.json or args.paths:
-        images = item_images(args.collection, {str(h["id"]) for h in hits})
-    if args.json:
-        out = {
-            **({"like": args.like} if args.like is not None else {}),
-            "query": {"include": query["include"], "exclude": query["exclude"],
-                      "text": query["text"]},
-            "strategy": answer["strategy"],
-            "probabilistic": prob,
-            "min_score": args.min_score,
-            "matches": answer.get("matches") if args.min_score is not None else None,
-            "certified": answer.get("certified", True),
-            "notes": answer.get("notes") or [],
-            "unknown_words": answer.get("unknown_words") or [],
-            "hits": [hit_json(h, images.get(str(h["id"]))) for h in hits],
-        }  # fmt: skip
-        print(json.dumps(out, indent=1))
-        return
-    if answer.get("unknown_words"):  # on stderr, so piped paths stay clean
-        print(unknown_note(list(answer["unknown_words"])), file=sys.stderr)
-    for note in answer.get("notes") or []:
-        print(f"note: {note}", file=sys.stderr)
-    if args.paths:
-        end = "\0" if args.null else "\n"
-        for h in hits:
-            print(images.get(str(h["id"])) or h["id"], end=end)
-        return
-    include = like_header(args.like) if args.like is not None else ", ".join(query["include"])
-    print(header(include, query["exclude"], answer["strategy"]))
-    print_hits(hits, args.explain, prob)
-    if args.min_score is not None and answer.get("matches") is not None:
-        print(
-            f"{answer['matches']} of {answer['total']} items match at "
-            f"{percent(answer['threshold'])} or more"
-        )
-
-
-def hit_json(hit: dict, image: str | None) -> dict:
-    """A served hit in the --json form of a local one (Hit.to_dict plus the image path)."""
-    return {
-        "rank": hit["rank"],
-        "id": hit["id"],
-        "score": hit["score"],
-        "caption": hit["caption"],
-        "labels": hit["labels"],
-        "matched": hit["matched"],
-        "excluded": [
-            {k: e[k] for k in ("term", "dims", "item_mass", "words")} for e in hit["excluded"]
-        ],
-        "scored_by": hit.get("scored_by") or {},
-        "evidence": hit.get("evidence") or [],
-        "also": hit.get("also") or [],
-        "image": image,
-    }
-
-
 def like_header(like: str) -> str:
     from sparsemm.data.sources import text_name
 
@@ -317,17 +247,10 @@ def run(args: argparse.Namespace) -> int:
         print(list_strategies())
         return 0
     check_args(args)
-    if forwardable(args) and (args.query is not None or args.like is not None):
-        forwarded = forward(args)
-        if forwarded:
-            render_forwarded(forwarded, args)
-            return 0
     if args.collection is None or (args.query is None and args.like is None):
         raise SparsemmError(
             'give a collection and a query, e.g. sparsemm search COLLECTION "dog but not cat"'
         )
-    if args.like is not None and args.backend != "local":
-        raise SparsemmError("--like searches the local index (no --backend)")
     request = build_request(
         args.query or "",
         exclude=args.exclude,
@@ -337,10 +260,26 @@ def run(args: argparse.Namespace) -> int:
         like=args.like,
         min_score=args.min_score,
         engine=args.engine,
+        names=FLAGS,
     )
+    args.min_score = request.min_score  # as a probability (the server is sent that)
+    if forwardable(args):
+        forwarded = forward(args)
+        if forwarded:
+            from sparsemm.pipeline.running import item_images
+            from sparsemm.query.hits import Answer
+
+            answer = Answer.from_json(forwarded)
+            images: dict[str, str | None] = {}
+            if args.json or args.paths:
+                images = item_images(args.collection, {h.id for h in answer.hits})
+            render(answer, args, lambda h: images.get(h.id))
+            return 0
+    if args.like is not None and args.backend != "local":
+        raise SparsemmError("--like searches the local index (no --backend)")
     with open_searcher(args) as searcher:
         answer = searcher.answer(request)
-        render(searcher, request, answer, args)
+        render(answer, args, lambda h: image_path(searcher, h.row))
     return 0
 
 
@@ -359,27 +298,16 @@ def open_searcher(args: argparse.Namespace) -> Searcher:
     return Searcher(args.collection, store=store)
 
 
-def render(
-    searcher: Searcher, request: QueryRequest, answer: Answer, args: argparse.Namespace
-) -> None:
-    """Print an answer: JSON, image paths, or the text lines (notes on stderr)."""
-    query, hits, prob = answer.query, answer.hits, answer.probabilistic
+def render(answer: Answer, args: argparse.Namespace, image: Callable[[Hit], str | None]) -> None:
+    """Print an answer, searched here or by a running server: JSON, image paths, or the
+    text lines (notes on stderr). ``image``: a hit's image path, when it has one."""
+    hits = answer.hits
     if args.json:
-        out = {
-            **({"like": args.like} if request.like is not None else {}),
-            "query": {"include": list(query.include), "exclude": list(query.exclude),
-                      "text": query.text},
-            "strategy": answer.strategy,
-            "probabilistic": prob,
-            "min_score": answer.min_score,
-            "matches": answer.matches,
-            "certified": answer.certified,
-            "notes": answer.notes,
-            "unknown_words": answer.unknown_words,
-            "hits": [
-                hit_json(h.to_dict(), image_path(searcher, h.row)) for h in hits
-            ],
-        }  # fmt: skip
+        out = answer.to_json()
+        for h, d in zip(hits, out["hits"], strict=True):
+            d["image"] = image(h)
+        if args.like is not None:
+            out = {"like": args.like, **out}
         print(json.dumps(out, indent=1))
         return
     if answer.unknown_words:  # on stderr, so piped paths stay clean
@@ -389,14 +317,17 @@ def render(
     if args.paths:
         end = "\0" if args.null else "\n"
         for h in hits:
-            print(image_path(searcher, h.row) or h.id, end=end)
+            print(image(h) or h.id, end=end)
         return
-    include = like_header(args.like) if request.like is not None else ", ".join(query.include)
+    query = answer.query
+    include = like_header(args.like) if args.like is not None else ", ".join(query.include)
     print(header(include, query.exclude, answer.strategy))
-    print_hits([h.to_dict() for h in hits], args.explain, prob)
-    if answer.matches is not None and answer.threshold is not None:
-        n = len(searcher.collection.items)
-        print(f"{answer.matches} of {n} items match at {percent(answer.threshold)} or more")
+    print_hits([h.to_json() for h in hits], args.explain, answer.probabilistic)
+    if answer.min_score is not None and answer.matches is not None:
+        assert answer.threshold is not None
+        print(
+            f"{answer.matches} of {answer.total} items match at {percent(answer.threshold)} or more"
+        )
 
 
 def _why(way: str) -> str:

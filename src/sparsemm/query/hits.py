@@ -87,6 +87,40 @@ class Hit:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def to_json(self) -> dict[str, Any]:
+        """The hit as a front end shows it: :meth:`to_dict` without the collection row."""
+        out = self.to_dict()
+        del out["row"]
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Hit:
+        """A hit from :meth:`to_json` (or a server's hit, which carries more keys; its
+        row is -1 when the JSON has none)."""
+        return cls(
+            rank=int(d["rank"]),
+            row=int(d.get("row", -1)),
+            id=str(d["id"]),
+            score=float(d["score"]),
+            caption=str(d.get("caption") or ""),
+            labels=list(d.get("labels") or []),
+            matched=[Concept(int(c["dim"]), float(c["weight"]), list(c["words"]))
+                     for c in d.get("matched") or []],
+            excluded=[
+                ExcludedCheck(str(e["term"]), list(e["dims"]), float(e["item_mass"]),
+                              list(e.get("words") or []))
+                for e in d.get("excluded") or []
+            ],
+            scored_by=dict(d.get("scored_by") or {}),
+            evidence=[
+                TermEvidence(str(e["term"]), str(e["side"]), str(e["kind"]), float(e["value"]),
+                             list(e.get("dims") or []), list(e.get("words") or []),
+                             list(e.get("read_as") or []))
+                for e in d.get("evidence") or []
+            ],
+            also=list(d.get("also") or []),
+        )  # fmt: skip
+
 
 @dataclass
 class Explainer:
@@ -153,3 +187,41 @@ class Answer:
     certified: bool = True  # the index path proved these are the exact top hits
     notes: list[str] = field(default_factory=list)  # how the terms were read, caveats
     unknown_words: list[str] = field(default_factory=list)  # in no vocabulary we hold
+    total: int | None = None  # items in the collection (all of them are ranked)
+
+    def to_json(self) -> dict[str, Any]:
+        """The answer as JSON-ready values: what ``search --json`` prints (with each hit's
+        image added) and what :meth:`from_json` reads back."""
+        q = self.query
+        return {
+            "query": {"include": list(q.include), "exclude": list(q.exclude), "text": q.text},
+            "strategy": self.strategy,
+            "probabilistic": self.probabilistic,
+            "min_score": self.min_score,
+            "threshold": self.threshold,
+            "matches": self.matches,
+            "total": self.total,
+            "certified": self.certified,
+            "notes": list(self.notes),
+            "unknown_words": list(self.unknown_words),
+            "hits": [h.to_json() for h in self.hits],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Answer:
+        """An answer from :meth:`to_json`, or from the web API's search answer (a running
+        ``sparsemm serve``: the same keys and more)."""
+        q = d["query"]
+        return cls(
+            query=Query(tuple(q.get("include") or ()), tuple(q.get("exclude") or ())),
+            strategy=str(d["strategy"]),
+            hits=[Hit.from_json(h) for h in d.get("hits") or []],
+            probabilistic=bool(d.get("probabilistic")),
+            min_score=d.get("min_score"),
+            threshold=d.get("threshold"),
+            matches=d.get("matches"),
+            certified=bool(d.get("certified", True)),
+            notes=list(d.get("notes") or []),
+            unknown_words=list(d.get("unknown_words") or []),
+            total=d.get("total"),
+        )

@@ -11,7 +11,7 @@ the CLI can refuse bad input before anything heavy loads.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,16 +181,19 @@ def build_request(
     min_score: float | str | None = None,
     engine: str = "strategy",
     count: bool = False,
+    names: Mapping[str, str] | None = None,
 ) -> QueryRequest:
     """Check and assemble one search (see the module docstring); SparsemmError, one line,
-    for anything a search would refuse."""
+    for anything a search would refuse. ``names``: what the messages call ``k``,
+    ``offset`` and ``min_score`` (the CLI: "-k", "--offset", "--min-score")."""
+    name = {"k": "k", "offset": "offset", "min_score": "min_score", **(names or {})}
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise SparsemmError(f"k must be at least 1, got {k!r}")
+        raise SparsemmError(f"{name['k']} must be at least 1, got {k!r}")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise SparsemmError(f"offset must be 0 or more, got {offset!r}")
+        raise SparsemmError(f"{name['offset']} must be 0 or more, got {offset!r}")
     if engine not in ENGINES:
         raise SparsemmError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
-    score = parse_probability(min_score) if min_score is not None else None
+    score = parse_probability(min_score, name["min_score"]) if min_score is not None else None
     if like is not None:
         if engine != "strategy":
             raise SparsemmError("a 'more like this' search ranks with a strategy (no index engine)")

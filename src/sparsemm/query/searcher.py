@@ -732,6 +732,7 @@ class Searcher:
             certified=certified,
             notes=notes,
             unknown_words=self._unread_words(q, spec.name),
+            total=len(self.collection.items),
         )
 
     def _unread_words(self, q: Query, strategy: str) -> list[str]:

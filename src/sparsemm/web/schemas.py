@@ -157,6 +157,8 @@ class SearchOut(BaseModel):
     probabilistic: bool = False  # the scores are match probabilities (the default scorer)
     threshold: float | None = None  # the probability ``matches`` counts from
     matches: int | None = None  # items with a match probability of at least ``threshold``
+    min_score: float | None = None  # hits below this match probability were dropped
+    certified: bool = True  # the index proved these are the exact top hits
     hits: list[HitOut]
 
 

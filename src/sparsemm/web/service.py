@@ -576,6 +576,8 @@ class SearchService:
             probabilistic=answer.probabilistic,
             threshold=answer.threshold,
             matches=answer.matches,
+            min_score=answer.min_score,
+            certified=answer.certified,
             hits=[
                 self._hit(h, prefix, query.exclude, _code_values(codes, i))
                 for i, h in enumerate(hits)
