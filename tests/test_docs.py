@@ -1,7 +1,7 @@
 """The project's own documents: the version named alike in pyproject.toml, ``__version__`` and
-the changelog's newest release; no working-round numbers in the user-facing documents; and
-every relative link of the documents a reader starts from leads to a file and heading that
-exist."""
+the changelog's newest release; no working-round numbers ("session 13", "issue 15") in the
+user-facing documents or under docs/; and every relative link of those documents leads to a
+file and heading that exist."""
 
 from __future__ import annotations
 
@@ -15,7 +15,14 @@ import sparsemm
 ROOT = Path(__file__).resolve().parents[1]
 # The documents a reader starts from (the rest of docs/ is reached through them).
 ENTRY_DOCS = ("README.md", "CHANGELOG.md", "CONTRIBUTING.md", "docs/architecture.md")
+# Every document a user reads: the entry documents and all of docs/.
+USER_DOCS = tuple(
+    dict.fromkeys(
+        ENTRY_DOCS + tuple(p.relative_to(ROOT).as_posix() for p in sorted(ROOT.glob("docs/*.md")))
+    )
+)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+WORKING_ROUND = re.compile(r"\b(?:session|issue)s?[ -]\d+", re.I)
 
 
 def slug(heading: str) -> str:
@@ -51,14 +58,27 @@ def test_the_version_is_the_changelogs_newest_release() -> None:
     assert sorted(releases, key=lambda v: tuple(map(int, v.split(".")))) == releases[::-1]
 
 
-@pytest.mark.parametrize("name", ["README.md", "CHANGELOG.md", "CONTRIBUTING.md"])
+def test_docs_folder_is_covered() -> None:
+    """The checks below see every page under docs/, not only the entry documents."""
+    assert "docs/results.md" in USER_DOCS and "docs/negation.md" in USER_DOCS
+    assert len(USER_DOCS) == len(set(USER_DOCS)) > len(ENTRY_DOCS)
+
+
+def test_working_round_pattern() -> None:
+    for said in ("session 13", "Session 6's runs", "(issue 15)", "Issues 31 and", "issue-16"):
+        assert WORKING_ROUND.search(said), said
+    for fine in ("an issue with 3 photos", "sessions of the server", "tissue 5"):
+        assert not WORKING_ROUND.search(fine), fine
+
+
+@pytest.mark.parametrize("name", USER_DOCS)
 def test_user_documents_name_no_working_rounds(name: str) -> None:
     text = (ROOT / name).read_text(encoding="utf-8")
-    found = re.findall(r"\b(?:session|issue)s? \d+", text, re.I)
+    found = WORKING_ROUND.findall(text)
     assert not found, f"{name} speaks of how it was made: {found}"
 
 
-@pytest.mark.parametrize("name", ENTRY_DOCS)
+@pytest.mark.parametrize("name", USER_DOCS)
 def test_relative_links_lead_to_files_and_headings_that_exist(name: str) -> None:
     doc = ROOT / name
     text = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)
