@@ -244,6 +244,7 @@ def test_image_queries_on_a_captionless_concept_collection(
     the same photo is coded as an item, so it finds itself first; exclusions still apply."""
     from fastapi.testclient import TestClient
 
+    from sparsemm.query.like import image_code
     from sparsemm.query.searcher import Searcher
     from sparsemm.web.app import create_app
 
@@ -254,12 +255,12 @@ def test_image_queries_on_a_captionless_concept_collection(
     searcher = Searcher(out / "collection")
     index = InvertedIndex.open(out / "collection" / "index")
     for row, name in enumerate(["p0.png", "p1.png", "p2.png"]):
-        code = searcher.image_code(photos / name)
+        code = image_code(searcher, photos / name)
         stored = index.codes(np.array([row])).toarray()[0]  # the photo model's probabilities
         np.testing.assert_allclose(code, stored, rtol=1e-5, atol=1e-7)
     # a class name is a word the searcher knows, even where no caption or encoder has it
     assert searcher.unknown_words("zorbulator") == ["zorbulator"]
-    searcher._seen_words = None
+    searcher.seen_words = None
     searcher.model.model.names = ["zorbulator", *searcher.model.model.names[1:]]
     assert searcher.unknown_words("zorbulator") == []
     hits = searcher.search_like(str(photos / "p1.png"), k=3)

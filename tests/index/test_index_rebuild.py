@@ -20,8 +20,9 @@ from sparsemm.index import InvertedIndex
 from sparsemm.index import inverted as inverted_mod
 from sparsemm.index import segments as segments_mod
 from sparsemm.models.sr import SRConfig, SRModel
+from sparsemm.query.handle import INDEX_DIR
 from sparsemm.query.indexing import build_index
-from sparsemm.query.searcher import INDEX_DIR, Searcher
+from sparsemm.query.searcher import Searcher
 
 DIM = 30
 

@@ -289,8 +289,8 @@ def index_collection(
     from sparsemm.models.base import config_digest
     from sparsemm.models.detectors import model_weights_sha256
     from sparsemm.query.code_models import load_code_model
+    from sparsemm.query.handle import INDEX_DIR
     from sparsemm.query.indexing import build_index
-    from sparsemm.query.searcher import INDEX_DIR
 
     col = open_collection(col_dir)
     root = col.root / INDEX_DIR

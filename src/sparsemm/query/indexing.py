@@ -24,8 +24,8 @@ from sparsemm.models.detectors import model_weights_sha256
 from sparsemm.models.lit import LinearAligner
 from sparsemm.query import unit_lists
 from sparsemm.query.code_models import load_code_model
+from sparsemm.query.handle import INDEX_DIR, LEGACY_LABELS, IndexedCollection
 from sparsemm.query.naming import name_dimensions
-from sparsemm.query.searcher import INDEX_DIR, LEGACY_LABELS, Searcher
 from sparsemm.query.unit_lists import UnitLists, build_unit_lists, remove_unit_lists
 
 
@@ -112,15 +112,15 @@ def update_unit_lists(collection_dir: str | Path, progress: bool = False) -> Uni
     """Compute and save the collection's unit lists for the served ``match`` when its model
     has calibrated detectors and it holds at least :data:`~sparsemm.query.unit_lists.MIN_ITEMS`
     items; otherwise remove lists left from before (they would no longer fit)."""
-    searcher = Searcher(collection_dir)
-    det = searcher.model.detectors  # no text encoder needed to know there are none
-    small = len(searcher.index) < unit_lists.MIN_ITEMS
+    col = IndexedCollection(collection_dir)
+    det = col.model.detectors  # no text encoder needed to know there are none
+    small = len(col.index) < unit_lists.MIN_ITEMS
     if det is None or getattr(det, "calibration", None) is None or small:
-        remove_unit_lists(searcher.collection.root)
+        remove_unit_lists(col.collection.root)
         return None
-    strat = searcher.match_strategy()
+    strat = col.match_strategy()
     lists = build_unit_lists(
-        strat.scorer, searcher.text_context, searcher.codes, searcher.index, progress=progress
+        strat.scorer, col.text_context, col.codes, col.index, progress=progress
     )
-    lists.save(searcher.collection.root)
+    lists.save(col.collection.root)
     return lists

@@ -77,6 +77,21 @@ def evidence_text(term: str, side: str, kind: str, value: float) -> str:
     return f"{name} {shown}{' (left out)' if side == 'exclude' else ''}"
 
 
+def min_score_refusal(strategy: str, default: str) -> str:
+    """Why a minimum score cannot apply to ``strategy``'s scores (not probabilities)."""
+    if strategy == default:  # "use the default" would be no help
+        return (
+            "a minimum score keeps matches by probability, and this collection's model gives "
+            f"none (its default scorer, {strategy}, ranks by similarity; an SR model needs "
+            "word detectors: `sparsemm train detectors MODEL COLLECTION`); search without "
+            "--min-score"
+        )
+    return (
+        f"a minimum score keeps matches by probability; the {strategy} scorer's scores are "
+        "not probabilities (use the default scorer)"
+    )
+
+
 def parse_probability(value: float | str, name: str = "min_score") -> float:
     """A minimum match score: 0.6 or "60%" (SparsemmError, one line, otherwise)."""
     text = str(value).strip()

@@ -25,10 +25,11 @@ from sparsemm import __version__
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.io import json_sha256, read_json
+from sparsemm.query.handle import INDEX_DIR
 from sparsemm.query.hits import Concept, ExcludedCheck, Hit, TermEvidence
 from sparsemm.query.parse import MAX_QUERY_CHARS, Query
 from sparsemm.query.request import MATCH_THRESHOLD, QueryRequest, build_request
-from sparsemm.query.searcher import INDEX_DIR, Searcher
+from sparsemm.query.searcher import Searcher
 from sparsemm.query.strategies import HardFilter
 from sparsemm.text import singular
 from sparsemm.web.images import ImageStore, ThumbCache
