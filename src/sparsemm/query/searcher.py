@@ -34,7 +34,7 @@ from sparsemm.index.store import Store
 from sparsemm.io import read_json
 from sparsemm.linalg import normalize_rows
 from sparsemm.models.base import check_encoders, config_digest
-from sparsemm.models.lit import AlignedTextEncoder, LinearAligner
+from sparsemm.models.lit_lite import AlignedTextEncoder, AlignerLite
 from sparsemm.query.code_models import load_code_model
 from sparsemm.query.hits import Answer, Concept, ExcludedCheck, Explainer, Hit, term_evidence
 from sparsemm.query.parse import Query, parse_query
@@ -192,7 +192,7 @@ class Searcher:
         self.labels_data: list[list[str]] = _label_lists(labels, "data", root)
         self.labels_spine: list[list[str]] = _label_lists(labels, "spine", root)
         self.aligner = (
-            LinearAligner.from_pretrained(meta["dense_model"]) if meta.get("dense_model") else None
+            AlignerLite.from_pretrained(meta["dense_model"]) if meta.get("dense_model") else None
         )
         if self.aligner is not None:
             check_encoders(
