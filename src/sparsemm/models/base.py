@@ -495,23 +495,25 @@ class ArrayModule:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Keep ``state``'s arrays (as float32), refusing missing, unexpected or mis-shaped
-        names (ValueError) before any is kept, as ``nn.Module.load_state_dict`` does."""
-        missing = sorted(set(self._shapes) - set(state))
-        unexpected = sorted(set(state) - set(self._shapes))
-        wrong = [
-            f"{k}: {tuple(np.shape(state[k]))} instead of {shape}"
-            for k, shape in self._shapes.items()
-            if k in state and tuple(np.shape(state[k])) != shape
-        ]
+        names before any is kept, with ``nn.Module.load_state_dict``'s message (a ValueError
+        whose lines :func:`one_line` shortens)."""
         problems = []
+        missing = [k for k in self._shapes if k not in state]
+        unexpected = [k for k in state if k not in self._shapes]
         if missing:
-            problems.append(f"missing {missing}")
+            problems.append(f"Missing key(s) in state_dict: {', '.join(map(repr, missing))}.")
         if unexpected:
-            problems.append(f"unexpected {unexpected}")
-        if wrong:
-            problems.append(f"wrong shapes {wrong}")
+            problems.append(f"Unexpected key(s) in state_dict: {', '.join(map(repr, unexpected))}.")
+        for k, shape in self._shapes.items():
+            if k in state and tuple(np.shape(state[k])) != shape:
+                problems.append(
+                    f"size mismatch for {k}: copying a param with shape "
+                    f"{tuple(np.shape(state[k]))} from checkpoint, the shape in current model "
+                    f"is {shape}."
+                )
         if problems:
-            raise ValueError(f"weights do not fit {type(self).__name__}: {'; '.join(problems)}")
+            head = f"Error(s) in loading state_dict for {type(self).__name__}:"
+            raise ValueError("\n\t".join([head, *problems]))
         self._arrays = {k: np.ascontiguousarray(state[k], dtype=np.float32) for k in self._shapes}
 
     def eval(self) -> Self:
