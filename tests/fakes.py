@@ -410,3 +410,56 @@ def sr_codes(n: int, d: int, seed: int = 0) -> Any:
     x = np.maximum(rng.normal(size=(n, d)), 0.0) * (rng.random((n, d)) < 0.3)
     x[:, 0] += 1e-3  # no empty row
     return sp.csr_matrix(normalize_rows(x.astype(np.float32)))
+
+
+TINY_PHOTO_CLASSES = ["tabby, tabby cat", "coffee mug", "space shuttle"]
+TINY_PHOTO_WNIDS = ["n02123045", "n03063599", "n04266014"]
+
+
+class _FakeMiniLM:
+    """Stands in for MiniLM when the tiny photo model embeds its class names (no 10 s load)."""
+
+    name = "minilm"
+    dim = 384
+    model_id = "all-MiniLM-L6-v2"
+
+    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
+        rng = np.random.default_rng(len(texts))
+        out = rng.normal(size=(len(texts), self.dim)).astype(np.float32)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def save_tiny_photo_model(folder: Path) -> Path:
+    """Save a 3-class photo concept model (version 2, face unit) on EfficientNet's 1280
+    features, recorded as trained on EfficientNet-Lite0 + MiniLM: what `sparsemm up` finds
+    at ``$SPARSEMM_CACHE/imagenet-concepts-v2``. Returns the folder."""
+    from sparsemm.models.concepts import ImageNetConceptModel
+    from sparsemm.pipeline.up import minilm_info
+
+    rng = np.random.default_rng(0)
+    model = ImageNetConceptModel.build(
+        TINY_PHOTO_CLASSES,
+        rng.normal(size=(3, 1280)).astype(np.float32) * 0.1,
+        rng.normal(size=3).astype(np.float32),
+        _FakeMiniLM(),
+        version=2,
+        face_unit=True,
+        class_wnids=TINY_PHOTO_WNIDS,
+    )
+    model.training_info = {
+        "image_encoder": {"name": "efficientnet", "dim": 1280, "model": "efficientnet-lite0"},
+        "text_encoder": minilm_info(),
+    }
+    model.save_pretrained(folder)
+    return folder
+
+
+def noise_photo(path: Path, seed: int) -> None:
+    """Write a 64x48 noise picture (a band inverted by ``seed``) to ``path``."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    arr = (rng.random((48, 64, 3)) * 255).astype(np.uint8)
+    arr[:, : 8 * (seed + 1)] = 255 - arr[:, : 8 * (seed + 1)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(arr).save(path)

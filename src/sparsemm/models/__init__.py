@@ -7,5 +7,8 @@
 * :mod:`sparsemm.models.lit` - a linear contrastive aligner (dense baseline).
 * :mod:`sparsemm.models.detectors` - per-word concept detectors saved with a model.
 * :mod:`sparsemm.models.spine` - SPINE, the autoencoder that makes sparse word vectors.
-* :mod:`sparsemm.models.base` - ``save_pretrained`` / ``from_pretrained`` for all of them.
+* :mod:`sparsemm.models.sr_lite`, :mod:`sparsemm.models.lit_lite` - SR's encoder and the
+  aligner in numpy, what a search runs (no torch import).
+* :mod:`sparsemm.models.base` - ``save_pretrained`` / ``from_pretrained`` for all of them
+  (``nn.Module`` models and numpy ``ArrayModule`` ones).
 """

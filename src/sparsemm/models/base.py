@@ -27,6 +27,13 @@ pair is committed together, so it always describes the weights beside it).
 ``from_pretrained`` refuses weights that do not match it, and any NaN/inf weight (naming the
 tensor) even without a checksum; ``save_pretrained`` refuses to write non-finite weights.
 Folders saved before the checksum load with a warning (finiteness checked only).
+
+A model is an ``nn.Module`` (trained with torch) or an :class:`ArrayModule`: named numpy
+arrays, read and written through ``safetensors.numpy``, for what needs no training (the
+photo concept model) and for a trained model's inference side (:mod:`sparsemm.models.sr_lite`,
+:mod:`sparsemm.models.lit_lite`). Both write the same file, so an ``ArrayModule`` loads a
+folder its torch model saved. This module imports torch only for an ``nn.Module``: a search
+loads its models without it.
 """
 
 from __future__ import annotations
@@ -41,12 +48,10 @@ import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
-import torch
+import numpy as np
 from safetensors import SafetensorError
-from safetensors.torch import load as load_bytes
-from safetensors.torch import save as save_bytes
 
 from sparsemm.errors import SparsemmError
 from sparsemm.io import (
@@ -58,6 +63,9 @@ from sparsemm.io import (
     write_error,
     write_json,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +83,8 @@ DIGEST_KEY = "weights_sha256"  # config.json entry: SHA-256 of model.safetensors
 def topk_mask(x: torch.Tensor, k: int) -> torch.Tensor:
     """(n, d) bool mask of each row's k largest entries (all of them when k >= d); SR's and
     VDR's TopK."""
+    import torch
+
     k = min(int(k), x.shape[1])
     idx = x.topk(k, dim=1).indices
     return torch.zeros_like(x, dtype=torch.bool).scatter_(1, idx, True)
@@ -92,29 +102,44 @@ def one_line(exc: Exception, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def nonfinite_tensors(tensors: Mapping[str, torch.Tensor]) -> list[str]:
-    """Names of the floating-point tensors holding NaN or inf, each with its bad count."""
+def nonfinite_tensors(tensors: Mapping[str, Any]) -> list[str]:
+    """Names of the floating-point tensors (torch tensors or numpy arrays) holding NaN or
+    inf, each with its bad count."""
     bad = []
     for name, t in tensors.items():
-        if t.is_floating_point():
-            n = int((~torch.isfinite(t)).sum())
-            if n:
-                bad.append(f"{name} ({n} of {t.numel()} values)")
+        if isinstance(t, np.ndarray):
+            if not np.issubdtype(t.dtype, np.floating):
+                continue
+            n, size = int(t.size - np.count_nonzero(np.isfinite(t))), int(t.size)
+        else:
+            if not t.is_floating_point():
+                continue
+            n, size = int((~t.isfinite()).sum()), int(t.numel())
+        if n:
+            bad.append(f"{name} ({n} of {size} values)")
     return bad
 
 
 def weights_file_bytes(
-    tensors: Mapping[str, torch.Tensor], metadata: dict[str, str], what: str, out: Path
+    tensors: Mapping[str, Any], metadata: dict[str, str], what: str, out: Path
 ) -> tuple[bytes, str]:
-    """(safetensors bytes, their SHA-256) of finite ``tensors``; SparsemmError when any
-    holds NaN or inf (a diverged run must not be saved as a model)."""
+    """(safetensors bytes, their SHA-256) of finite ``tensors`` (all torch tensors, or all
+    numpy arrays: the same file either way); SparsemmError when any holds NaN or inf (a
+    diverged run must not be saved as a model)."""
     bad = nonfinite_tensors(tensors)
     if bad:
         raise SparsemmError(
             f"not saving the {what} model to {out}: its weights hold NaN or inf values "
             f"({', '.join(bad[:3])}); training diverged - lower the learning rate"
         )
-    data = save_bytes(dict(tensors), metadata=metadata)
+    if all(isinstance(t, np.ndarray) for t in tensors.values()):
+        from safetensors.numpy import save as save_arrays
+
+        data = save_arrays(dict(tensors), metadata=metadata)
+    else:
+        from safetensors.torch import save as save_bytes
+
+        data = save_bytes(dict(tensors), metadata=metadata)
     return data, hashlib.sha256(data).hexdigest()
 
 
@@ -143,9 +168,7 @@ def check_field_types(config: Any) -> None:
             raise ValueError(f"{f.name} must be of type {kind}, got {value!r}"[:160])
 
 
-def check_weights(
-    d: Path, want: Any, digest: str | None, state: Mapping[str, torch.Tensor]
-) -> None:
+def check_weights(d: Path, want: Any, digest: str | None, state: Mapping[str, Any]) -> None:
     """Refuse a model folder's weights whose SHA-256 ``digest`` differs from config.json's
     ``want`` (None: saved before the checksum - warned) or that hold NaN/inf values."""
     if want is not None and not isinstance(want, str):
@@ -268,7 +291,8 @@ def _signature(folder: Path) -> tuple[tuple[int, int, int], ...]:
 
 
 class PretrainedMixin:
-    """Mixin for ``nn.Module`` subclasses built as ``Model(config)`` from a dataclass config.
+    """Mixin for ``nn.Module`` (or :class:`ArrayModule`) subclasses built as
+    ``Model(config)`` from a dataclass config.
 
     Subclasses set ``config_class`` and ``model_type`` (written into config.json so a folder
     from another model type is refused with a clear message). ``training_info`` (JSON, or
@@ -286,8 +310,13 @@ class PretrainedMixin:
         out = Path(out_dir)
         if out.exists() and not out.is_dir():
             raise SparsemmError(f"{out} exists and is not a folder; choose another output folder")
-        assert isinstance(self, torch.nn.Module)
-        tensors = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        if isinstance(self, ArrayModule):
+            tensors: dict[str, Any] = self.state_dict()
+        else:
+            import torch
+
+            assert isinstance(self, torch.nn.Module)
+            tensors = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
         meta = {"model_type": self.model_type}
         data, digest = weights_file_bytes(tensors, meta, self.model_type, out)
         config = {"model_type": self.model_type, **dataclasses.asdict(self.config)}
@@ -336,7 +365,7 @@ class PretrainedMixin:
             try:
                 data = (src / WEIGHTS_FILE).read_bytes()
                 digest = hashlib.sha256(data).hexdigest()
-                state = load_bytes(data)
+                state = cls._read_state(data)
             except (OSError, ValueError, SafetensorError) as exc:
                 state, error = {}, exc
             if pair_dir(d) == src and _signature(src) == before:
@@ -344,11 +373,23 @@ class PretrainedMixin:
         return cls._build(d, raw, state, error, digest)
 
     @classmethod
+    def _read_state(cls, data: bytes) -> dict[str, Any]:
+        """The tensors of a model.safetensors file: numpy arrays for an
+        :class:`ArrayModule` (no torch imported), torch tensors for an ``nn.Module``."""
+        if issubclass(cls, ArrayModule):
+            from safetensors.numpy import load as load_arrays
+
+            return dict(load_arrays(data))
+        from safetensors.torch import load as load_bytes
+
+        return dict(load_bytes(data))
+
+    @classmethod
     def _build(
         cls: type[T],
         d: Path,
         raw: Any,
-        state: dict[str, torch.Tensor],
+        state: dict[str, Any],
         error: Exception | None,
         digest: str | None = None,
     ) -> T:
@@ -376,24 +417,34 @@ class PretrainedMixin:
             )
         try:
             config = cls.config_class(**raw)
-            # shapes first, on the meta device (no memory): a config that disagrees with
-            # the weights (latent_dim: 1e9) is refused before anything is allocated
-            with torch.device("meta"):
-                shell = cls(config)  # type: ignore[call-arg]
+            # shapes first, on the meta device (no memory; an ArrayModule only declares
+            # them): a config that disagrees with the weights (latent_dim: 1e9) is refused
+            # before anything is allocated
+            if issubclass(cls, ArrayModule):
+                shell = cls(config)
+            else:
+                import torch
+
+                with torch.device("meta"):
+                    shell = cls(config)  # type: ignore[call-arg]
         except (SparsemmError, TypeError, ValueError, OverflowError) as exc:  # wrong values
             raise SparsemmError(
                 f"{d}/config.json is malformed ({exc}); re-create the model"
             ) from exc
-        assert isinstance(shell, torch.nn.Module)
         try:
             if error is not None:
                 raise error
-            with warnings.catch_warnings():  # copying into meta tensors is a no-op: fine
-                warnings.simplefilter("ignore", UserWarning)
-                shell.load_state_dict(state)  # checks names and shapes only
-            model = cls(config)
-            assert isinstance(model, torch.nn.Module)
-            model.load_state_dict(state)
+            if isinstance(shell, ArrayModule):
+                shell.load_state_dict(state)  # checks names and shapes, then keeps them
+                model = shell
+            else:
+                assert isinstance(shell, torch.nn.Module)
+                with warnings.catch_warnings():  # copying into meta tensors is a no-op: fine
+                    warnings.simplefilter("ignore", UserWarning)
+                    shell.load_state_dict(state)  # checks names and shapes only
+                model = cls(config)
+                assert isinstance(model, torch.nn.Module)
+                model.load_state_dict(state)
         except (RuntimeError, OSError, ValueError, SafetensorError) as exc:
             raise SparsemmError(
                 f"{d}/model.safetensors is corrupt or does not match config.json "
@@ -402,6 +453,72 @@ class PretrainedMixin:
         model.training_info = training
         model.eval()
         return model
+
+
+class ArrayModule:
+    """The torch-free counterpart of an ``nn.Module``'s weights, for a model's inference
+    side: named float32 numpy arrays whose shapes the constructor declares
+    (:meth:`declare`, nothing allocated) and :meth:`load_state_dict` fills. A
+    :class:`PretrainedMixin` subclass of it saves and loads the same ``model.safetensors``
+    (same tensor names and shapes) as an ``nn.Module`` would, through ``safetensors.numpy``:
+    a search reads a model without importing torch. Arrays are reached as attributes
+    (``self.fc_weight``) or by name (:meth:`array`: ``"enc_text.weight"``)."""
+
+    def __init__(self) -> None:
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def declare(self, name: str, *shape: int) -> None:
+        """Declare the float32 array ``name`` of ``shape`` (filled by load_state_dict)."""
+        if any(int(n) < 0 for n in shape):
+            raise ValueError(f"{name} would have a negative dimension {shape}")
+        self._shapes[name] = tuple(int(n) for n in shape)
+
+    def array(self, name: str) -> np.ndarray:
+        try:
+            return self._arrays[name]
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__} has no loaded array {name!r}") from None
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached when normal lookup fails: the loaded arrays, by name
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self.array(name)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The arrays by name (contiguous float32), as ``nn.Module.state_dict`` gives them."""
+        missing = sorted(set(self._shapes) - set(self._arrays))
+        if missing:
+            raise ValueError(f"{type(self).__name__} has no weights loaded for {missing}")
+        return {k: np.ascontiguousarray(self._arrays[k]) for k in self._shapes}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Keep ``state``'s arrays (as float32), refusing missing, unexpected or mis-shaped
+        names before any is kept, with ``nn.Module.load_state_dict``'s message (a ValueError
+        whose lines :func:`one_line` shortens)."""
+        problems = []
+        missing = [k for k in self._shapes if k not in state]
+        unexpected = [k for k in state if k not in self._shapes]
+        if missing:
+            problems.append(f"Missing key(s) in state_dict: {', '.join(map(repr, missing))}.")
+        if unexpected:
+            problems.append(f"Unexpected key(s) in state_dict: {', '.join(map(repr, unexpected))}.")
+        for k, shape in self._shapes.items():
+            if k in state and tuple(np.shape(state[k])) != shape:
+                problems.append(
+                    f"size mismatch for {k}: copying a param with shape "
+                    f"{tuple(np.shape(state[k]))} from checkpoint, the shape in current model "
+                    f"is {shape}."
+                )
+        if problems:
+            head = f"Error(s) in loading state_dict for {type(self).__name__}:"
+            raise ValueError("\n\t".join([head, *problems]))
+        self._arrays = {k: np.ascontiguousarray(state[k], dtype=np.float32) for k in self._shapes}
+
+    def eval(self) -> Self:
+        """Nothing to switch (no dropout, no batch norm): ``nn.Module.eval``'s counterpart."""
+        return self
 
 
 # --------------------------------------------------------------------------- training record

@@ -45,12 +45,10 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-import torch
-from torch import nn
 
 from sparsemm.data.sources import image_key
 from sparsemm.errors import SparsemmError
-from sparsemm.models.base import PretrainedMixin, check_field_types
+from sparsemm.models.base import ArrayModule, PretrainedMixin, check_field_types
 from sparsemm.text import TERM_TEMPLATE  # the query side embeds terms with the same template
 
 log = logging.getLogger(__name__)
@@ -204,19 +202,21 @@ def dimension_names(class_synonyms: Sequence[str], class_wnids: Sequence[str] = 
     return names
 
 
-class ImageNetConceptModel(PretrainedMixin, nn.Module):
+class ImageNetConceptModel(PretrainedMixin, ArrayModule):
     """Classifier head + class text table: items and queries coded over the classes.
 
-    Buffers: ``fc_weight`` (C, F), ``fc_bias`` (C,), ``synonym_emb`` (S, D) unit rows (one
+    Arrays: ``fc_weight`` (C, F), ``fc_bias`` (C,), ``synonym_emb`` (S, D) unit rows (one
     per synonym, in class order), ``description_emb`` (C, D) unit rows (zero without glosses).
+    Nothing is trained, so the model is numpy throughout: loading and coding queries never
+    import torch (reading photos does, through the backbone).
     """
 
     config_class = ConceptConfig
     model_type = MODEL_TYPE
-    fc_weight: torch.Tensor
-    fc_bias: torch.Tensor
-    synonym_emb: torch.Tensor
-    description_emb: torch.Tensor
+    fc_weight: np.ndarray
+    fc_bias: np.ndarray
+    synonym_emb: np.ndarray
+    description_emb: np.ndarray
 
     def __init__(self, config: ConceptConfig) -> None:
         super().__init__()
@@ -226,10 +226,10 @@ class ImageNetConceptModel(PretrainedMixin, nn.Module):
             raise ValueError("every class needs at least one synonym")
         n_classes = len(config.class_synonyms)
         n_syn = sum(len(s) for s in self.synonyms)
-        self.register_buffer("fc_weight", torch.zeros(n_classes, config.n_features))
-        self.register_buffer("fc_bias", torch.zeros(n_classes))
-        self.register_buffer("synonym_emb", torch.zeros(n_syn, config.text_dim))
-        self.register_buffer("description_emb", torch.zeros(n_classes, config.text_dim))
+        self.declare("fc_weight", n_classes, config.n_features)
+        self.declare("fc_bias", n_classes)
+        self.declare("synonym_emb", n_syn, config.text_dim)
+        self.declare("description_emb", n_classes, config.text_dim)
         # synonym row -> class, for the max over a class's synonyms
         self.synonym_class = np.repeat(
             np.arange(n_classes), [len(s) for s in self.synonyms]
@@ -300,11 +300,14 @@ class ImageNetConceptModel(PretrainedMixin, nn.Module):
             desc_emb = text_encoder.encode_text(
                 list(descriptions), normalize=True, progress=progress
             )
-        with torch.no_grad():
-            model.fc_weight.copy_(torch.from_numpy(w))
-            model.fc_bias.copy_(torch.from_numpy(b))
-            model.synonym_emb.copy_(torch.from_numpy(np.asarray(syn_emb, dtype=np.float32)))
-            model.description_emb.copy_(torch.from_numpy(np.asarray(desc_emb, np.float32)))
+        model.load_state_dict(
+            {
+                "fc_weight": w,
+                "fc_bias": b,
+                "synonym_emb": np.asarray(syn_emb, dtype=np.float32),
+                "description_emb": np.asarray(desc_emb, dtype=np.float32),
+            }
+        )
         from sparsemm.data.encode import encoder_info
 
         model.training_info = {"text_encoder": encoder_info(text_encoder)}
@@ -313,14 +316,14 @@ class ImageNetConceptModel(PretrainedMixin, nn.Module):
     # -- items ------------------------------------------------------------------------------
     def class_probabilities(self, pooled: np.ndarray) -> np.ndarray:
         """Un-normalised pooled features (n, F) -> softmax class probabilities (n, C)."""
-        x = torch.from_numpy(np.ascontiguousarray(pooled, dtype=np.float32))
+        x = np.ascontiguousarray(pooled, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != self.config.n_features:
             raise SparsemmError(
                 f"expected pooled features (n, {self.config.n_features}), got {tuple(x.shape)}"
             )
-        with torch.no_grad():
-            logits = x @ self.fc_weight.T + self.fc_bias
-            return logits.softmax(dim=-1).numpy()
+        logits = x @ self.fc_weight.T + self.fc_bias
+        e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
     def encode_pooled(self, pooled: np.ndarray, top_k: int | None = None) -> sp.csr_matrix:
         """Item codes (n, C): each row's top-k probabilities >= ``min_prob`` (the top one
@@ -340,14 +343,14 @@ class ImageNetConceptModel(PretrainedMixin, nn.Module):
                 f"expected text embeddings (n, {self.config.text_dim}), got {q.shape}; the "
                 "query text encoder must be the one the model was built with"
             )
-        syn = q @ self.synonym_emb.numpy().T  # (n, S)
+        syn = q @ self.synonym_emb.T  # (n, S)
         best_syn = np.full((len(q), self.n_classes), -np.inf, dtype=np.float32)
         for i in range(len(q)):
             np.maximum.at(best_syn[i], self.synonym_class, syn[i])
         w = self.config.description_weight
         if w == 0.0:
             return best_syn
-        return (1.0 - w) * best_syn + w * (q @ self.description_emb.numpy().T)
+        return (1.0 - w) * best_syn + w * (q @ self.description_emb.T)
 
     def encode_text(self, text_emb: np.ndarray, top_k: int | None = None) -> sp.csr_matrix:
         """Query codes (n, C) from unit text embeddings (see the module docstring); an
@@ -831,7 +834,7 @@ def evidence_source(model: ImageNetConceptModel) -> dict[str, Any]:
 
     from sparsemm.encoders.faces import WEIGHTS_SHA256
 
-    head = hashlib.sha256(model.fc_weight.numpy().tobytes() + model.fc_bias.numpy().tobytes())
+    head = hashlib.sha256(model.fc_weight.tobytes() + model.fc_bias.tobytes())
     out: dict[str, Any] = {
         "classifier": head.hexdigest()[:16],
         "faces": WEIGHTS_SHA256[:16],

@@ -11,35 +11,22 @@ and pairs: dense vs sparse then differ in the representation only, not in what w
     z_img = normalize(W_i x_img)   (n, dim)
     z_txt = normalize(W_t x_txt)   (n, dim)
     score = z_img . z_txt
+
+A search projects with :class:`sparsemm.models.lit_lite.AlignerLite` (the same heads in
+numpy, no torch import), which also holds the config and the aligned text encoder.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sparsemm.errors import SparsemmError
 from sparsemm.models.base import PretrainedMixin
+from sparsemm.models.lit_lite import AlignConfig, AlignedTextEncoder, check_features
 
-
-@dataclass(frozen=True)
-class AlignConfig:
-    image_dim: int  # input width of the image backbone's features
-    text_dim: int  # input width of the text backbone's features
-    dim: int = 512  # shared space width (SR uses d=1000 sparse; a dense space needs fewer)
-    tau: float = 0.05  # InfoNCE temperature, the same as SR's so the losses match
-
-    def __post_init__(self) -> None:
-        if min(self.image_dim, self.text_dim, self.dim) < 1:
-            raise SparsemmError("image_dim, text_dim and dim must be positive")
-        if not (0 < self.tau < float("inf")):  # NaN too
-            raise SparsemmError(f"tau (--tau) must be a positive number, got {self.tau}")
+__all__ = ["AlignConfig", "AlignedTextEncoder", "LinearAligner"]
 
 
 class LinearAligner(PretrainedMixin, nn.Module):
@@ -63,12 +50,7 @@ class LinearAligner(PretrainedMixin, nn.Module):
 
     @torch.no_grad()
     def _project(self, x: np.ndarray, layer: nn.Linear, width: int, what: str) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float32)
-        if x.ndim != 2 or x.shape[1] != width:
-            raise SparsemmError(
-                f"{what} features must be (n, {width}) for this aligner, got {x.shape}; were "
-                "they made by the backbone the aligner was trained on?"
-            )
+        x = check_features(x, width, what)
         out = F.normalize(layer(torch.from_numpy(x)), dim=-1)
         return out.numpy().astype(np.float32)
 
@@ -87,30 +69,3 @@ class LinearAligner(PretrainedMixin, nn.Module):
             for s in range(0, len(x), batch_size)
         ]
         return np.concatenate(parts) if parts else np.zeros((0, self.config.dim), np.float32)
-
-
-class AlignedTextEncoder:
-    """A text encoder (the project's encoder protocol) whose output is in an aligner's space:
-    ``base`` embeds the texts, the aligner's text head projects them. ``base`` stays
-    reachable for models that need the raw backbone features (SR's text encoder)."""
-
-    def __init__(self, base: Any, aligner: LinearAligner) -> None:
-        if int(getattr(base, "dim", aligner.config.text_dim)) != aligner.config.text_dim:
-            raise SparsemmError(
-                f"the text encoder gives {base.dim}-d vectors but the aligner expects "
-                f"{aligner.config.text_dim}-d"
-            )
-        self.base = base
-        self.aligner = aligner
-        self.dim = aligner.config.dim
-        self.name = f"{getattr(base, 'name', 'text')}+linear_align"
-
-    def encode_text(
-        self,
-        texts: Sequence[str],
-        batch_size: int = 64,
-        normalize: bool = True,
-        progress: bool = False,
-    ) -> np.ndarray:
-        raw = self.base.encode_text(list(texts), batch_size=batch_size, progress=progress)
-        return self.aligner.encode_text_features(raw)

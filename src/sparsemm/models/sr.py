@@ -9,12 +9,13 @@ maps SR back to k dims. Loss = reconstruction (both modalities) + lambda * symme
 over the SR codes with temperature tau.
 
 At inference an item has no caption, so the mask is TopK(E_d) alone (``inference_mask``
-"topk"); text queries may OR in their own sentence bias ("topk_or_bias").
+"topk"); text queries may OR in their own sentence bias ("topk_or_bias"). A search codes
+with :class:`sparsemm.models.sr_lite.SRLite`, the same encode in numpy (no torch import),
+which also holds the config.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -23,41 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sparsemm.errors import SparsemmError
 from sparsemm.models.base import PretrainedMixin, topk_mask
+from sparsemm.models.sr_lite import MODALITIES, SRConfig, check_encode_args, stack_codes
 
-MODALITIES = ("image", "text")
-
-
-@dataclass(frozen=True)
-class SRConfig:
-    text_dim: int = 384  # k of the text backbone (MiniLM 384, CLIP ViT-B/32 512)
-    image_dim: int = 384  # k of the image backbone; equals text_dim for aligned backbones
-    latent_dim: int = 1000  # d: concept dimensions, aligned with the SPINE hidden units
-    shared: bool = True  # one encoder/decoder for both modalities (backbone already aligned)
-    top_k: int = 64  # TopK part of the mask, at training and inference
-    activation: str = "relu"  # "relu": non-negative codes, magnitudes mean presence; "none"
-    tau: float = 0.05  # InfoNCE temperature
-    contrastive_weight: float = 1.0  # lambda in  L = L_rec + lambda * L_nce
-    recon_weight: float = 1.0  # weight of the reconstruction term
-    inference_mask: str = "topk"  # "topk" | "topk_or_bias" (text with a caption bias)
-    inference_top_k: int | None = None  # TopK at inference (None: top_k); set by validation
-
-    def __post_init__(self) -> None:
-        if self.activation not in ("relu", "none"):
-            raise SparsemmError(f"SR activation must be 'relu' or 'none', not {self.activation!r}")
-        if self.inference_mask not in ("topk", "topk_or_bias"):
-            raise SparsemmError(f"unknown SR inference_mask {self.inference_mask!r}")
-        if not 0 < self.top_k <= self.latent_dim:
-            raise SparsemmError(f"top_k must be in 1..latent_dim ({self.latent_dim})")
-        if self.shared and self.text_dim != self.image_dim:
-            raise SparsemmError("a shared SR encoder needs text_dim == image_dim")
-        # "not (x > 0)" refuses NaN too; tau = 0 divides the InfoNCE logits by zero
-        if not (0 < self.tau < float("inf")):
-            raise SparsemmError(f"tau (--tau) must be a positive number, got {self.tau}")
-        for name in ("contrastive_weight", "recon_weight"):
-            if not (0 <= getattr(self, name) < float("inf")):
-                raise SparsemmError(f"{name} must be a non-negative number")
+__all__ = ["MODALITIES", "SRConfig", "SRModel"]
 
 
 class SRModel(PretrainedMixin, nn.Module):
@@ -130,46 +100,22 @@ class SRModel(PretrainedMixin, nn.Module):
         "topk_or_bias" (OR the given sentence ``bias`` (n, d) into the mask) or "all" (no
         mask: every non-zero of E_d, only sparse with the ReLU activation).
         """
-        if modality not in MODALITIES:
-            raise SparsemmError(f"modality must be one of {MODALITIES}, not {modality!r}")
-        k_in = self.config.image_dim if modality == "image" else self.config.text_dim
-        x = np.asarray(x, dtype=np.float32)
-        if x.ndim != 2 or x.shape[1] != k_in:
-            raise SparsemmError(
-                f"SR model expects {modality} embeddings of dimension {k_in}, got shape "
-                f"{x.shape}; was the collection encoded with another encoder?"
-            )
-        if not np.isfinite(x).all():
-            raise SparsemmError("embeddings contain NaN or inf; re-encode those items")
-        mask = mask or self.config.inference_mask
-        if mask not in ("topk", "topk_or_bias", "all"):
-            raise SparsemmError(f"unknown SR mask {mask!r}; use topk, topk_or_bias or all")
-        k = top_k or self.config.inference_top_k or self.config.top_k
-        if not 0 < k <= self.config.latent_dim:
-            raise SparsemmError(f"top_k must be in 1..{self.config.latent_dim}, got {k}")
-        use_bias = bias is not None and mask == "topk_or_bias"
-        if bias is not None and bias.shape != (len(x), self.config.latent_dim):
-            raise SparsemmError(f"bias must have shape ({len(x)}, {self.config.latent_dim})")
+        a = check_encode_args(self.config, x, modality, bias, top_k, mask)
         self.eval()
         blocks = []
-        for s in range(0, len(x), batch_size):
-            z = self.latent(torch.from_numpy(x[s : s + batch_size]), modality)
-            if mask == "all":
+        for s in range(0, len(a.x), batch_size):
+            z = self.latent(torch.from_numpy(a.x[s : s + batch_size]), modality)
+            if a.mask == "all":
                 sr = z.numpy()
             else:
-                m = topk_mask(z, k)
-                if use_bias:
+                m = topk_mask(z, a.k)
+                if a.use_bias:
                     assert bias is not None
-                    block = bias[s : s + batch_size]
-                    dense = sp.csr_matrix(block).toarray()
+                    dense = sp.csr_matrix(bias[s : s + batch_size]).toarray()
                     m = m | torch.from_numpy(dense > 0)
                 sr = (z * m).numpy()
             blocks.append(sp.csr_matrix(sr))
-        if not blocks:
-            return sp.csr_matrix((0, self.config.latent_dim), dtype=np.float32)
-        out = sp.vstack(blocks, format="csr").astype(np.float32)
-        out.eliminate_zeros()
-        return out
+        return stack_codes(blocks, self.config.latent_dim)
 
     @torch.no_grad()
     def reconstruct(self, codes: sp.csr_matrix, modality: str) -> np.ndarray:

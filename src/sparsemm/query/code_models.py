@@ -81,9 +81,10 @@ class SRCodeModel:
     served_by_index = True
 
     def __init__(self, path: str | Path, top_k: int | None = None) -> None:
-        from sparsemm.models.sr import SRModel
+        from sparsemm.models.sr_lite import SRLite
 
-        self.model = SRModel.from_pretrained(path)
+        # numpy codes (the torch model's, within float rounding): no torch import
+        self.model = SRLite.from_pretrained(path)
         cfg = self.model.config
         self.top_k = int(top_k or cfg.inference_top_k or cfg.top_k)
         self.training_info = self.model.training_info

@@ -28,7 +28,7 @@ from sparsemm.index import InvertedIndex
 from sparsemm.index.store import Store
 from sparsemm.io import read_json
 from sparsemm.models.base import check_encoders, config_digest
-from sparsemm.models.lit import AlignedTextEncoder, LinearAligner
+from sparsemm.models.lit_lite import AlignedTextEncoder, AlignerLite
 from sparsemm.query.code_models import load_code_model
 from sparsemm.query.strategies import (
     ExclusionContext,
@@ -172,7 +172,7 @@ class IndexedCollection:
         self.labels_data: list[list[str]] = _label_lists(labels, "data", root)
         self.labels_spine: list[list[str]] = _label_lists(labels, "spine", root)
         self.aligner = (
-            LinearAligner.from_pretrained(meta["dense_model"]) if meta.get("dense_model") else None
+            AlignerLite.from_pretrained(meta["dense_model"]) if meta.get("dense_model") else None
         )
         if self.aligner is not None:
             check_encoders(

@@ -21,7 +21,7 @@ from sparsemm.index import InvertedIndex
 from sparsemm.linalg import normalize_rows
 from sparsemm.models.base import check_encoders, config_digest
 from sparsemm.models.detectors import model_weights_sha256
-from sparsemm.models.lit import LinearAligner
+from sparsemm.models.lit_lite import AlignerLite
 from sparsemm.query import unit_lists
 from sparsemm.query.code_models import load_code_model
 from sparsemm.query.handle import INDEX_DIR, LEGACY_LABELS, IndexedCollection
@@ -52,7 +52,7 @@ def build_index(
     model = load_code_model(model_dir, top_k)
     check_encoders(model.training_info, col.manifest, model_dir, collection_dir)
     if dense_model is not None:
-        aligner = LinearAligner.from_pretrained(dense_model)
+        aligner = AlignerLite.from_pretrained(dense_model)
         check_encoders(aligner.training_info, col.manifest, dense_model, collection_dir)
         if (aligner.config.image_dim, aligner.config.text_dim) != (col.dim, col.text_dim):
             raise SparsemmError(
