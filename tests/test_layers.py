@@ -25,7 +25,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"train"}),
     frozenset({"query"}),
     frozenset({ROOT}),  # the public API re-exports the library
-    frozenset({"eval", "viz", "web"}),  # eval's runners, viz and web read the library
+    frozenset({"eval", "web"}),  # eval's runners and web read the library
     frozenset({"pipeline"}),  # up, index, serve: what the CLI verbs run
     frozenset({"cli"}),
 )

@@ -15,7 +15,7 @@ from PIL import Image
 
 from sparsemm.errors import SparsemmError
 from sparsemm.query.hits import Concept, ExcludedCheck, Hit
-from sparsemm.viz.report import (
+from sparsemm_experiments.viz.report import (
     DemoReport,
     QueryPanel,
     ResultItem,
@@ -343,7 +343,7 @@ def test_result_grid_png_size_and_borders(tmp_path: Path) -> None:
 
 
 def test_why_panel_never_contradicts_the_labels(tmp_path: Path) -> None:
-    from sparsemm.viz.report import render_demo_html
+    from sparsemm_experiments.viz.report import render_demo_html
 
     item = ResultItem(
         "i1",

@@ -663,7 +663,7 @@ def grid_png_size(n: int, cols: int = 5, thumb: int = 96, title: bool = False) -
 
 
 def _font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
-    from sparsemm.viz.wordcloud import bundled_font
+    from sparsemm_experiments.viz.wordcloud import bundled_font
 
     try:
         return ImageFont.truetype(bundled_font(), size)

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from sparsemm.errors import SparsemmError
-from sparsemm.viz.wordcloud import check_weights, concept_cloud, dimension_cloud
+from sparsemm_experiments.viz.wordcloud import check_weights, concept_cloud, dimension_cloud
 
 WEIGHTS = {"sneaker": 3.0, "shoe": 2.0, "running": 1.5, "lace": 1.0, "sole": 0.8, "trainer": 0.5}
 
