@@ -745,7 +745,7 @@ def export_demo(
     n_queries: int = 100,
 ) -> dict[str, Any]:
     """Export the test items (and some caption queries) for Anserini and ES; validate."""
-    from sparsemm.index.export import (
+    from sparsemm_experiments.export import (
         rank_features_mapping,
         validate_anserini_document,
         validate_rank_features_document,

@@ -30,7 +30,6 @@ VERBS = (
     "serve",
     "up",
     "bench",
-    "export",
 )
 
 

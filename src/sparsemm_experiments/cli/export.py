@@ -5,7 +5,7 @@ Examples::
     sparsemm export runs/lexlip/coco/model runs/demo/collection -o runs/export-coco
     sparsemm export MODEL COLLECTION -o OUT --format rank_features --index my-items
 
-Formats (see :mod:`sparsemm.index.export`): ``anserini`` writes
+Formats (see :mod:`sparsemm_experiments.export`): ``anserini`` writes
 ``OUT/anserini/docs/docs.jsonl`` (JsonVectorCollection; index it with ``IndexCollection
 -collection JsonVectorCollection -input OUT/anserini/docs -impact -pretokenized``) and, with
 ``--queries``, ``OUT/anserini/queries.tsv``; ``rank_features`` writes ``OUT/es/mapping.json``
@@ -60,11 +60,11 @@ def run(args: argparse.Namespace) -> int:
 
     from sparsemm.data.collection import open_collection
     from sparsemm.errors import SparsemmError
-    from sparsemm.index import export as ex
     from sparsemm.io import read_text_utf8
     from sparsemm.models.lexlip import LexLIPModel
     from sparsemm.runtime import torch_threads
     from sparsemm.train.lexlip import item_patches
+    from sparsemm_experiments import export as ex
 
     # the query file first: a bad one fails before the model and features are loaded
     queries: list[str] = []

@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
-from sparsemm.index.export import (
+from sparsemm_experiments.export import (
     es_feature_name,
     es_term,
     quantize,
