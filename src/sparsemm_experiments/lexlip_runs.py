@@ -12,11 +12,13 @@ What :func:`run_lexlip_bench` does (``sparsemm bench lexlip``):
    and image-to-text R@1/5/10 for LexLIP's lexicon codes, its Dense variant ([CLS]
    projections) and, on COCO, the dense MiniLM views. BM25 cannot use the standard protocol
    (a query caption is part of its own item's document); it is measured leave-one-out
-   (:func:`sparsemm.baselines.bm25.caption_retrieval`) next to MiniLM under the same rule.
+   (:func:`sparsemm_experiments.baselines.bm25.caption_retrieval`) next to MiniLM under the
+   same rule.
 3. **Exclusion** ("A but not B" from labels, :mod:`sparsemm.eval.bench`): dense strategies
    on the LexLIP-Dense embeddings, sparse strategies on the LexLIP codes, parameters tuned on
    the train split; BM25 over captions on the same queries (B-mentioning items demoted,
-   :class:`~sparsemm.baselines.bm25.CaptionBM25`); on COCO also the MiniLM dense baselines.
+   :class:`~sparsemm_experiments.baselines.bm25.CaptionBM25`); on COCO also the MiniLM dense
+   baselines.
    Means over all / hard queries with paired t-tests against LexLIP-Dense's
    emb(A) - 0.5 emb(B) and against BM25.
 4. **Large scale** (COCO model): the 950 test items mixed into a pool of every val2017 item
@@ -48,7 +50,6 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from sparsemm.baselines.bm25 import CaptionBM25, caption_retrieval
 from sparsemm.data.collection import Collection, write_collection
 from sparsemm.data.encode import caption_views
 from sparsemm.encoders.base import l2_normalize
@@ -81,6 +82,7 @@ from sparsemm.train.lexlip import (
     train_lexlip,
     trained_matches,
 )
+from sparsemm_experiments.baselines.bm25 import CaptionBM25, caption_retrieval
 from sparsemm_experiments.presets import load_preset
 
 logger = logging.getLogger(__name__)

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from sparsemm.baselines.bm25 import BM25Config, CaptionBM25, caption_retrieval
 from sparsemm.errors import SparsemmError
 from sparsemm.query.strategies import term_tokens
+from sparsemm_experiments.baselines.bm25 import BM25Config, CaptionBM25, caption_retrieval
 
 CAPTIONS = [
     ["A dog runs in the park.", "A brown dog with a ball."],  # 0 dog
