@@ -14,7 +14,8 @@ What :func:`run_lexlip_bench` does (``sparsemm bench lexlip``):
    (a query caption is part of its own item's document); it is measured leave-one-out
    (:func:`sparsemm_experiments.baselines.bm25.caption_retrieval`) next to MiniLM under the
    same rule.
-3. **Exclusion** ("A but not B" from labels, :mod:`sparsemm.eval.bench`): dense strategies
+3. **Exclusion** ("A but not B" from labels, :mod:`sparsemm_experiments.eval.bench`): dense
+   strategies
    on the LexLIP-Dense embeddings, sparse strategies on the LexLIP codes, parameters tuned on
    the train split; BM25 over captions on the same queries (B-mentioning items demoted,
    :class:`~sparsemm_experiments.baselines.bm25.CaptionBM25`); on COCO also the MiniLM dense
@@ -54,19 +55,7 @@ from sparsemm.data.collection import Collection, write_collection
 from sparsemm.data.encode import caption_views
 from sparsemm.encoders.base import l2_normalize
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.bench import METRICS, BenchConfig, run_exclusion_bench
-from sparsemm.eval.exclusion import (
-    build_exclusion_queries,
-    git_commit,
-    hard_mask,
-    markdown_table,
-    query_matrices,
-    read_per_query,
-    significance,
-    summarize,
-)
 from sparsemm.eval.metrics import evaluate_rankings
-from sparsemm.eval.retrieval import recall_at_ks, target_ranks, top_k_rows
 from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, jsonable, write_json
 from sparsemm.linalg import normalize_rows
@@ -83,6 +72,18 @@ from sparsemm.train.lexlip import (
     trained_matches,
 )
 from sparsemm_experiments.baselines.bm25 import CaptionBM25, caption_retrieval
+from sparsemm_experiments.eval.bench import METRICS, BenchConfig, run_exclusion_bench
+from sparsemm_experiments.eval.exclusion import (
+    build_exclusion_queries,
+    git_commit,
+    hard_mask,
+    markdown_table,
+    query_matrices,
+    read_per_query,
+    significance,
+    summarize,
+)
+from sparsemm_experiments.eval.retrieval import recall_at_ks, target_ranks, top_k_rows
 from sparsemm_experiments.presets import load_preset
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,8 @@ every number below is measured by this module):
    views. Trained cross-modally (:func:`~sparsemm.train.vdr.train_vdr`) on the ``train``
    split's (caption, item) pairs, with the bag-of-words entry (main model) and without it
    (ablation). Zero-shot (untrained) codes are reported too.
-3. Evaluation: the exclusion benchmark (:func:`~sparsemm.eval.bench.run_exclusion_bench`,
+3. Evaluation: the exclusion benchmark
+   (:func:`~sparsemm_experiments.eval.bench.run_exclusion_bench`,
    with ``item_codes``; VDR's exclusion is the SR paper's multi-step method ``paper``, next
    to the other sparse strategies) and its image-text retrieval table; the same run for an
    SR model when given; effectiveness vs the number of active dimensions k; the BoW on/off
@@ -42,8 +43,6 @@ import torch
 
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.bench import BenchConfig, run_exclusion_bench
-from sparsemm.eval.exclusion import git_commit
 from sparsemm.eval.tables import md_table
 from sparsemm.index import InvertedIndex
 from sparsemm.io import (
@@ -70,6 +69,8 @@ from sparsemm.train.vdr import (
     preset_train_config,
     train_vdr,
 )
+from sparsemm_experiments.eval.bench import BenchConfig, run_exclusion_bench
+from sparsemm_experiments.eval.exclusion import git_commit
 from sparsemm_experiments.presets import load_preset
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ import pytest
 from scipy.stats import ttest_rel
 
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.exclusion import (
+from sparsemm_experiments.eval.exclusion import (
     bar_plot,
     git_commit,
     markdown_table,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.exclusion import build_exclusion_queries, hard_mask, query_matrices
+from sparsemm_experiments.eval.exclusion import build_exclusion_queries, hard_mask, query_matrices
 
 # item: labels                 counts: dog 5 (0,1,2,4,6), cat 3 (0,3,4), person 3 (2,5,7),
 TOY = [  #                              kite 1 (7)

@@ -4,7 +4,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.eval.metrics import ap_at_k
-from sparsemm.eval.retrieval import multi_target_ap, recall_at_ks, target_ranks, top_k_rows
+from sparsemm_experiments.eval.retrieval import (
+    multi_target_ap,
+    recall_at_ks,
+    target_ranks,
+    top_k_rows,
+)
 
 
 def test_target_ranks_dense_and_sparse_agree_and_count_ties_against() -> None:

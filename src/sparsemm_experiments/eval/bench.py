@@ -2,7 +2,8 @@
 
 Protocol (docs/negation.md, the label-pair protocol; SR paper Sec. 5, Tables 1-2):
 
-1. Queries: :func:`~sparsemm.eval.exclusion.build_exclusion_queries` over the labels of the
+1. Queries: :func:`~sparsemm_experiments.eval.exclusion.build_exclusion_queries` over the labels of
+   the
    evaluation split's items (ordered label pairs "A but not B").
 2. Tuning (``tune_split``, default ``train``): the tune split's items are divided at random
    (seeded) into a *tuning evaluation* part (``tune_fraction``) and a *reference* part.
@@ -16,7 +17,7 @@ Protocol (docs/negation.md, the label-pair protocol; SR paper Sec. 5, Tables 1-2
    whole tune split as reference set. Per query: MRR/NDCG/AP @1,3,10, violation@10,
    inclusion@10 (:func:`~sparsemm.eval.metrics.evaluate_rankings`); means for the subsets
    "all" and "hard" with paired t-tests against the dense baselines, written by
-   :func:`~sparsemm.eval.exclusion.write_report`.
+   :func:`~sparsemm_experiments.eval.exclusion.write_report`.
 4. Standard retrieval (SR paper Table 2 analogue): image-to-text and text-to-image AP@1/5/10
    of the dense embeddings and of the sparse codes on the evaluation split.
 
@@ -39,16 +40,7 @@ import scipy.sparse as sp
 
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.exclusion import (
-    ExclusionQuery,
-    build_exclusion_queries,
-    hard_mask,
-    query_matrices,
-    render_report,
-    write_report,
-)
 from sparsemm.eval.metrics import evaluate_rankings
-from sparsemm.eval.retrieval import multi_target_ap
 from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.detectors import ConceptDetectors
@@ -62,6 +54,15 @@ from sparsemm.query.strategies import (
     TextEncoder,
     get_spec,
 )
+from sparsemm_experiments.eval.exclusion import (
+    ExclusionQuery,
+    build_exclusion_queries,
+    hard_mask,
+    query_matrices,
+    render_report,
+    write_report,
+)
+from sparsemm_experiments.eval.retrieval import multi_target_ap
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,13 @@ import pytest
 from test_bench import _collection, _run_cli
 
 from sparsemm.cli.main import main
-from sparsemm.eval.bench import captions_by_item
-from sparsemm.eval.negation import (
+from sparsemm.models.sr import SRConfig
+from sparsemm.query.parse import Query, parse_query
+from sparsemm.query.rank import rank_query
+from sparsemm.query.strategies import ExclusionContext, ReferenceSet, sr_query_coder
+from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
+from sparsemm_experiments.eval.bench import captions_by_item
+from sparsemm_experiments.eval.negation import (
     DENSE_CAPTION,
     DENSE_RAW,
     FAMILIES,
@@ -21,11 +26,6 @@ from sparsemm.eval.negation import (
     parse_matches,
     plural,
 )
-from sparsemm.models.sr import SRConfig
-from sparsemm.query.parse import Query, parse_query
-from sparsemm.query.rank import rank_query
-from sparsemm.query.strategies import ExclusionContext, ReferenceSet, sr_query_coder
-from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 
 LABELS = [["dog", "person"], ["cat"], ["car", "person"], ["dog", "tree"], ["bench"]] * 8
 CAPTIONS = [

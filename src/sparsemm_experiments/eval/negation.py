@@ -40,7 +40,6 @@ import scipy.sparse as sp
 
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.exclusion import build_exclusion_queries, query_matrices, write_report
 from sparsemm.eval.metrics import evaluate_rankings
 from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, write_json
@@ -56,6 +55,11 @@ from sparsemm.query.strategies import (
     get_spec,
 )
 from sparsemm.text import term_tokens
+from sparsemm_experiments.eval.exclusion import (
+    build_exclusion_queries,
+    query_matrices,
+    write_report,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -429,7 +433,7 @@ def tune_hybrid(
     Returns (chosen params, every grid row, the bars)."""
     import itertools
 
-    from sparsemm.eval.bench import evaluate_strategy
+    from sparsemm_experiments.eval.bench import evaluate_strategy
 
     pairs = build_exclusion_queries(labels)
     p_mat = query_matrices(pairs, ctx.n_items)
@@ -507,8 +511,9 @@ def run_negation_bench(
 ) -> dict[str, Any]:
     """Run the sentence negation benchmark and write ``out_dir`` (config.json, metrics.json,
     per_query.npz, report.md, plots, queries.jsonl). ``detectors``: the sparse model's own
-    (see :func:`sparsemm.eval.bench.run_exclusion_bench`). Returns the metrics.json content."""
-    from sparsemm.eval.bench import captions_by_item, item_set, split_tune_rows
+    (see :func:`sparsemm_experiments.eval.bench.run_exclusion_bench`). Returns the metrics.json
+    content."""
+    from sparsemm_experiments.eval.bench import captions_by_item, item_set, split_tune_rows
 
     cfg = config or NegationConfig()
     t_start = time.perf_counter()

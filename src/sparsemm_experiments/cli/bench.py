@@ -237,8 +237,8 @@ def _model_detectors(args: argparse.Namespace) -> Any:
 
 
 def run_negation(args: argparse.Namespace) -> int:
-    from sparsemm.eval.negation import SERVED, NegationConfig, run_negation_bench
     from sparsemm.query.strategies import sr_query_coder
+    from sparsemm_experiments.eval.negation import SERVED, NegationConfig, run_negation_bench
 
     out: Path = args.out
     tune = None if str(args.tune_split).lower() == "none" else args.tune_split
@@ -285,8 +285,8 @@ def run_negation(args: argparse.Namespace) -> int:
 
 
 def run_exclusion(args: argparse.Namespace) -> int:
-    from sparsemm.eval.bench import BenchConfig, run_exclusion_bench
     from sparsemm.query.strategies import sr_query_coder
+    from sparsemm_experiments.eval.bench import BenchConfig, run_exclusion_bench
 
     out: Path = args.out
     tune = None if str(args.tune_split).lower() == "none" else args.tune_split

@@ -10,20 +10,20 @@ import pytest
 import scipy.sparse as sp
 
 from fakes import term_word_encoder
-from sparsemm.cli import bench as bench_cli
 from sparsemm.data.collection import write_collection
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.bench import (
+from sparsemm.models.sr import SRConfig
+from sparsemm.query.strategies import available_strategies, sr_query_coder
+from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
+from sparsemm.words.spine import SparseWordVectors
+from sparsemm_experiments.cli import bench as bench_cli
+from sparsemm_experiments.eval.bench import (
     METRICS,
     BenchConfig,
     _select,
     retrieval_table,
     run_exclusion_bench,
 )
-from sparsemm.models.sr import SRConfig
-from sparsemm.query.strategies import available_strategies, sr_query_coder
-from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
-from sparsemm.words.spine import SparseWordVectors
 
 WORDS = ["dog", "cat", "car", "tree", "person", "ball", "bench", "kite"]
 FILLER = ["park", "street", "grass", "sky"]
