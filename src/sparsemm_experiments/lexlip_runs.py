@@ -7,7 +7,8 @@ What :func:`run_lexlip_bench` does (``sparsemm bench lexlip``):
    trains the paired caption is hidden from its item (leave-one-out). ``collages``: the
    Fashion-MNIST collage collection; patches are EfficientNet-Lite0 7x7 spatial features
    (49 x 1280) of the real images. One LexLIP model per setting is trained on the ``train``
-   split (:func:`sparsemm.train.lexlip.train_lexlip`; cached in ``OUT/<setting>/model``).
+   split (:func:`sparsemm_experiments.train.lexlip.train_lexlip`; cached in
+   ``OUT/<setting>/model``).
 2. **Retrieval** on the ``test`` split: text-to-image (each caption ranks the test items)
    and image-to-text R@1/5/10 for LexLIP's lexicon codes, its Dense variant ([CLS]
    projections) and, on COCO, the dense MiniLM views. BM25 cannot use the standard protocol
@@ -59,18 +60,8 @@ from sparsemm.eval.metrics import evaluate_rankings
 from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, jsonable, write_json
 from sparsemm.linalg import normalize_rows
-from sparsemm.models.lexlip import LexLIPConfig, LexLIPModel, expected_flops
 from sparsemm.query.strategies import TERM_TEMPLATE, get_spec
 from sparsemm.runtime import torch_threads
-from sparsemm.train.lexlip import (
-    LexLIPTrainConfig,
-    build_config,
-    caption_patches,
-    lexlip_data,
-    spatial_patches,
-    train_lexlip,
-    trained_matches,
-)
 from sparsemm_experiments.baselines.bm25 import CaptionBM25, caption_retrieval
 from sparsemm_experiments.eval.bench import METRICS, BenchConfig, run_exclusion_bench
 from sparsemm_experiments.eval.exclusion import (
@@ -84,7 +75,17 @@ from sparsemm_experiments.eval.exclusion import (
     summarize,
 )
 from sparsemm_experiments.eval.retrieval import recall_at_ks, target_ranks, top_k_rows
+from sparsemm_experiments.models.lexlip import LexLIPConfig, LexLIPModel, expected_flops
 from sparsemm_experiments.presets import load_preset
+from sparsemm_experiments.train.lexlip import (
+    LexLIPTrainConfig,
+    build_config,
+    caption_patches,
+    lexlip_data,
+    spatial_patches,
+    train_lexlip,
+    trained_matches,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -1075,7 +1076,7 @@ def build_collage_collection(
     )
     if features_dir is not None:
         from sparsemm.io import save_npy
-        from sparsemm.train.lexlip import collection_key
+        from sparsemm_experiments.train.lexlip import collection_key
 
         save_npy(
             Path(features_dir) / f"spatial-{collection_key(col, 'effnet-lite0')}.npy",

@@ -212,8 +212,8 @@ def _sr(
 def _vdr_codes(
     out: Path, col: Collection, cfg: PaperBenchConfig, progress: bool
 ) -> tuple[sp.csr_matrix, QueryCoder, str, dict[str, Any]]:
-    from sparsemm.data.patches import proxy_patches
-    from sparsemm.train.vdr import cross_modal_data
+    from sparsemm_experiments.data.patches import proxy_patches
+    from sparsemm_experiments.train.vdr import cross_modal_data
     from sparsemm_experiments.vdr_runs import VDRCodes, VDRRunConfig, train_or_load
 
     vcfg = VDRRunConfig(

@@ -13,10 +13,11 @@ pytest.importorskip("transformers")
 from sparsemm.cli.main import main
 from sparsemm.data.encode import encode_source
 from sparsemm.errors import SparsemmError
-from sparsemm.models.vdr import VDRModel
-from sparsemm.query.code_models import VDRCodeModel, load_code_model
+from sparsemm.query.code_models import load_code_model
 from sparsemm.query.indexing import build_index
 from sparsemm.query.searcher import Searcher
+from sparsemm_experiments.code_models import VDRCodeModel
+from sparsemm_experiments.models.vdr import VDRModel
 
 THINGS = ["dog", "cat", "pizza", "car", "boat", "horse"]
 

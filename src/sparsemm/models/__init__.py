@@ -1,11 +1,11 @@
 """Sparse models over frozen dense embeddings, saved as ``config.json`` + safetensors.
 
 * :mod:`sparsemm.models.sr` - SR (sparse disentangled codes with a SPINE caption bias).
-* :mod:`sparsemm.models.vdr` - VDR (vocabulary-space codes).
-* :mod:`sparsemm.models.lexlip` - LexLIP (lexicon-weighted towers).
 * :mod:`sparsemm.models.concepts` - caption-free ImageNet-class concept codes.
 * :mod:`sparsemm.models.lit` - a linear contrastive aligner (dense baseline).
 * :mod:`sparsemm.models.detectors` - per-word concept detectors saved with a model.
 * :mod:`sparsemm.models.spine` - SPINE, the autoencoder that makes sparse word vectors.
 * :mod:`sparsemm.models.base` - ``save_pretrained`` / ``from_pretrained`` for all of them.
+
+VDR and LexLIP, the research models, live in ``sparsemm_experiments.models``.
 """

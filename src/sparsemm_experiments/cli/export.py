@@ -61,10 +61,10 @@ def run(args: argparse.Namespace) -> int:
     from sparsemm.data.collection import open_collection
     from sparsemm.errors import SparsemmError
     from sparsemm.io import read_text_utf8
-    from sparsemm.models.lexlip import LexLIPModel
     from sparsemm.runtime import torch_threads
-    from sparsemm.train.lexlip import item_patches
     from sparsemm_experiments import export as ex
+    from sparsemm_experiments.models.lexlip import LexLIPModel
+    from sparsemm_experiments.train.lexlip import item_patches
 
     # the query file first: a bad one fails before the model and features are loaded
     queries: list[str] = []

@@ -49,13 +49,6 @@ from tqdm.auto import tqdm
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.io import check_output_dir, load_npy, save_npy, write_json
-from sparsemm.models.lexlip import (
-    LexLIPConfig,
-    LexLIPModel,
-    corpus_lexicon,
-    flops_loss,
-    load_tokenizer,
-)
 from sparsemm.train.checkpoint import (
     checkpoint_due,
     has_checkpoint,
@@ -66,6 +59,13 @@ from sparsemm.train.checkpoint import (
 )
 from sparsemm.train.loop import stop_if_diverged
 from sparsemm.train.losses import info_nce
+from sparsemm_experiments.models.lexlip import (
+    LexLIPConfig,
+    LexLIPModel,
+    corpus_lexicon,
+    flops_loss,
+    load_tokenizer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +291,7 @@ def build_config(
     base = base or LexLIPConfig()
     tok = load_tokenizer(base)
     if min_count is None:
-        from sparsemm.models.lexlip import default_lexicon
+        from sparsemm_experiments.models.lexlip import default_lexicon
 
         vocab = default_lexicon(tok)
     else:
@@ -726,7 +726,8 @@ def train_lexlip(
     if data.patches.shape[2] != config.image_dim:
         raise SparsemmError(
             f"the items' patches have width {data.patches.shape[2]} but the config expects "
-            f"{config.image_dim}; build the config with sparsemm.train.lexlip.build_config"
+            f"{config.image_dim}; build the config with "
+            "sparsemm_experiments.train.lexlip.build_config"
         )
     model = LexLIPModel(config, vocab_ids)
     momentum = MomentumEncoders(model)

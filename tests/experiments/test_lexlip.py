@@ -10,7 +10,7 @@ import torch
 
 from fakes import tiny_lexlip_config
 from sparsemm.errors import SparsemmError
-from sparsemm.models.lexlip import (
+from sparsemm_experiments.models.lexlip import (
     LexLIPConfig,
     LexLIPModel,
     corpus_lexicon,
@@ -23,7 +23,7 @@ from sparsemm.models.lexlip import (
     pool_rows,
     saturate,
 )
-from sparsemm.train.lexlip import mask_tokens
+from sparsemm_experiments.train.lexlip import mask_tokens
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 

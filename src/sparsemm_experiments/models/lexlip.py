@@ -25,7 +25,7 @@ bottleneck* turns max-pooled logits into a lexicon-importance distribution
 ``p = softmax(max_t l_t)`` and a continuous bag-of-words vector ``b = p @ E`` (E: the frozen
 word embeddings of the lexicon pieces), which replaces [CLS] at the input of a weak (shallow)
 masked-language decoder (:class:`WeakDecoder`). Training lives in
-:mod:`sparsemm.train.lexlip`.
+:mod:`sparsemm_experiments.train.lexlip`.
 
 Saving: ``config.json`` + ``model.safetensors``. With ``text_init="minilm"`` the frozen
 backbone tensors are not stored (they are reloaded from the MiniLM folder); a sha256 of them
@@ -334,7 +334,7 @@ class TextTop(nn.Module):
     """The trained part of the text tower: upper layers, lexicon head, dense [CLS] path.
 
     ``mask_state`` (h,) stands in for the cached lower-layer state of a masked position
-    (phase-1 MLM on cached states; see :mod:`sparsemm.train.lexlip`).
+    (phase-1 MLM on cached states; see :mod:`sparsemm_experiments.train.lexlip`).
     """
 
     def __init__(
@@ -709,7 +709,7 @@ class LexLIPModel(nn.Module):
         if patches.ndim != 3 or patches.shape[2] != self.config.image_dim:
             raise SparsemmError(
                 f"LexLIP expects item patches of shape (n, P, {self.config.image_dim}), got "
-                f"{patches.shape}; build them with sparsemm.train.lexlip.item_patches"
+                f"{patches.shape}; build them with sparsemm_experiments.train.lexlip.item_patches"
             )
         if mask is None:
             mask = np.ones(patches.shape[:2], dtype=bool)

@@ -11,8 +11,13 @@ import torch
 
 from fakes import tiny_lexlip_config
 from sparsemm.errors import SparsemmError
-from sparsemm.models.lexlip import LexLIPConfig, LexLIPModel, corpus_lexicon, load_tokenizer
-from sparsemm.train.lexlip import (
+from sparsemm_experiments.models.lexlip import (
+    LexLIPConfig,
+    LexLIPModel,
+    corpus_lexicon,
+    load_tokenizer,
+)
+from sparsemm_experiments.train.lexlip import (
     LexLIPData,
     LexLIPTrainConfig,
     MomentumEncoders,
@@ -259,8 +264,8 @@ def test_cli_train_lexlip(tmp_path) -> None:
     import argparse
 
     from fakes import KeywordEncoder
-    from sparsemm.cli.train_lexlip import register_model
     from sparsemm.data.collection import write_collection
+    from sparsemm_experiments.cli.train_lexlip import register_model
 
     data = tiny_data(12)
     items = [

@@ -66,8 +66,8 @@ def _cross_data(args: argparse.Namespace) -> tuple[Any, Any]:
     import numpy as np
 
     from sparsemm.data.collection import open_collection
-    from sparsemm.data.patches import collage_patches, proxy_patches
-    from sparsemm.train.vdr import adapter_ridge_init, cross_modal_data
+    from sparsemm_experiments.data.patches import collage_patches, proxy_patches
+    from sparsemm_experiments.train.vdr import adapter_ridge_init, cross_modal_data
 
     col = open_collection(args.source)
     kind = args.image_input
@@ -87,7 +87,7 @@ def _cross_data(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def _t2t_data(path: Path) -> Any:
     from sparsemm.io import read_jsonl
-    from sparsemm.train.vdr import TextPairData
+    from sparsemm_experiments.train.vdr import TextPairData
 
     rows = read_jsonl(path)
     if not rows or any("query" not in r or "document" not in r for r in rows):
@@ -103,10 +103,10 @@ def _t2t_data(path: Path) -> Any:
 def run_vdr(args: argparse.Namespace) -> int:
     import torch
 
-    from sparsemm.models.vdr import VDRModel, fast_bf16_available
     from sparsemm.runtime import torch_threads
     from sparsemm.train.checkpoint import has_checkpoint
-    from sparsemm.train.vdr import VDR_PRESETS, preset_train_config, train_vdr
+    from sparsemm_experiments.models.vdr import VDRModel, fast_bf16_available
+    from sparsemm_experiments.train.vdr import VDR_PRESETS, preset_train_config, train_vdr
 
     preset = VDR_PRESETS[args.mode]
     top_k = args.top_k or preset["top_k"]

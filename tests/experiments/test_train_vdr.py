@@ -12,8 +12,8 @@ pytest.importorskip("transformers")
 
 from fakes import tiny_bert  # noqa: E402
 from sparsemm.errors import SparsemmError  # noqa: E402
-from sparsemm.models.vdr import VDRModel  # noqa: E402
-from sparsemm.train.vdr import (  # noqa: E402
+from sparsemm_experiments.models.vdr import VDRModel  # noqa: E402
+from sparsemm_experiments.train.vdr import (  # noqa: E402
     CrossModalData,
     TextPairData,
     VDRTrainConfig,
@@ -139,7 +139,7 @@ def test_cross_modal_training_smoke(bert_dir: Path, tmp_path: Path) -> None:
 
 
 def test_hidden_patch_is_left_out_of_the_pool(bert_dir: Path) -> None:
-    from sparsemm.train.vdr import _batch_cross, data_fingerprint
+    from sparsemm_experiments.train.vdr import _batch_cross, data_fingerprint
 
     data = _cross_data(4)
     model = _model(bert_dir)

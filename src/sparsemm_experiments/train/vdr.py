@@ -40,7 +40,6 @@ from tqdm.auto import tqdm
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.io import check_output_dir, write_json
-from sparsemm.models.vdr import VDRModel, sparsify
 from sparsemm.train.checkpoint import (
     checkpoint_due,
     has_checkpoint,
@@ -48,6 +47,7 @@ from sparsemm.train.checkpoint import (
     save_checkpoint,
 )
 from sparsemm.train.loop import epoch_permutation, stop_if_diverged
+from sparsemm_experiments.models.vdr import VDRModel, sparsify
 
 log = logging.getLogger(__name__)
 

@@ -68,9 +68,9 @@ def register_model(models: argparse._SubParsersAction) -> None:
 def run_lexlip(args: argparse.Namespace) -> int:
     from sparsemm.data.collection import open_collection
     from sparsemm.errors import SparsemmError
-    from sparsemm.models.lexlip import LexLIPConfig
     from sparsemm.runtime import torch_threads
-    from sparsemm.train.lexlip import (
+    from sparsemm_experiments.models.lexlip import LexLIPConfig
+    from sparsemm_experiments.train.lexlip import (
         LexLIPTrainConfig,
         build_config,
         lexlip_data,

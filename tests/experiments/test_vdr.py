@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from fakes import BERT_SPECIAL, tiny_bert  # noqa: E402
 from sparsemm.errors import SparsemmError  # noqa: E402
-from sparsemm.models.vdr import (  # noqa: E402
+from sparsemm_experiments.models.vdr import (  # noqa: E402
     VDRModel,
     elu1p,
     explain_pair,
@@ -349,7 +349,7 @@ def test_query_images_are_coded_like_items_of_a_collection_of_images(
     """VDRCodeModel.encode_query_images: the image encoder's spatial features (float16, as
     the collection's cached patches are stored) through the image side; an encoder with no
     spatial features (a caption-proxy collection's) is refused in one line."""
-    from sparsemm.query.code_models import VDRCodeModel
+    from sparsemm_experiments.code_models import VDRCodeModel
 
     _model(bert_dir).save_pretrained(tmp_path / "m")
     coder = VDRCodeModel(tmp_path / "m")

@@ -1,0 +1,1 @@
+"""Data of the research runs: VDR's patch features (:mod:`.patches`)."""
