@@ -1051,9 +1051,9 @@ def build_collage_collection(
     minilm`` (image_emb = the L2-normalised mean of the 7x7 map = the pooled feature), and
     the spatial features are cached in ``features_dir`` for :func:`spatial_patches`.
     """
-    from sparsemm.data.fashion import build_collages
     from sparsemm.data.sources import read_items
     from sparsemm.encoders.efficientnet import EfficientNetEncoder
+    from sparsemm_experiments.data.fashion import build_collages
 
     out = Path(out)
     items_path = build_collages(out / "images", n_train, n_test, seed=seed, progress=progress)

@@ -19,10 +19,9 @@ from sparsemm.cli.plugins import VERB_GROUP, registrars
 from sparsemm.errors import SparsemmError
 
 # Verb modules under sparsemm.cli, in the order of the pipeline; the verbs of other
-# packages (``demo``, ``bench``, ``export``, from sparsemm_experiments) come after them
-# (sparsemm.cli.plugins).
+# packages (``collages``, ``demo``, ``bench``, ``export``, from sparsemm_experiments) come
+# after them (sparsemm.cli.plugins).
 VERBS = (
-    "collages",
     "encode",
     "spine",
     "train",

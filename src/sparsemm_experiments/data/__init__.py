@@ -1,1 +1,2 @@
-"""Data of the research runs: VDR's patch features (:mod:`.patches`)."""
+"""Data of the research runs: the offline demo collection of Fashion-MNIST collages
+(:mod:`.fashion`) and VDR's patch features (:mod:`.patches`)."""

@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sparsemm.data.fashion import build_collages
+    from sparsemm_experiments.data.fashion import build_collages
 
     items = build_collages(
         args.out,

@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sparsemm.data import fashion
-from sparsemm.data.fashion import (
+from sparsemm.data.sources import read_captions_jsonl, read_items
+from sparsemm.errors import SparsemmError
+from sparsemm_experiments.data import fashion
+from sparsemm_experiments.data.fashion import (
     CLASSES,
     FILES,
     LABELS,
@@ -36,8 +38,6 @@ from sparsemm.data.fashion import (
     read_idx,
     sample_layout,
 )
-from sparsemm.data.sources import read_captions_jsonl, read_items
-from sparsemm.errors import SparsemmError
 
 SIZES = {"train": 40, "test": 20}
 
