@@ -32,7 +32,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"train"}),
     frozenset({"query"}),
     frozenset({ROOT}),  # the public API re-exports the library
-    frozenset({"eval", "web"}),  # eval's runners and web read the library
+    frozenset({"eval", "web"}),  # eval's metrics and tables, the web server: read the library
     frozenset({"pipeline"}),  # up, index, serve: what the CLI verbs run
     frozenset({"cli"}),
 )
