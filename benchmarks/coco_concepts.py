@@ -299,8 +299,8 @@ def run_verification(
 
 
 def run_categories(ctx: Any, queries: list[dict[str, Any]]) -> dict[str, Any]:
-    from sparsemm.eval.bench import evaluate_strategy
-    from sparsemm.eval.exclusion import ExclusionQuery, query_matrices
+    from sparsemm_experiments.eval.bench import evaluate_strategy
+    from sparsemm_experiments.eval.exclusion import ExclusionQuery, query_matrices
 
     eq = [
         ExclusionQuery(

@@ -7,7 +7,7 @@ log(w) is the calibration refitted with misses weighted w times a false alarm.
 
 For each w of a grid, on one split of a COCO collection (``sparsemm demo coco``):
 
-* **negated sentences** (``sparsemm.eval.negation``'s families; on the train split only
+* **negated sentences** (``sparsemm_experiments.eval.negation``'s families; on the train split only
   the tuning families): R@5 and the share of the top 5 that shows an excluded object;
 * **verification over annotated objects** (``coco_concepts.py``'s captions, objects as
   COCO annotates them): accuracy per type of the true caption, and overall.
@@ -42,7 +42,7 @@ def clear_probabilities(ctx: Any) -> None:
 
 
 def sentences(ctx: Any, queries: list[Any], labels: list[list[str]], method: str) -> dict:
-    from sparsemm.eval.negation import evaluate_method, parse_all, query_truth
+    from sparsemm_experiments.eval.negation import evaluate_method, parse_all, query_truth
 
     parsed, _ = parse_all(queries)
     per = evaluate_method(ctx, queries, parsed, query_truth(queries, labels), method, k=10)
@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     import coco_concepts as cc
 
     from sparsemm.data.collection import open_collection
-    from sparsemm.eval.negation import FAMILIES, build_negation_queries
     from sparsemm.io import write_json
     from sparsemm.query.scorers import detector_scorer
+    from sparsemm_experiments.eval.negation import FAMILIES, build_negation_queries
 
     t0 = time.perf_counter()
     col = open_collection(args.collection)

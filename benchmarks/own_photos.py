@@ -161,8 +161,8 @@ def run_vocabulary(model_dir: Path) -> dict[str, list[str]]:
 
 def collage_folder(out: Path, n: int) -> tuple[Path, dict[str, list[str]]]:
     """``n`` test collages as a plain photo folder (labels kept aside for scoring)."""
-    from sparsemm.data.fashion import build_collages
     from sparsemm.io import read_jsonl
+    from sparsemm_experiments.data.fashion import build_collages
 
     items = out / "collages" / "items.jsonl"
     settings = out / "collages" / "collages.json"

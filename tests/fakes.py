@@ -19,7 +19,7 @@ import numpy as np
 from sparsemm.errors import SparsemmError
 
 if TYPE_CHECKING:
-    from sparsemm.models.lexlip import LexLIPConfig
+    from sparsemm_experiments.models.lexlip import LexLIPConfig
 
 BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -131,7 +131,7 @@ def tiny_bert(
 def tiny_lexlip_config(**kw: object) -> LexLIPConfig:
     """A LexLIPConfig with a random 2-layer, 32-wide text tower and 1-layer image tower;
     ``kw`` overrides any field (max_text_len, image_dim, queue_size, lexicon_size, ...)."""
-    from sparsemm.models.lexlip import LexLIPConfig
+    from sparsemm_experiments.models.lexlip import LexLIPConfig
 
     base = LexLIPConfig(
         text_init="random",

@@ -2,17 +2,24 @@
 modules and packages, lowest first: a module may import its own package and anything in a
 lower layer, never a package beside it or above it, counting every kind of import (at module
 level, inside a function, inside ``if TYPE_CHECKING:``); no two packages import each other;
-the library layers never import the benchmark runs (``sparsemm.eval``), the CLI, the web
-server or the visualisations."""
+no module-level import comes back to a module being imported, inside a package too (in
+sparsemm and in sparsemm_experiments); the library layers never import the measuring layer,
+the CLI or the web server; and nothing in sparsemm imports sparsemm_experiments, whose
+verbs, benchmarks, train models and model adapters come in through the entry points
+pyproject.toml declares."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 import sparsemm
 
 SRC = Path(sparsemm.__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = "sparsemm_experiments"  # the research code, on top of the library
 ROOT = "sparsemm"  # the package itself (__init__.py): the lazily loaded public API, __version__
 
 # Lowest first. A layer's members do not import each other.
@@ -25,7 +32,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"train"}),
     frozenset({"query"}),
     frozenset({ROOT}),  # the public API re-exports the library
-    frozenset({"eval", "viz", "web"}),  # eval's runners, viz and web read the library
+    frozenset({"eval", "web"}),  # eval's metrics and tables, the web server: read the library
     frozenset({"pipeline"}),  # up, index, serve: what the CLI verbs run
     frozenset({"cli"}),
 )
@@ -73,42 +80,136 @@ def test_the_check_sees_function_level_imports(tmp_path: Path) -> None:
     assert _imports(f) == ["sparsemm.eval.bench", "sparsemm.cli.main"]
 
 
-def test_the_library_never_imports_the_experiments() -> None:
-    """sparsemm_experiments (the research run drivers) sits on top of the library: nothing
-    in sparsemm imports it, by an import statement or by name through importlib (its verbs
-    come in through entry points, sparsemm.cli.plugins)."""
-    bad = []
-    for path in sorted(SRC.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        by_name = [
-            node.args[0].value
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Call)
+def experiments_imports(path: Path) -> list[int]:
+    """Lines of ``path`` that import sparsemm_experiments: an import statement at any depth
+    (module level, in a function, in ``if TYPE_CHECKING:``) or a call whose first argument
+    names it (``importlib.import_module("sparsemm_experiments...")``, ``__import__``)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        elif (
+            isinstance(node, ast.Call)
             and node.args
             and isinstance(node.args[0], ast.Constant)
             and isinstance(node.args[0].value, str)
-            and node.args[0].value.startswith("sparsemm_experiments")
-        ]
-        if _imports(path, "sparsemm_experiments") or by_name:
-            bad.append(str(path.relative_to(SRC)))
+        ):
+            names = [node.args[0].value]
+        else:
+            continue
+        if any(n == EXPERIMENTS or n.startswith(f"{EXPERIMENTS}.") for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_library_never_imports_the_experiments() -> None:
+    """sparsemm_experiments (the research code) sits on top of the library: nothing in
+    sparsemm imports it, at module level, inside a function or by name through importlib
+    (its verbs, benchmarks, train models and model adapters come in through entry points:
+    sparsemm.cli.plugins, sparsemm.query.code_models.model_types)."""
+    bad = [
+        f"{path.relative_to(SRC)}:{line}"
+        for path in sorted(SRC.rglob("*.py"))
+        for line in experiments_imports(path)
+    ]
     assert not bad, "the library imports sparsemm_experiments:\n" + "\n".join(bad)
 
 
-def test_the_experiments_verbs_are_registered_through_entry_points() -> None:
-    from sparsemm.cli.main import build_parser
-    from sparsemm.cli.plugins import BENCH_GROUP, VERB_GROUP, registrars
-
-    assert registrars(VERB_GROUP) and len(registrars(BENCH_GROUP)) == 3
-    parser = build_parser()
-    assert parser.parse_args(["demo", "--quick"]).verb == "demo"
-    assert parser.parse_args(["bench", "paper", "--quick", "-o", "x"]).func.__module__ == (
-        "sparsemm_experiments.cli.bench_paper"
+def test_the_experiments_check_sees_every_kind_of_import(tmp_path: Path) -> None:
+    f = tmp_path / "m.py"
+    f.write_text(
+        "import importlib\n"
+        "from typing import TYPE_CHECKING\n"
+        "import sparsemm_experiments.eval.bench\n"
+        "if TYPE_CHECKING:\n"
+        "    from sparsemm_experiments.models.vdr import VDRModel\n"
+        "def g():\n"
+        "    from sparsemm_experiments import export\n"
+        "    importlib.import_module('sparsemm_experiments.cli.bench')\n"
+        "    __import__('sparsemm_experiments')\n"
+        "    import sparsemm_experimental, sparsemm.eval\n"  # other names: not counted
     )
+    assert experiments_imports(f) == [3, 5, 7, 8, 9]
 
 
-def _runtime_imports(path: Path, modules: set[str]) -> set[str]:
-    """sparsemm modules ``path`` imports when it runs (any depth; ``if TYPE_CHECKING:``
-    blocks left out), each resolved to a module of ``modules``."""
+def pyproject_entry_points() -> dict[str, dict[str, str]]:
+    """The entry points pyproject.toml declares, by group (what ``pip install`` records)."""
+    import tomllib
+
+    with (REPO / "pyproject.toml").open("rb") as f:
+        groups = tomllib.load(f)["project"]["entry-points"]
+    return {g: dict(eps) for g, eps in groups.items() if g.startswith("sparsemm.")}
+
+
+def test_the_experiments_register_through_the_declared_entry_points(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every entry point pyproject.toml declares loads, and with them (as an install records
+    them) the command has the experiments' verbs, benchmarks and train models, and
+    load_code_model finds the VDR adapter. The declarations are read from pyproject.toml and
+    loaded here, so the check holds before ``pip install -e .`` records new ones."""
+    from importlib.metadata import EntryPoint
+
+    import sparsemm.cli.plugins as plugins
+    import sparsemm.query.code_models as code_models
+    from sparsemm.cli.main import VERBS, build_parser
+
+    declared = pyproject_entry_points()
+    assert set(declared) == {
+        plugins.VERB_GROUP,
+        plugins.BENCH_GROUP,
+        plugins.TRAIN_GROUP,
+        code_models.MODEL_GROUP,
+    }
+    eps = [EntryPoint(n, v, g) for g, group in declared.items() for n, v in group.items()]
+    for ep in eps:
+        assert ep.value.startswith(f"{EXPERIMENTS}."), ep
+        assert callable(ep.load()), ep
+
+    def declared_entry_points(group: str) -> list[EntryPoint]:
+        return [ep for ep in eps if ep.group == group]
+
+    monkeypatch.setattr(plugins, "entry_points", declared_entry_points)
+    monkeypatch.setattr("importlib.metadata.entry_points", declared_entry_points)
+    assert set(declared[plugins.VERB_GROUP]).isdisjoint(VERBS)
+    parser = build_parser()
+    runs = {
+        ("demo", "--quick"): "sparsemm_experiments.cli.demo",
+        ("bench", "paper", "--quick", "-o", "x"): "sparsemm_experiments.cli.bench_paper",
+        ("bench", "vdr", "--quick", "-o", "x"): "sparsemm_experiments.cli.bench_vdr",
+        ("bench", "lexlip", "--quick", "-o", "x"): "sparsemm_experiments.cli.bench_lexlip",
+        ("bench", "exclusion", "-o", "x"): "sparsemm_experiments.cli.bench",
+        ("bench", "negation", "-o", "x"): "sparsemm_experiments.cli.bench",
+        ("export", "m", "c", "-o", "x"): "sparsemm_experiments.cli.export",
+        ("collages", "-o", "x"): "sparsemm_experiments.cli.collages",
+        ("train", "vdr", "c", "-o", "x"): "sparsemm_experiments.cli.train_vdr",
+        ("train", "lexlip", "c", "-o", "x"): "sparsemm_experiments.cli.train_lexlip",
+        ("train", "sr", "c", "-o", "x"): "sparsemm.cli.train",
+    }
+    for argv, module in runs.items():
+        assert parser.parse_args(list(argv)).func.__module__ == module, argv
+    types = code_models.model_types()
+    assert types["vdr"].__module__ == "sparsemm_experiments.code_models"
+    assert {"sr", "imagenet_concepts", "clip_concepts"} <= set(types)
+    assert "vdr" not in code_models.MODEL_TYPES
+
+
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The absolute module an ``from ... import`` names (relative imports resolved against
+    ``module``, a package when ``is_package``)."""
+    if not node.level:
+        return node.module or ""
+    package = module if is_package else module.rpartition(".")[0]
+    parts = package.split(".")
+    up = parts[: len(parts) - node.level + 1]
+    return ".".join([*up, node.module] if node.module else up)
+
+
+def _runtime_imports(path: Path, modules: set[str], module: str = "") -> set[str]:
+    """Modules of ``modules`` that ``path`` (module ``module``) imports when it runs (any
+    depth, relative imports resolved; ``if TYPE_CHECKING:`` blocks left out)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     typing_only = set()
     for node in ast.walk(tree):
@@ -118,32 +219,106 @@ def _runtime_imports(path: Path, modules: set[str]) -> set[str]:
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-            out |= {f"{node.module}.{a.name}" for a in node.names}
+        if isinstance(node, ast.ImportFrom) and (node.module or node.level):
+            base = _absolute(node, module, path.name == "__init__.py")
+            out.add(base)
+            out |= {f"{base}.{a.name}" for a in node.names}
         elif isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
     return {m for m in out if m in modules}
 
 
 def test_no_import_circles() -> None:
-    """No two sparsemm modules import each other, directly or through others, even inside a
-    function (a package importing its own submodules to re-export them is not a circle;
-    ALLOWED_UP's imports are left out)."""
-    files = _files()
-    graph = {
-        name: {
-            dep
-            for dep in _runtime_imports(path, set(files))
-            if dep != name
-            and not name.startswith(f"{dep}.")
-            and not dep.startswith(f"{name}.")
-            and (name, _top_level(dep)) not in ALLOWED_UP
+    """No two modules of sparsemm (or of sparsemm_experiments) import each other, directly
+    or through others, even inside a function (a package importing its own submodules to
+    re-export them is not a circle; ALLOWED_UP's imports are left out)."""
+    for root in (ROOT, EXPERIMENTS):
+        files = _files(root)
+        graph = {
+            name: {
+                dep
+                for dep in _runtime_imports(path, set(files), name)
+                if dep != name
+                and not name.startswith(f"{dep}.")
+                and not dep.startswith(f"{name}.")
+                and (name, _top_level(dep)) not in ALLOWED_UP
+            }
+            for name, path in files.items()
         }
-        for name, path in files.items()
+        found = cycles(graph)
+        assert not found, f"import circles in {root}:\n" + "\n".join(found)
+
+
+def module_level_imports(path: Path, module: str, modules: set[str]) -> set[str]:
+    """Modules of ``modules`` that importing ``path`` (module ``module``) runs: import
+    statements at module level (under ``if``/``try`` too, not under ``if TYPE_CHECKING:``),
+    relative ones resolved. ``from pkg import name`` counts as ``pkg.name`` when that is a
+    module, else as ``pkg`` (the name comes from the package's ``__init__``)."""
+    out: set[str] = set()
+
+    def walk(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If):
+                if "TYPE_CHECKING" not in ast.dump(node.test):
+                    walk(node.body)
+                    walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                walk(node.body)
+                walk(node.orelse)
+                walk(node.finalbody)
+                for handler in node.handlers:
+                    walk(handler.body)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(node, module, path.name == "__init__.py")
+                for a in node.names:
+                    full = f"{base}.{a.name}"
+                    out.add(full if full in modules else base)
+
+    walk(ast.parse(path.read_text(encoding="utf-8")).body)
+    return (out & modules) - {module}
+
+
+def module_level_graph(files: dict[str, Path]) -> dict[str, set[str]]:
+    return {name: module_level_imports(path, name, set(files)) for name, path in files.items()}
+
+
+def test_no_module_level_import_circles() -> None:
+    """Importing any module of sparsemm (or of sparsemm_experiments) never comes back to a
+    module still being imported: no circle of module-level imports, counting those inside
+    one package (a submodule taking a name from its package's ``__init__`` while that
+    ``__init__`` imports the submodule is such a circle)."""
+    for root in (ROOT, EXPERIMENTS):
+        found = cycles(module_level_graph(_files(root)))
+        assert not found, f"module-level import circles in {root}:\n" + "\n".join(found)
+
+
+def test_the_module_level_circle_check_finds_circles(tmp_path: Path) -> None:
+    pkg = tmp_path / "sparsemm" / "query"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from .a import f\nHELPER = 1\n")
+    (pkg / "a.py").write_text("from sparsemm.query import HELPER\ndef f(): pass\n")
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nfrom . import c\nif TYPE_CHECKING:\n    import x\n"
+    )
+    (pkg / "c.py").write_text(
+        "def g():\n    from .b import h\n"
+        "try:\n    from .b import k\nexcept ImportError:\n    pass\n"
+    )
+    (pkg / "d.py").write_text("from .a import f\ndef g():\n    from . import d2\n")
+    (pkg / "d2.py").write_text("from .d import g\n")
+    files = {
+        f"sparsemm.query{'' if p.stem == '__init__' else '.' + p.stem}": p
+        for p in sorted(pkg.glob("*.py"))
     }
-    found = cycles(graph)
-    assert not found, "import circles:\n" + "\n".join(found)
+    graph = module_level_graph(files)
+    assert graph["sparsemm.query.a"] == {"sparsemm.query"}
+    assert graph["sparsemm.query.d"] == {"sparsemm.query.a"}  # the function-level one: not
+    assert cycles(graph) == [
+        "sparsemm.query -> sparsemm.query.a -> sparsemm.query",
+        "sparsemm.query.b -> sparsemm.query.c -> sparsemm.query.b",
+    ]
 
 
 def _module_name(path: Path) -> str:
@@ -199,8 +374,9 @@ def sparsemm_imports(path: Path, module: str) -> list[tuple[int, str]]:
     return out
 
 
-def _files() -> dict[str, Path]:
-    return {_module_name(path): path for path in sorted(SRC.rglob("*.py"))}
+def _files(root: str = ROOT) -> dict[str, Path]:
+    """Module name (dotted) -> file, for every module of the package ``root``."""
+    return {_module_name(path): path for path in sorted((SRC.parent / root).rglob("*.py"))}
 
 
 def upward_imports(files: dict[str, Path]) -> list[str]:

@@ -1,5 +1,16 @@
-"""The research run drivers beside the library: the papers' tables and the demo, end to end.
+"""The research code beside the library: the papers' models, benchmarks and the demo.
 
+* :mod:`sparsemm_experiments.models`, :mod:`sparsemm_experiments.train` - VDR and LexLIP,
+  their patch features (:mod:`sparsemm_experiments.data.patches`) and the VDR index adapter
+  (:mod:`sparsemm_experiments.code_models`); ``sparsemm train vdr|lexlip``.
+* :mod:`sparsemm_experiments.baselines.bm25` - BM25 over item captions.
+* :mod:`sparsemm_experiments.eval` - the exclusion, negation and retrieval benchmark
+  runners (``sparsemm bench exclusion|negation``).
+* :mod:`sparsemm_experiments.viz` - word clouds, result grids, the demo's HTML report.
+* :mod:`sparsemm_experiments.export` - LexLIP codes for Anserini / Elasticsearch
+  (``sparsemm export``).
+* :mod:`sparsemm_experiments.data.fashion` - the Fashion-MNIST collages
+  (``sparsemm collages``).
 * :mod:`sparsemm_experiments.collage_run` and :mod:`sparsemm_experiments.demo_report` -
   ``sparsemm demo`` (the main job): Fashion-MNIST collages, SPINE, SR, the exclusion
   benchmark and the HTML report.
@@ -9,6 +20,8 @@
   :mod:`sparsemm_experiments.splice_runs` - VDR, LexLIP and SpLiCE runs (``sparsemm bench
   vdr|lexlip``).
 
-Built on the public library (``sparsemm``), which never imports this package: its verbs
-reach the ``sparsemm`` command through entry points (:mod:`sparsemm.cli.plugins`).
+Built on the public library (``sparsemm``), which never imports this package: its verbs,
+benchmarks, train models and model adapters reach ``sparsemm`` through the entry points
+pyproject.toml declares (:mod:`sparsemm.cli.plugins`,
+:func:`sparsemm.query.code_models.model_types`).
 """

@@ -24,10 +24,8 @@ from typing import Any
 
 from sparsemm.data.collection import Collection, open_collection
 from sparsemm.data.encode import encode_source
-from sparsemm.data.fashion import build_collages
 from sparsemm.encoders.base import get_encoder
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.exclusion import git_commit
 from sparsemm.io import read_json, write_json
 from sparsemm.models.lit import AlignConfig, AlignedTextEncoder, LinearAligner
 from sparsemm.models.sr import SRConfig, SRModel
@@ -35,6 +33,8 @@ from sparsemm.runtime import torch_threads
 from sparsemm.train.detectors import ensure_model_detectors
 from sparsemm.train.lit import train_aligner
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
+from sparsemm_experiments.data.fashion import build_collages
+from sparsemm_experiments.eval.exclusion import git_commit
 from sparsemm_experiments.sr_coco import ProxyRunConfig, prepare_spine, save_with_record
 
 log = logging.getLogger(__name__)
@@ -170,8 +170,8 @@ def run_bench(
 ) -> dict[str, Any]:
     """The exclusion benchmark on the test collages: dense strategies in the aligned space,
     sparse ones on the SR codes (SR reads the raw MiniLM embeddings of the query texts)."""
-    from sparsemm.eval.bench import BenchConfig, run_exclusion_bench
     from sparsemm.query.strategies import sr_query_coder
+    from sparsemm_experiments.eval.bench import BenchConfig, run_exclusion_bench
 
     return run_exclusion_bench(
         col,

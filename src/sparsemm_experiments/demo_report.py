@@ -6,7 +6,7 @@ whole sentence embedded, negation left to the encoder), of the dense baseline an
 that carry an excluded concept, explains every SR result (matched concept dimensions with
 their contributions, excluded concepts checked) and draws word clouds of the concept
 dimensions involved. The benchmark table (every strategy, all metrics) comes from the
-benchmark's ``metrics.json``. Rendering: :mod:`sparsemm.viz.report`.
+benchmark's ``metrics.json``. Rendering: :mod:`sparsemm_experiments.viz.report`.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def method_legend(names: Sequence[str]) -> dict[str, str]:
 def _column(
     col: Collection, hits: Sequence[Hit], exclude: Sequence[str], include: Sequence[str]
 ) -> tuple[list[Any], dict[str, float]]:
-    from sparsemm.viz.report import ResultItem
+    from sparsemm_experiments.viz.report import ResultItem
 
     items = []
     n_viol = n_incl = 0
@@ -115,8 +115,8 @@ def write_demo_report(
     slq_strategy: str | None = SLQ_STRATEGY,
 ) -> Path:
     """Write ``out_dir/index.html`` for an indexed collection (see the module docstring)."""
-    from sparsemm.viz.report import DemoReport, QueryPanel, render_demo_report
-    from sparsemm.viz.wordcloud import concept_cloud
+    from sparsemm_experiments.viz.report import DemoReport, QueryPanel, render_demo_report
+    from sparsemm_experiments.viz.wordcloud import concept_cloud
 
     out = Path(out_dir)
     (out / "clouds").mkdir(parents=True, exist_ok=True)

@@ -7,16 +7,20 @@ What :func:`run_lexlip_bench` does (``sparsemm bench lexlip``):
    trains the paired caption is hidden from its item (leave-one-out). ``collages``: the
    Fashion-MNIST collage collection; patches are EfficientNet-Lite0 7x7 spatial features
    (49 x 1280) of the real images. One LexLIP model per setting is trained on the ``train``
-   split (:func:`sparsemm.train.lexlip.train_lexlip`; cached in ``OUT/<setting>/model``).
+   split (:func:`sparsemm_experiments.train.lexlip.train_lexlip`; cached in
+   ``OUT/<setting>/model``).
 2. **Retrieval** on the ``test`` split: text-to-image (each caption ranks the test items)
    and image-to-text R@1/5/10 for LexLIP's lexicon codes, its Dense variant ([CLS]
    projections) and, on COCO, the dense MiniLM views. BM25 cannot use the standard protocol
    (a query caption is part of its own item's document); it is measured leave-one-out
-   (:func:`sparsemm.baselines.bm25.caption_retrieval`) next to MiniLM under the same rule.
-3. **Exclusion** ("A but not B" from labels, :mod:`sparsemm.eval.bench`): dense strategies
+   (:func:`sparsemm_experiments.baselines.bm25.caption_retrieval`) next to MiniLM under the
+   same rule.
+3. **Exclusion** ("A but not B" from labels, :mod:`sparsemm_experiments.eval.bench`): dense
+   strategies
    on the LexLIP-Dense embeddings, sparse strategies on the LexLIP codes, parameters tuned on
    the train split; BM25 over captions on the same queries (B-mentioning items demoted,
-   :class:`~sparsemm.baselines.bm25.CaptionBM25`); on COCO also the MiniLM dense baselines.
+   :class:`~sparsemm_experiments.baselines.bm25.CaptionBM25`); on COCO also the MiniLM dense
+   baselines.
    Means over all / hard queries with paired t-tests against LexLIP-Dense's
    emb(A) - 0.5 emb(B) and against BM25.
 4. **Large scale** (COCO model): the 950 test items mixed into a pool of every val2017 item
@@ -48,13 +52,19 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from sparsemm.baselines.bm25 import CaptionBM25, caption_retrieval
 from sparsemm.data.collection import Collection, write_collection
 from sparsemm.data.encode import caption_views
 from sparsemm.encoders.base import l2_normalize
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.bench import METRICS, BenchConfig, run_exclusion_bench
-from sparsemm.eval.exclusion import (
+from sparsemm.eval.metrics import evaluate_rankings
+from sparsemm.eval.tables import md_table
+from sparsemm.io import atomic_open, jsonable, write_json
+from sparsemm.linalg import normalize_rows
+from sparsemm.query.strategies import TERM_TEMPLATE, get_spec
+from sparsemm.runtime import torch_threads
+from sparsemm_experiments.baselines.bm25 import CaptionBM25, caption_retrieval
+from sparsemm_experiments.eval.bench import METRICS, BenchConfig, run_exclusion_bench
+from sparsemm_experiments.eval.exclusion import (
     build_exclusion_queries,
     git_commit,
     hard_mask,
@@ -64,15 +74,10 @@ from sparsemm.eval.exclusion import (
     significance,
     summarize,
 )
-from sparsemm.eval.metrics import evaluate_rankings
-from sparsemm.eval.retrieval import recall_at_ks, target_ranks, top_k_rows
-from sparsemm.eval.tables import md_table
-from sparsemm.io import atomic_open, jsonable, write_json
-from sparsemm.linalg import normalize_rows
-from sparsemm.models.lexlip import LexLIPConfig, LexLIPModel, expected_flops
-from sparsemm.query.strategies import TERM_TEMPLATE, get_spec
-from sparsemm.runtime import torch_threads
-from sparsemm.train.lexlip import (
+from sparsemm_experiments.eval.retrieval import recall_at_ks, target_ranks, top_k_rows
+from sparsemm_experiments.models.lexlip import LexLIPConfig, LexLIPModel, expected_flops
+from sparsemm_experiments.presets import load_preset
+from sparsemm_experiments.train.lexlip import (
     LexLIPTrainConfig,
     build_config,
     caption_patches,
@@ -81,7 +86,6 @@ from sparsemm.train.lexlip import (
     train_lexlip,
     trained_matches,
 )
-from sparsemm_experiments.presets import load_preset
 
 logger = logging.getLogger(__name__)
 
@@ -745,7 +749,7 @@ def export_demo(
     n_queries: int = 100,
 ) -> dict[str, Any]:
     """Export the test items (and some caption queries) for Anserini and ES; validate."""
-    from sparsemm.index.export import (
+    from sparsemm_experiments.export import (
         rank_features_mapping,
         validate_anserini_document,
         validate_rank_features_document,
@@ -1047,9 +1051,9 @@ def build_collage_collection(
     minilm`` (image_emb = the L2-normalised mean of the 7x7 map = the pooled feature), and
     the spatial features are cached in ``features_dir`` for :func:`spatial_patches`.
     """
-    from sparsemm.data.fashion import build_collages
     from sparsemm.data.sources import read_items
     from sparsemm.encoders.efficientnet import EfficientNetEncoder
+    from sparsemm_experiments.data.fashion import build_collages
 
     out = Path(out)
     items_path = build_collages(out / "images", n_train, n_test, seed=seed, progress=progress)
@@ -1072,7 +1076,7 @@ def build_collage_collection(
     )
     if features_dir is not None:
         from sparsemm.io import save_npy
-        from sparsemm.train.lexlip import collection_key
+        from sparsemm_experiments.train.lexlip import collection_key
 
         save_npy(
             Path(features_dir) / f"spatial-{collection_key(col, 'effnet-lite0')}.npy",

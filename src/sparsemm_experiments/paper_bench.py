@@ -38,18 +38,23 @@ from sparsemm.data.collection import Collection, open_collection, sha256_file
 from sparsemm.data.encode import encode_source
 from sparsemm.data.paths import coco_json
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.bench import METRICS, BenchConfig, retrieval_markdown, run_exclusion_bench
-from sparsemm.eval.exclusion import (
+from sparsemm.eval.tables import md_table
+from sparsemm.io import atomic_open, read_json, write_json
+from sparsemm.query.strategies import QueryCoder, sr_query_coder
+from sparsemm.runtime import torch_threads
+from sparsemm_experiments.eval.bench import (
+    METRICS,
+    BenchConfig,
+    retrieval_markdown,
+    run_exclusion_bench,
+)
+from sparsemm_experiments.eval.exclusion import (
     bar_plot,
     git_commit,
     markdown_table,
     read_per_query,
     write_report,
 )
-from sparsemm.eval.tables import md_table
-from sparsemm.io import atomic_open, read_json, write_json
-from sparsemm.query.strategies import QueryCoder, sr_query_coder
-from sparsemm.runtime import torch_threads
 from sparsemm_experiments.presets import load_preset
 from sparsemm_experiments.sr_coco import ProxyRunConfig, prepare_spine
 
@@ -207,8 +212,8 @@ def _sr(
 def _vdr_codes(
     out: Path, col: Collection, cfg: PaperBenchConfig, progress: bool
 ) -> tuple[sp.csr_matrix, QueryCoder, str, dict[str, Any]]:
-    from sparsemm.data.patches import proxy_patches
-    from sparsemm.train.vdr import cross_modal_data
+    from sparsemm_experiments.data.patches import proxy_patches
+    from sparsemm_experiments.train.vdr import cross_modal_data
     from sparsemm_experiments.vdr_runs import VDRCodes, VDRRunConfig, train_or_load
 
     vcfg = VDRRunConfig(

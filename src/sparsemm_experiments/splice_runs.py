@@ -11,7 +11,8 @@ paper does):
    image-side mean from the items' embeddings, the text-side mean (for query texts) from the
    train items' captions, the concept mean from the concepts.
 3. l1 sweep on ``train`` only: for each penalty, the benchmark's tuning items (the same
-   seeded quarter of ``train`` that :func:`~sparsemm.eval.bench.run_exclusion_bench` scores
+   seeded quarter of ``train`` that :func:`~sparsemm_experiments.eval.bench.run_exclusion_bench`
+   scores
    while tuning) are coded and ``code_a`` and ``paper`` (a small grid,
    :data:`SWEEP_PAPER_GRID`) and ``code_arith`` (its grid) are scored on their queries. The
    chosen penalty is the one with the best ``paper`` AP@10 (the SR paper's method for
@@ -47,8 +48,6 @@ from sparsemm.baselines.splice import (
 )
 from sparsemm.data.collection import Collection, open_collection
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.bench import BenchConfig, evaluate_strategy, run_exclusion_bench
-from sparsemm.eval.exclusion import build_exclusion_queries, hard_mask, query_matrices
 from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, save_csr, write_json
 from sparsemm.query.strategies import (
@@ -57,6 +56,8 @@ from sparsemm.query.strategies import (
     TextEncoder,
     get_spec,
 )
+from sparsemm_experiments.eval.bench import BenchConfig, evaluate_strategy, run_exclusion_bench
+from sparsemm_experiments.eval.exclusion import build_exclusion_queries, hard_mask, query_matrices
 
 logger = logging.getLogger(__name__)
 

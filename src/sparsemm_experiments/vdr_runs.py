@@ -10,10 +10,11 @@ every number below is measured by this module):
 2. Models: a VDR bi-encoder initialised from all-MiniLM-L6-v2 (:meth:`VDRModel.from_minilm`),
    head biases calibrated on a train sample (:meth:`VDRModel.calibrate`); for the collages
    the patch adapter starts as a ridge map from pooled image features to the items' caption
-   views. Trained cross-modally (:func:`~sparsemm.train.vdr.train_vdr`) on the ``train``
+   views. Trained cross-modally (:func:`~sparsemm_experiments.train.vdr.train_vdr`) on the ``train``
    split's (caption, item) pairs, with the bag-of-words entry (main model) and without it
    (ablation). Zero-shot (untrained) codes are reported too.
-3. Evaluation: the exclusion benchmark (:func:`~sparsemm.eval.bench.run_exclusion_bench`,
+3. Evaluation: the exclusion benchmark
+   (:func:`~sparsemm_experiments.eval.bench.run_exclusion_bench`,
    with ``item_codes``; VDR's exclusion is the SR paper's multi-step method ``paper``, next
    to the other sparse strategies) and its image-text retrieval table; the same run for an
    SR model when given; effectiveness vs the number of active dimensions k; the BoW on/off
@@ -42,8 +43,6 @@ import torch
 
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.bench import BenchConfig, run_exclusion_bench
-from sparsemm.eval.exclusion import git_commit
 from sparsemm.eval.tables import md_table
 from sparsemm.index import InvertedIndex
 from sparsemm.io import (
@@ -54,7 +53,6 @@ from sparsemm.io import (
     write_json,
 )
 from sparsemm.linalg import normalize_rows
-from sparsemm.models.vdr import VDRModel, explain_pair, fast_bf16_available, resparsify
 from sparsemm.query.strategies import (
     QueryCoder,
     TextEncoder,
@@ -64,13 +62,16 @@ from sparsemm.query.strategies import (
 )
 from sparsemm.runtime import torch_threads
 from sparsemm.train.checkpoint import has_checkpoint
-from sparsemm.train.vdr import (
+from sparsemm_experiments.eval.bench import BenchConfig, run_exclusion_bench
+from sparsemm_experiments.eval.exclusion import git_commit
+from sparsemm_experiments.models.vdr import VDRModel, explain_pair, fast_bf16_available, resparsify
+from sparsemm_experiments.presets import load_preset
+from sparsemm_experiments.train.vdr import (
     CrossModalData,
     cross_modal_data,
     preset_train_config,
     train_vdr,
 )
-from sparsemm_experiments.presets import load_preset
 
 log = logging.getLogger(__name__)
 

@@ -135,7 +135,7 @@ def test_top_mean_matches_sorting() -> None:
 
 def test_cbe_in_the_benchmark(tmp_path) -> None:
     from sparsemm.data.collection import write_collection
-    from sparsemm.eval.bench import BenchConfig, run_exclusion_bench
+    from sparsemm_experiments.eval.bench import BenchConfig, run_exclusion_bench
 
     rng = np.random.default_rng(0)
     enc = KeywordEncoder()

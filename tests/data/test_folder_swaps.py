@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sparsemm.data import fashion
 from sparsemm.data.collection import open_collection, write_collection
 from sparsemm.errors import SparsemmError
 from sparsemm.io import find_dir
+from sparsemm_experiments.data import fashion
 
 
 def _write(path: Path, n: int) -> None:

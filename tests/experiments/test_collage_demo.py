@@ -39,7 +39,7 @@ def _write_idx(path: Path, arr: np.ndarray) -> None:
 def fashion_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """IDX files where each class is one coarse pattern plus noise: learnable, like the real
     classes, so the pipeline has a signal to train on."""
-    from sparsemm.data.fashion import FILES
+    from sparsemm_experiments.data.fashion import FILES
 
     folder = tmp_path_factory.mktemp("fmnist-like")
     rng = np.random.default_rng(0)

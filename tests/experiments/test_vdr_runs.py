@@ -13,10 +13,10 @@ pytest.importorskip("transformers")
 
 from fakes import KeywordEncoder, keyword_vectors, tiny_bert  # noqa: E402
 from sparsemm.data.collection import Collection, write_collection  # noqa: E402
-from sparsemm.data.patches import proxy_patches  # noqa: E402
 from sparsemm.errors import SparsemmError  # noqa: E402
-from sparsemm.models.vdr import VDRModel  # noqa: E402
-from sparsemm.train.vdr import adapter_ridge_init, cross_modal_data, ridge_map  # noqa: E402
+from sparsemm_experiments.data.patches import proxy_patches  # noqa: E402
+from sparsemm_experiments.models.vdr import VDRModel  # noqa: E402
+from sparsemm_experiments.train.vdr import adapter_ridge_init, cross_modal_data, ridge_map  # noqa: E402
 from sparsemm_experiments.vdr_runs import (  # noqa: E402
     VDRCodes,
     VDRRunConfig,
@@ -113,7 +113,7 @@ class FakeSpatial:
 
 
 def test_collage_patches_cached_per_collection(tmp_path: Path) -> None:
-    from sparsemm.data.patches import collage_patches
+    from sparsemm_experiments.data.patches import collage_patches
 
     items = [
         {
@@ -231,8 +231,8 @@ def test_run_vdr_bench_end_to_end(bert_dir: Path, tmp_path: Path) -> None:
 
 
 def test_cli_registration_and_train(bert_dir: Path, tmp_path: Path) -> None:
-    from sparsemm.cli.train_vdr import register_model
     from sparsemm_experiments.cli.bench_vdr import register_bench
+    from sparsemm_experiments.cli.train_vdr import register_model
 
     parser = argparse.ArgumentParser()
     verbs = parser.add_subparsers(dest="verb")

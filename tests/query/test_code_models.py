@@ -13,10 +13,11 @@ pytest.importorskip("transformers")
 from sparsemm.cli.main import main
 from sparsemm.data.encode import encode_source
 from sparsemm.errors import SparsemmError
-from sparsemm.models.vdr import VDRModel
-from sparsemm.query.code_models import VDRCodeModel, load_code_model
+from sparsemm.query.code_models import load_code_model
 from sparsemm.query.indexing import build_index
 from sparsemm.query.searcher import Searcher
+from sparsemm_experiments.code_models import VDRCodeModel
+from sparsemm_experiments.models.vdr import VDRModel
 
 THINGS = ["dog", "cat", "pizza", "car", "boat", "horse"]
 
@@ -75,4 +76,38 @@ def test_cli_index_vdr_and_errors(proxy: tuple[Path, Path], tmp_path: Path, caps
         load_code_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "lexlip"}))
     with pytest.raises(SparsemmError, match="serves clip_concepts, imagenet_concepts, sr, vdr"):
+        load_code_model(tmp_path)
+
+
+class _ToyCodeModel:
+    def __init__(self, path: str | Path, top_k: int | None = None) -> None:
+        self.path, self.top_k = Path(path), top_k
+
+
+def test_a_model_type_of_another_package_comes_through_the_models_entry_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """load_code_model reads the sparsemm.models entry points for a model type MODEL_TYPES
+    does not name (as VDR's adapter comes from sparsemm_experiments); one whose module is
+    missing is skipped, and an unknown type names every type it could load."""
+    from importlib.metadata import EntryPoint
+
+    from sparsemm.query import code_models
+
+    eps = [
+        EntryPoint("toy", f"{__name__}:_ToyCodeModel", code_models.MODEL_GROUP),
+        EntryPoint("gone", "no_such_module_xyz:Adapter", code_models.MODEL_GROUP),
+        EntryPoint("sr", f"{__name__}:_ToyCodeModel", code_models.MODEL_GROUP),
+    ]
+    monkeypatch.setattr(
+        "importlib.metadata.entry_points", lambda group: [e for e in eps if e.group == group]
+    )
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "toy"}))
+    model = load_code_model(tmp_path, top_k=7)
+    assert isinstance(model, _ToyCodeModel) and model.top_k == 7
+    types = code_models.model_types()
+    assert types["sr"] is code_models.MODEL_TYPES["sr"]  # the library's own come first
+    assert "gone" not in types
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "other"}))
+    with pytest.raises(SparsemmError, match=r"holds a 'other' model; the index serves .*toy"):
         load_code_model(tmp_path)

@@ -200,7 +200,7 @@ def test_cli_search_with_a_damaged_model_is_one_error_line(tmp_path: Path, cli: 
 
 def test_lexlip_weights_are_checksummed_too(tmp_path: Path) -> None:
     from fakes import tiny_lexlip_config
-    from sparsemm.models.lexlip import LexLIPModel
+    from sparsemm_experiments.models.lexlip import LexLIPModel
 
     vocab = np.arange(5, 25)
     model = LexLIPModel(

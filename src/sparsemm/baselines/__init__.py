@@ -3,7 +3,7 @@
 * :mod:`sparsemm.baselines.splice` - SpLiCE (Bhalla et al., NeurIPS 2024): non-negative
   sparse decomposition of dense embeddings over a concept vocabulary
   (:class:`SpliceDecomposer`, the batched solver :func:`nonneg_lasso`).
-* :mod:`sparsemm.baselines.bm25` - BM25 over item captions.
+* :mod:`sparsemm_experiments.baselines.bm25` - BM25 over item captions.
 
 The dense single-line query, embedding-arithmetic and content-based exclusion (CBE,
 Yoshikawa & Tajima, ICMR 2024) baselines are exclusion strategies in

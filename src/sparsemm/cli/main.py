@@ -19,9 +19,9 @@ from sparsemm.cli.plugins import VERB_GROUP, registrars
 from sparsemm.errors import SparsemmError
 
 # Verb modules under sparsemm.cli, in the order of the pipeline; the verbs of other
-# packages (``demo``, from sparsemm_experiments) come after them (sparsemm.cli.plugins).
+# packages (``collages``, ``demo``, ``bench``, ``export``, from sparsemm_experiments) come
+# after them (sparsemm.cli.plugins).
 VERBS = (
-    "collages",
     "encode",
     "spine",
     "train",
@@ -29,8 +29,6 @@ VERBS = (
     "search",
     "serve",
     "up",
-    "bench",
-    "export",
 )
 
 

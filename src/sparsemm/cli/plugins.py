@@ -3,9 +3,11 @@ imports them.
 
 A package adds a verb to ``sparsemm`` with an entry point in the ``sparsemm.verbs`` group
 (``name = "module:register"``, called with the verb subparsers) or a benchmark to
-``sparsemm bench`` in the ``sparsemm.bench`` group (called with the bench subparsers). The
-wheel's own ``sparsemm_experiments`` registers ``demo`` and ``bench paper|vdr|lexlip``
-this way (see pyproject.toml). Loading one imports only its small CLI module; the work is
+``sparsemm bench`` in the ``sparsemm.bench`` group (called with the bench subparsers) or a
+model to ``sparsemm train`` in the ``sparsemm.train`` group (called with the model
+subparsers). The wheel's own ``sparsemm_experiments`` registers ``demo``, ``bench``,
+``export``, ``collages``, ``bench paper|vdr|lexlip`` and ``train vdr|lexlip`` this way
+(see pyproject.toml). Loading one imports only its small CLI module; the work is
 imported when the command runs.
 """
 
@@ -20,6 +22,7 @@ log = logging.getLogger(__name__)
 
 VERB_GROUP = "sparsemm.verbs"
 BENCH_GROUP = "sparsemm.bench"
+TRAIN_GROUP = "sparsemm.train"
 
 
 def registrars(group: str) -> list[Callable[[Any], None]]:

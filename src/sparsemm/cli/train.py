@@ -13,8 +13,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparsemm.cli.train_lexlip import register_model as register_lexlip
-from sparsemm.cli.train_vdr import register_model as register_vdr
+from sparsemm.cli.plugins import TRAIN_GROUP, registrars
 
 if TYPE_CHECKING:
     from sparsemm.models.detectors import ConceptDetectors
@@ -101,8 +100,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     al.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     al.add_argument("--no-progress", action="store_true")
     al.set_defaults(func=run_align)
-    register_vdr(models)
-    register_lexlip(models)
+    for register_model in registrars(TRAIN_GROUP):  # vdr, lexlip (sparsemm_experiments)
+        register_model(models)
 
 
 def _detector_args(p: argparse.ArgumentParser) -> None:

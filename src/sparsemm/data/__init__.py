@@ -4,7 +4,5 @@
 * :mod:`sparsemm.data.collection` - a collection folder: dense embeddings plus item metadata.
 * :mod:`sparsemm.data.encode` and :mod:`sparsemm.data.sync` - embedding items into a
   collection, and adding only new or changed photos on a re-run.
-* :mod:`sparsemm.data.fashion` - the offline demo collection of Fashion-MNIST collages.
-* :mod:`sparsemm.data.patches` - patch features for VDR's image side.
 * :mod:`sparsemm.data.paths` - where the shared development data lives.
 """

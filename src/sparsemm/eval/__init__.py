@@ -1,11 +1,9 @@
-"""Measuring: ranking metrics and the benchmark runners every model is scored with.
+"""Measuring: ranking metrics and tables.
 
-* :mod:`sparsemm.eval.metrics`, :mod:`sparsemm.eval.retrieval` - metrics at a cut-off and
-  cross-modal retrieval evaluation.
-* :mod:`sparsemm.eval.exclusion`, :mod:`sparsemm.eval.bench`, :mod:`sparsemm.eval.negation`
-  - the exclusion and sentence-negation benchmarks over every strategy (``sparsemm bench
-  exclusion|negation``).
+* :mod:`sparsemm.eval.metrics` - metrics at a cut-off (one definition per metric).
+* :mod:`sparsemm.eval.tables` - Markdown tables of results.
 
-The research run drivers that reproduce the papers live in the separate package
-``sparsemm_experiments``. The library layers below this one never import it.
+The benchmark runners (exclusion, sentence negation, cross-modal retrieval; ``sparsemm bench``)
+and the research run drivers that reproduce the papers live in the separate package
+``sparsemm_experiments``. The library never imports it.
 """

@@ -1,8 +1,6 @@
 """Sparse models over frozen dense embeddings, saved as ``config.json`` + safetensors.
 
 * :mod:`sparsemm.models.sr` - SR (sparse disentangled codes with a SPINE caption bias).
-* :mod:`sparsemm.models.vdr` - VDR (vocabulary-space codes).
-* :mod:`sparsemm.models.lexlip` - LexLIP (lexicon-weighted towers).
 * :mod:`sparsemm.models.concepts` - caption-free ImageNet-class concept codes.
 * :mod:`sparsemm.models.lit` - a linear contrastive aligner (dense baseline).
 * :mod:`sparsemm.models.detectors` - per-word concept detectors saved with a model.
@@ -11,4 +9,6 @@
   aligner in numpy, what a search runs (no torch import).
 * :mod:`sparsemm.models.base` - ``save_pretrained`` / ``from_pretrained`` for all of them
   (``nn.Module`` models and numpy ``ArrayModule`` ones).
+
+VDR and LexLIP, the research models, live in ``sparsemm_experiments.models``.
 """

@@ -1,4 +1,4 @@
-"""The sparse models an index can serve: one interface over SR and VDR.
+"""The sparse models an index can serve: one interface over SR, the concept models and VDR.
 
 ``sparsemm index --model DIR`` and the :class:`~sparsemm.query.searcher.Searcher` load a
 model folder with :func:`load_code_model`, which dispatches on the ``model_type`` recorded
@@ -7,10 +7,8 @@ in its ``config.json``:
 - ``sr``: codes of the collection's image embeddings (or caption views); queries coded from
   the text backbone's embedding; dimensions labelled by the captions of the items that
   activate them (and SPINE's top words).
-- ``vdr``: codes in the BERT vocabulary space. Items are coded from their patch features:
-  the caption embeddings of a caption-proxy item, or the EfficientNet-Lite0 7x7 feature map
-  of an item with pixels (computed once and cached in ``COLLECTION/spatial``); queries with
-  VDR's own text tower. A dimension *is* a word piece, so it is labelled by its token.
+- ``vdr``: codes in the BERT vocabulary space, labelled by their tokens. Its adapter lives
+  in ``sparsemm_experiments`` and comes in through the ``sparsemm.models`` entry point.
 - ``imagenet_concepts``: codes over the 1000 ImageNet-1k classes of EfficientNet-Lite0's
   head (no captions, no training); queries mapped onto classes through the text encoder
   (:mod:`sparsemm.models.concepts`). A dimension is a class, labelled by its name.
@@ -18,6 +16,7 @@ in its ``config.json``:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,6 +31,8 @@ from sparsemm.io import read_json
 from sparsemm.models.detectors import ConceptDetectors, has_detectors
 from sparsemm.query.strategies import QueryCoder, sr_query_coder
 from sparsemm.text import term_text
+
+log = logging.getLogger(__name__)
 
 # What a query image on a collection without an image encoder (caption views) can do instead.
 QUERY_IMAGE_HINT = (
@@ -119,69 +120,6 @@ class SRCodeModel:
         return sr_query_coder(self.model, top_k=self.top_k, text_encoder=text_encoder)
 
     def dim_names(self) -> list[str] | None:
-        return None
-
-
-class VDRCodeModel:
-    kind = "vdr"
-    # Hundreds of active tokens per code overlap any term's tokens, so a hard filter on
-    # B's dims empties the ranking; code arithmetic is VDR's best strategy (docs/vdr.md).
-    default_strategy = "code_arith"
-    unit_codes = True
-    served_by_index = True
-
-    def __init__(self, path: str | Path, top_k: int | None = None) -> None:
-        from sparsemm.models.vdr import VDRModel
-
-        self.model = VDRModel.from_pretrained(path)
-        self.top_k = int(top_k or self.model.config.image_top_k)
-        self.text_top_k = int(top_k or self.model.config.text_top_k)
-        self.training_info = self.model.training_info
-        # 30k-dim word-piece codes: no detectors
-        self.detectors: ConceptDetectors | None = None
-
-    def patches(
-        self, collection: Collection, progress: bool = False
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """The items' patch features: caption embeddings (caption-proxy) or EfficientNet
-        spatial features (items with pixels)."""
-        from sparsemm.data.patches import collage_patches, proxy_patches
-
-        if collection.manifest.get("image_kind") == "caption_view":
-            return proxy_patches(collection)
-        if collection.manifest.get("image_kind") != "pixels":
-            raise SparsemmError(
-                f"VDR codes items from patch features; {collection.root} holds neither caption "
-                "views nor images (precomputed embeddings have no patches)"
-            )
-        return collage_patches(collection, collection.root / "spatial", progress=progress), None
-
-    def encode_items(self, collection: Collection, progress: bool = False) -> sp.csr_matrix:
-        patches, mask = self.patches(collection, progress)
-        return self.model.encode_image(patches, mask, top_k=self.top_k, progress=progress)
-
-    def encode_query_images(self, images: Sequence[Any], image_encoder: Any) -> sp.csr_matrix:
-        """Codes of query images from their EfficientNet spatial features, as the items of a
-        collection of images are coded (a caption-proxy collection's items are coded from
-        captions, which a query image does not have)."""
-        if not hasattr(image_encoder, "encode_spatial"):
-            raise SparsemmError(
-                "this VDR index codes items from caption views; a query image has no captions "
-                "(search like an item of the collection instead: its id)"
-            )
-        patches = image_encoder.encode_spatial(list(images)).astype(np.float16)
-        return self.model.encode_image(patches, None, top_k=self.top_k)
-
-    def query_coder(self, text_encoder: Any = None) -> QueryCoder:
-        def code(emb: np.ndarray, texts: Any) -> sp.csr_matrix:
-            return self.model.encode_text(list(texts), top_k=self.text_top_k)
-
-        return code
-
-    def dim_names(self) -> list[str] | None:
-        return list(self.model.tokens)
-
-    def term_scorer(self, text_encoder: Any = None) -> Any:
         return None
 
 
@@ -322,9 +260,12 @@ class ClipCodeModel:
         return self._scorer
 
 
+# Entry points of this group add adapters from other packages: ``model_type = "module:Class"``
+# (sparsemm_experiments adds ``vdr``). A type named in MODEL_TYPES is never looked up there.
+MODEL_GROUP = "sparsemm.models"
+
 MODEL_TYPES: dict[str, Any] = {
     "sr": SRCodeModel,
-    "vdr": VDRCodeModel,
     "imagenet_concepts": ConceptCodeModel,
     "clip_concepts": ClipCodeModel,
 }
@@ -346,9 +287,25 @@ def load_code_model(path: str | Path, top_k: int | None = None) -> CodeModel:
             "re-create the model"
         )
     kind = raw.get("model_type")
-    if kind not in MODEL_TYPES:
+    types = MODEL_TYPES if kind in MODEL_TYPES else model_types()
+    if kind not in types:
         raise SparsemmError(
-            f"{path} holds a {kind!r} model; the index serves "
-            f"{', '.join(sorted(MODEL_TYPES))} models"
+            f"{path} holds a {kind!r} model; the index serves {', '.join(sorted(types))} models"
         )
-    return MODEL_TYPES[str(kind)](path, top_k)
+    return types[str(kind)](path, top_k)
+
+
+def model_types() -> dict[str, Any]:
+    """MODEL_TYPES and the adapters of the ``sparsemm.models`` entry points, by model type
+    (MODEL_TYPES first; one entry point per name; one that cannot be imported is skipped)."""
+    from importlib.metadata import entry_points
+
+    found = dict(MODEL_TYPES)
+    for ep in sorted(entry_points(group=MODEL_GROUP), key=lambda e: e.name):
+        if ep.name in found:
+            continue
+        try:
+            found[ep.name] = ep.load()
+        except ImportError as exc:  # a plugin whose dependencies are not installed
+            log.debug("skipping the %s entry point %r: %s", MODEL_GROUP, ep.name, exc)
+    return found

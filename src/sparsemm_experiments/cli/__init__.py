@@ -1,2 +1,3 @@
-"""The experiments' verbs: ``sparsemm demo`` and ``sparsemm bench paper|vdr|lexlip``,
-registered through the ``sparsemm.verbs`` and ``sparsemm.bench`` entry points."""
+"""The experiments' verbs: ``sparsemm demo``, ``bench`` (``exclusion|negation`` and
+``paper|vdr|lexlip``), ``export``, ``collages`` and ``train vdr|lexlip``, registered
+through the ``sparsemm.verbs``, ``sparsemm.bench`` and ``sparsemm.train`` entry points."""

@@ -126,7 +126,7 @@ def _pick(given: Path | None, default: Path, skip: bool, what: str) -> Path | No
 
 
 def _proxy_spec(col: Any, args: argparse.Namespace) -> dict[str, Any]:
-    from sparsemm.data.patches import proxy_patches
+    from sparsemm_experiments.data.patches import proxy_patches
     from sparsemm_experiments.vdr_runs import PROXY_EXAMPLES
 
     patches, mask = proxy_patches(col)
@@ -151,9 +151,9 @@ def _proxy_spec(col: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _collage_spec(col: Any, args: argparse.Namespace) -> dict[str, Any]:
-    from sparsemm.data.patches import collage_patches
     from sparsemm.models.lit import AlignConfig, AlignedTextEncoder, LinearAligner
-    from sparsemm.train.vdr import adapter_ridge_init
+    from sparsemm_experiments.data.patches import collage_patches
+    from sparsemm_experiments.train.vdr import adapter_ridge_init
     from sparsemm_experiments.vdr_runs import COLLAGE_EXAMPLES
 
     raw = _text_encoder(

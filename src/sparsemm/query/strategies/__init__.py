@@ -52,7 +52,7 @@ Sparse strategies, generic over any non-negative sparse codes (SR, VDR, SpLiCE, 
 
 Strategies are registered by name with their default parameters and a tuning grid
 (:data:`STRATEGIES`), each beside its class; :func:`get_strategy` builds one. Parameters
-are chosen on a tuning split and frozen for the test split (see :mod:`sparsemm.eval.bench`).
+are chosen on a tuning split and frozen for the test split (``sparsemm bench exclusion``).
 
 One module per part: :mod:`~sparsemm.query.strategies.context` (the shared input and its
 caches), :mod:`~sparsemm.query.strategies.base` (the interface and ranking helpers),

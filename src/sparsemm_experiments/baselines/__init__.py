@@ -1,0 +1,1 @@
+"""Baselines of the research runs: BM25 over item captions (:mod:`.bm25`)."""

@@ -1,0 +1,1 @@
+"""VDR and LexLIP: sparse codes over a word-piece vocabulary (:mod:`.vdr`, :mod:`.lexlip`)."""

@@ -1,0 +1,1 @@
+"""Training of VDR (:mod:`.vdr`) and LexLIP (:mod:`.lexlip`)."""
