@@ -3,8 +3,9 @@
 Runs ``sparsemm search COLLECTION QUERY --no-server`` in this process (once to warm the
 caches, then traced) and records, with a profiler hook, every call that a function of the
 *orchestration* makes: the front end (``sparsemm.cli``, ``sparsemm.pipeline``), the
-request (``sparsemm.query.request``), the searcher and its hits (``query.searcher``,
-``query.hits``) and the served path (``query.two_stage``, ``query.rank``). What those call
+request (``sparsemm.query.request``), the searcher, its collection handle, term checks,
+explanations and hits (``query.searcher``, ``query.handle``, ``query.term_checks``,
+``query.explain``, ``query.like``, ``query.index_engine``, ``query.hits``) and the served path (``query.two_stage``, ``query.rank``). What those call
 into the engine (strategies, scorers, concepts, models, encoders, the index) counts as one
 call each; the engine's own insides are not counted, as a reader following a search top to
 bottom stops at the scorer's interface. Reported:
@@ -48,6 +49,11 @@ ORCHESTRATION = (
     "sparsemm.pipeline.",
     "sparsemm.query.request",
     "sparsemm.query.searcher",
+    "sparsemm.query.handle",
+    "sparsemm.query.term_checks",
+    "sparsemm.query.explain",
+    "sparsemm.query.like",
+    "sparsemm.query.index_engine",
     "sparsemm.query.hits",
     "sparsemm.query.two_stage",
     "sparsemm.query.rank",
