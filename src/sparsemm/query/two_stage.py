@@ -396,7 +396,18 @@ def served_match(
         units = _listed_units(strat, query)
         if units is not None:
             res = _served_units(
-                source, ctx, query, strat, units, unit_lists, k, offset, candidates, params
+                source,
+                ctx,
+                query,
+                strat,
+                units,
+                unit_lists,
+                k,
+                offset,
+                candidates,
+                params,
+                proxy_dims,
+                fetch,
             )
             if res is not None:
                 return res
@@ -466,7 +477,11 @@ def served_match(
             # every row was asked for and some were not returned (a store leaves out rows
             # with no positive score), yet they may still score: a scan is exact
             return scan_rank(source, ctx, query, "match", k, offset, **params)
-        if certified or last:
+        if not certified and last:
+            # the largest pool did not prove the top k: the scan is exact (a served match
+            # is never returned unproven)
+            return scan_rank(source, ctx, query, "match", k, offset, **params)
+        if certified:
             top = top[offset:]
             searches = sum(p.searches for p in lists)
             return ServedResult(
@@ -508,17 +523,40 @@ def _served_units(
     offset: int,
     candidates: int,
     params: dict[str, Any],
+    proxy_dims: int = 256,
+    fetch: int | None = None,
 ) -> ServedResult | None:
     """The top ``k`` after ``offset`` from the unit lists of one include concept: the first
     ``n`` rows of each unit's list are rescored exactly; an item outside all of them has
     P(match) <= max_u weight_u ub_u(n), so when the k-th rescored key beats that key bound
-    the result is exact. ``n`` grows fourfold up to the lists' length; None when that does
-    not certify (the caller goes on with the code lists)."""
+    the result is exact.
+
+    The rank key is P at 1% plus half a step times the include text's code similarity (the
+    tie-break), and the top k of a common concept all sit in the top step (P >= 0.99 for
+    thousands of items): no list short enough to rescore ends below that step, so the tie
+    is bounded too. Once P's bound alone would certify the result with a tie of 0, the
+    index is searched for the include text's code (the positive part of the unit query
+    code, cut to ``proxy_dims`` dims as for ``hybrid``): an item outside its first ``m``
+    rows has a code similarity of at most its m-th score plus the cut's residual, the
+    quantised search's err and a float32 margin, and an item outside both the unit lists
+    and that list has a key of at most key_bound(P bound, tie bound). Each pool grows
+    fourfold while it is what stands in the way: the unit lists' up to their length, the
+    tie list's within the rows its search fetched, then by one larger search. None when
+    the unit lists run out (the caller goes on with the code lists)."""
     want = offset + k
     n = max(candidates, want)
+    m = n  # the tie list's pool
+    tie: _ProxyList | None = None
     cand = np.zeros(0, np.int64)
     scores = np.zeros(0)
     rounds = 0
+    if fetch is None:
+        fetch = n
+        while fetch * 4 <= min(FETCH_MAX, len(source) // FETCH_SHARE):
+            fetch *= 4
+    fetch = max(fetch, n)
+    cap = max(n, min(65536, len(source) // SCAN_SHARE))
+    no_tie = ctx.query_coder is None  # the tie-break is 0 for every item
     while True:
         rounds += 1
         bound = -np.inf
@@ -527,15 +565,46 @@ def _served_units(
             if b > -np.inf:
                 bound = max(bound, w * b)
             cand, scores = _add_rows(source, ctx, query, "match", cand, scores, rows, params)
+        tie_bound = 0.0 if no_tie else 1.0
+        if tie is not None:
+            rows, tb = tie.top(source, m, fetch, cap)
+            cand, scores = _add_rows(source, ctx, query, "match", cand, scores, rows, params)
+            tie_bound = -np.inf if tb == -np.inf else min(1.0, max(0.0, tb))
         top = top_rows(scores, want)
         kth = float(scores[top[-1]]) if len(top) == want else -np.inf
-        if bound == -np.inf:  # the lists hold every item: all of them were rescored
+        if bound == -np.inf or tie_bound == -np.inf:  # every item was rescored
             certified = True
         else:
-            certified = kth > strat.key_bound(bound) + 1e-7
+            certified = kth > strat.key_bound(bound, tie_bound) + 1e-7
         if certified:
             top = top[offset:]
-            return ServedResult(cand[top], scores[top], len(cand), True, rounds, "unit lists")
+            searches = tie.searches if tie is not None else 0
+            return ServedResult(
+                cand[top], scores[top], len(cand), True, rounds, "unit lists", searches
+            )
+        tie_blocks = kth > strat.key_bound(bound, 0.0) + 1e-7  # P's bound would do
+        if n < lists.length and not tie_blocks:
+            n = min(n * 4, lists.length)
+            continue
+        if tie is None and not no_tie:
+            # the tie is in the way, or the lists ran out in the top step: the tie list
+            # bounds the tie-break and brings the items that lead that step
+            q = np.asarray(ctx.term_code(strat.tie_text(query.include)), dtype=np.float64)
+            nrm = float(np.linalg.norm(q))
+            if nrm > 0.0:
+                dims, vals, residual = _cut(q / nrm, proxy_dims)
+                tie = _ProxyList(dims, vals, residual, _MARGIN)
+                continue
+        if tie is not None and m < cap:
+            if (
+                tie.used_err > 0
+                and tie.quantized
+                and kth > strat.key_bound(bound, tie_bound - tie.used_err) + 1e-7
+            ):
+                tie.exact(source)  # only the quantised search's err stood in the way
+            else:
+                m = min(m * 4, cap)
+            continue
         if n >= lists.length:
             return None
         n = min(n * 4, lists.length)
