@@ -120,6 +120,7 @@ def sub_context(ctx: ExclusionContext, codes: sp.csr_matrix) -> ExclusionContext
         concepts=ctx.concepts,
     )
     sub.share_text_caches(ctx)
+    sub.readings = ctx.readings  # the same term scorer reads a term the same way
     return sub
 
 
