@@ -183,6 +183,30 @@ def test_a_served_match_is_never_returned_unproven(setup) -> None:
         np.testing.assert_array_equal(got.rows, want_rows, err_msg=q)
 
 
+def test_a_served_match_reads_each_term_once(setup, monkeypatch) -> None:
+    """The rescoring rounds' contexts share the readings: the scorer reads each term of a
+    query once, however many rounds the pool takes (and not again for the next search)."""
+    det0, codes, index, _full, _text, _lists, _ = setup
+    det = _sharp(det0)
+    text = sr_context(sp.csr_matrix((0, D), dtype=np.float32), det)
+    lists = build_unit_lists(detector_scorer(det), text, codes, index, length=40)
+    scorer = detector_scorer(det)
+    read = []
+    real = type(scorer).read
+
+    def counted(self, term):
+        read.append(term)
+        return real(self, term)
+
+    monkeypatch.setattr(type(scorer), "read", counted)
+    query = parse_query("dog but not cat")
+    got = served_match(index, text, query, k=10, unit_lists=lists)
+    assert got.rounds > 1
+    assert sorted(read) == ["cat", "dog"]
+    served_match(index, text, query, k=10, unit_lists=lists)
+    assert sorted(read) == ["cat", "dog"]
+
+
 def test_lists_round_trip_and_refuse_damage(setup) -> None:
     det, codes, index, _full, _text, lists, tmp = setup
     root = tmp / "col"
