@@ -3,12 +3,13 @@
 How ``sparsemm search``, the web API and :class:`~sparsemm.query.searcher.Searcher` answer a
 query without scoring (or loading) every item's code. The default scorer, ``match``, is
 served by :func:`served_match`: an include term's probability is bounded from its units'
-lists (:mod:`sparsemm.query.unit_lists`, computed when an SR index is built) or, without
-them, by non-decreasing functions of inner products with non-negative weights (the code
-lists of :class:`~sparsemm.query.scorers.TermBound`); :func:`count_matches` counts the items
-above a threshold the same way. The rest of this docstring describes :func:`served_rank`,
-which serves ``hybrid`` (and whose candidate lists, rescoring and certificate
-``served_match`` shares).
+lists (:mod:`sparsemm.query.unit_lists`, computed when an SR index is built), with the
+include text's code list bounding the tie-break of the top 1% step, or, without them, by
+non-decreasing functions of inner products with non-negative weights (the code lists of
+:class:`~sparsemm.query.scorers.TermBound`); it is always exact (a result no pool proves is
+ranked by a scan). :func:`count_matches` counts the items above a threshold the same way.
+The rest of this docstring describes :func:`served_rank`, which serves ``hybrid`` (and
+whose candidate lists, rescoring and certificate ``served_match`` shares).
 
 The hybrid score of an item with unit code x (:class:`~sparsemm.query.strategies.Hybrid`)::
 
@@ -372,7 +373,8 @@ def served_match(
     With ``unit_lists`` (:class:`~sparsemm.query.unit_lists.UnitLists` of the model's
     detectors over this index) an include term read through detectors is bounded by its
     units' lists first, which are exact: see :func:`_served_units`. When those do not
-    certify the result, or the query has no such term, the code lists below are used.
+    certify the result, every row is scanned; when the query has no such term, the code
+    lists below are used.
 
     The match probability is at most that of any one include term, and the term scorer
     bounds a term's probability by a non-decreasing function of a few inner products of
@@ -383,8 +385,11 @@ def served_match(
     match probability of at most value(n-th score + residual + err of each list), hence a
     rank key of at most :meth:`~sparsemm.query.strategies.match.Match.key_bound` of it.
     When the k-th rescored key beats that the result is certified; else the pool grows
-    fourfold, as for ``hybrid`` (:func:`served_rank`), up to a scan of the row store.
-    Exclusion-only queries, negative codes and terms without a bound are scanned.
+    fourfold, as for ``hybrid`` (:func:`served_rank`), up to a scan of the row store. A
+    result that the largest pool (``max_candidates``) does not prove is ranked by the scan
+    too, so a served match is always exact ("A but not B" where nearly every A has B, whose
+    top k sit deep below the lists' bounds). Exclusion-only queries, negative codes and
+    terms without a bound are scanned.
     """
     from sparsemm.query.strategies.match import Match
 
@@ -409,9 +414,13 @@ def served_match(
                 params,
                 proxy_dims,
                 fetch,
+                max_candidates,
             )
             if res is not None:
                 return res
+            # the unit lists bound P exactly and the code lists only looser: a pool of
+            # these that proves what those did not would be near a scan's cost anyway
+            return scan_rank(source, ctx, query, "match", k, offset, **params)
     if nonnegative is None:
         nonnegative = source.nonnegative
     bound = _match_bound(strat, ctx, query) if nonnegative and query.include else None
@@ -526,6 +535,7 @@ def _served_units(
     params: dict[str, Any],
     proxy_dims: int = 256,
     fetch: int | None = None,
+    max_candidates: int = 65536,
 ) -> ServedResult | None:
     """The top ``k`` after ``offset`` from the unit lists of one include concept: the first
     ``n`` rows of each unit's list are rescored exactly; an item outside all of them has
@@ -543,7 +553,7 @@ def _served_units(
     and that list has a key of at most key_bound(P bound, tie bound). Each pool grows
     fourfold while it is what stands in the way: the unit lists' up to their length, the
     tie list's within the rows its search fetched, then by one larger search. None when
-    the unit lists run out (the caller goes on with the code lists)."""
+    neither can prove the top k (the caller scans)."""
     want = offset + k
     n = max(candidates, want)
     m = n  # the tie list's pool
@@ -556,7 +566,7 @@ def _served_units(
         while fetch * 4 <= min(FETCH_MAX, len(source) // FETCH_SHARE):
             fetch *= 4
     fetch = max(fetch, n)
-    cap = max(n, min(65536, len(source) // SCAN_SHARE))
+    cap = max(n, min(max_candidates, len(source) // SCAN_SHARE))
     no_tie = ctx.query_coder is None  # the tie-break is 0 for every item
     while True:
         rounds += 1
@@ -596,7 +606,7 @@ def _served_units(
                 dims, vals, residual = _cut(q / nrm, proxy_dims)
                 tie = _ProxyList(dims, vals, residual, _MARGIN)
                 continue
-        if tie is not None and m < cap:
+        if tie is not None and tie_blocks and m < cap:
             if (
                 tie.used_err > 0
                 and tie.quantized
@@ -606,9 +616,9 @@ def _served_units(
             else:
                 m = min(m * 4, cap)
             continue
-        if n >= lists.length:
-            return None
-        n = min(n * 4, lists.length)
+        # P's bound stays above the k-th key past the lists (nearly every A has B), or
+        # the tie list reached its largest pool
+        return None
 
 
 def _match_bound(strat: Any, ctx: ExclusionContext, query: Query) -> Any:
