@@ -14,7 +14,8 @@ keeps, per unit, the ``length`` items with the highest probability, best first:
 - ``rows`` (V, L) int32: collection rows (-1 past the end when the collection is smaller);
 - ``ub`` (V, L) float16: an upper bound of each listed item's logit z_u(x) (the computed
   logit plus :data:`MARGIN`, rounded up), non-increasing along a list;
-- ``theta`` (V,) float32: an upper bound of the logit of every item not in u's list.
+- ``theta`` (V,) float32: an upper bound of the logit of every item not in u's list (the
+  list's last bound: the list holds the items with the highest logits).
 
 An item outside the first n rows of unit u's list has P(u | x) <= sigmoid(ub[u, n]) (or
 sigmoid(theta[u]) past the list), which certifies a top k with a pool of a few hundred rows.
@@ -268,7 +269,9 @@ def build_unit_lists(
     # logits, not probabilities: the order is the same and no exp is needed
     best_z = np.full((v, length), -np.inf, dtype=np.float32)
     best_r = np.full((v, length), -1, dtype=np.int32)
-    theta = np.full(v, -np.inf, dtype=np.float32)  # the largest logit dropped from a list
+    # a list's smallest logit (-inf until it is full): only an item above it can enter, which
+    # after the first blocks is a few percent of them, so most of a block is never sorted
+    floor = np.full(v, -np.inf, dtype=np.float32)
     codes = sp.csr_matrix(codes, dtype=np.float32)
     norms = np.sqrt(np.asarray(codes.multiply(codes).sum(axis=1), dtype=np.float64).ravel())
     off = offset.astype(np.float32)
@@ -276,29 +279,33 @@ def build_unit_lists(
         hi = min(lo + CHUNK, n)
         scale = (1.0 / np.maximum(norms[lo:hi], 1e-12)).astype(np.float32)
         dense = np.asarray(codes[lo:hi].toarray(), dtype=np.float32) * scale[:, None]
-        z = np.ascontiguousarray((dense @ m + off).T)  # (V, block)
-        block_rows = np.arange(lo, hi, dtype=np.int32)
+        z = dense @ m + off  # (block, V)
         for g in range(0, v, UNIT_GROUP):  # bounded temporaries: a group of units at a time
-            sl = slice(g, min(g + UNIT_GROUP, v))
-            vals = np.concatenate([best_z[sl], z[sl]], axis=1)
-            rows = np.concatenate(
-                [best_r[sl], np.broadcast_to(block_rows, (vals.shape[0], hi - lo))], axis=1
-            )
-            part = np.argpartition(-vals, length - 1, axis=1)
-            keep, drop = part[:, :length], part[:, length:]
-            if drop.shape[1]:
-                theta[sl] = np.maximum(
-                    theta[sl], np.take_along_axis(vals, drop, axis=1).max(axis=1)
+            zg = z[:, g : g + UNIT_GROUP]
+            at, unit = np.nonzero(zg > floor[g : g + UNIT_GROUP])
+            if not len(at):
+                continue
+            order = np.argsort(unit, kind="stable")
+            at, unit = at[order], unit[order]
+            vals = zg[at, unit]
+            cuts = np.searchsorted(unit, np.arange(zg.shape[1] + 1))
+            for j in np.flatnonzero(cuts[1:] > cuts[:-1]):
+                u = g + int(j)
+                new_z = np.concatenate([best_z[u], vals[cuts[j] : cuts[j + 1]]])
+                new_r = np.concatenate(
+                    [best_r[u], (at[cuts[j] : cuts[j + 1]] + lo).astype(np.int32)]
                 )
-            best_z[sl] = np.take_along_axis(vals, keep, axis=1)
-            best_r[sl] = np.take_along_axis(rows, keep, axis=1)
+                keep = np.argpartition(-new_z, length - 1)[:length]
+                best_z[u], best_r[u] = new_z[keep], new_r[keep]
+                floor[u] = best_z[u].min()
     # best first, ties by row
     order = np.lexsort((best_r, -best_z), axis=1)
     best_z = np.take_along_axis(best_z, order, axis=1)
     best_r = np.take_along_axis(best_r, order, axis=1)
     # past the end of a short collection: logit -inf (P = 0), kept finite for float16
     ub = _round_up16(np.maximum(best_z, -6e4) + np.float32(MARGIN))
-    theta_ub = np.maximum(theta, -6e4) + np.float32(MARGIN)
+    # an item outside a list is at most its smallest logit (the list holds the top ones)
+    theta_ub = ub[:, -1].astype(np.float32)
     return UnitLists(
         best_r,
         ub,
