@@ -342,3 +342,25 @@ def test_an_uncertified_result_is_said(
     assert "before proving these are the exact top results" in capsys.readouterr().err
     assert main(["search", str(col), "dog but not cat", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["certified"] is False
+
+
+def test_the_tie_list_bounds_every_items_code_similarity(setup) -> None:
+    """The tie-break list's bound: an item outside the first m rows of the include text's
+    code list has a code similarity (the match scorer's tie) of at most the list's bound,
+    with the quantised search's err, and with the query cut to fewer dims than it has."""
+    from sparsemm.query.two_stage import _MARGIN, _cut, _ProxyList
+
+    _det, _codes, index, full, _text, _lists, _ = setup
+    m = get_strategy("match", full)
+    for text_ in ("dog", "a red car", "cats and dogs"):
+        tie = m.tie([text_])
+        q = np.asarray(full.term_code(text_), dtype=np.float64)
+        for proxy_dims in (3, 256):
+            dims, vals, residual = _cut(q / np.linalg.norm(q), proxy_dims)
+            for quantized in (True, False):
+                plist = _ProxyList(dims, vals, residual, _MARGIN)
+                plist.quantized = quantized
+                for n in (1, 10, 100):
+                    rows, bound = plist.top(index, n, 100, 400)
+                    rest = np.setdiff1d(np.arange(N), rows)
+                    assert tie[rest].max() <= bound, (text_, proxy_dims, quantized, n)
