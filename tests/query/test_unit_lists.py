@@ -31,9 +31,21 @@ from sparsemm.query.scorers import detector_scorer
 from sparsemm.query.searcher import Searcher
 from sparsemm.query.strategies import get_strategy
 from sparsemm.query.two_stage import count_matches, served_match
-from sparsemm.query.unit_lists import UnitLists, build_unit_lists, list_length
+from sparsemm.query.unit_lists import (
+    MARGIN,
+    UnitLists,
+    _round_up16,
+    build_unit_lists,
+    list_length,
+)
 
 D = 12
+
+
+def _sigmoid(z):
+    return 1.0 / (1.0 + np.exp(-np.asarray(z, dtype=np.float64)))
+
+
 N = 3000
 
 
@@ -58,9 +70,9 @@ def test_lists_bound_every_items_probability(setup) -> None:
         listed = lists.rows[u].astype(np.int64)
         # the list holds the most probable items, best first, each under its bound
         assert np.all(np.diff(p[listed]) <= 1e-6)
-        assert np.all(p[listed] <= lists.ub[u].astype(np.float64) / 255.0)
+        assert np.all(p[listed] <= _sigmoid(lists.ub[u].astype(np.float64)))
         others = np.setdiff1d(np.arange(N), listed)
-        assert p[others].max() <= lists.theta[u]
+        assert p[others].max() <= _sigmoid(float(lists.theta[u]))
         assert p[others].max() <= p[listed].min() + 1e-6
         # an item after the first n of the list is under the bound top() gives for n
         for n in (1, 10, 600):
@@ -94,6 +106,105 @@ def test_served_match_from_unit_lists_equals_ranking_every_item(setup) -> None:
         brute = int((m.probability(query.include, query.exclude) >= 0.5).sum())
         assert count_matches(index, text, query, 0.5, candidates=8, unit_lists=lists) == brute
     assert "unit lists" in modes  # the lists certified some queries on their own
+
+
+def test_list_bounds_are_within_a_step_of_each_items_probability(setup) -> None:
+    """The bounds are logits: a listed item's bound is within 1e-3 of its probability, so
+    one at P = 0.995 stays in the 0.99 step (a byte of probability read it as 1.0)."""
+    det, _codes, _index, full, _text, lists, _ = setup
+    scorer = detector_scorer(det)
+    for u in range(len(det)):
+        p = scorer.unit_probability(u, full)[lists.rows[u].astype(np.int64)]
+        gap = _sigmoid(lists.ub[u].astype(np.float64)) - p
+        assert gap.min() >= 0.0 and gap.max() <= 1e-3
+    # the same on a sharp detector's probabilities near 1
+    z = np.linspace(4.0, 12.0, 2001).astype(np.float32)
+    ub = _round_up16(z + np.float32(MARGIN))
+    assert np.all(ub.astype(np.float64) >= z)
+    p, bound = _sigmoid(z), _sigmoid(ub.astype(np.float64))
+    assert np.all(bound >= p) and np.all(bound - p <= 1e-4)
+    near_one = p < 0.999
+    assert np.all(np.floor(bound[near_one] / 0.01 + 1e-9) <= 99)
+
+
+def _sharp(det):
+    """The fixture's detectors made sharp: many items have P(unit) >= 0.99."""
+    from sparsemm.models.detectors import ConceptDetectors
+
+    return ConceptDetectors(
+        list(det.terms),
+        det.weights * 8.0,
+        det.bias + 6.0,
+        det.rate,
+        calibration=det.calibration,
+        wnids=det.wnids,
+        label_terms=det.label_terms,
+    )
+
+
+def test_a_common_concept_is_certified_by_its_tie_break_list(setup, tmp_path) -> None:
+    """More items than a list holds sit in the top 1% step, so no list ends below it; the
+    include text's code list bounds the tie-break that orders that step, which certifies
+    the top k from the lists (no scan), equal to ranking every item."""
+    det0, codes, index, _full, _text, _lists, _ = setup
+    det = _sharp(det0)
+    full = sr_context(codes, det)
+    text = sr_context(sp.csr_matrix((0, D), dtype=np.float32), det)
+    lists = build_unit_lists(detector_scorer(det), text, codes, index, length=40)
+    scorer = detector_scorer(det)
+    searched = 0
+    for q in ("dog but not cat", "a car", "cats", "vehicles"):
+        query = parse_query(q)
+        c = scorer.read(query.include[0]).concepts[0]
+        # the premise: the concept's list ends in the top step
+        assert max(lists.top(u, 40)[1] for u, _ in c.units) >= 0.99, q
+        for k, offset in ((10, 0), (5, 7)):
+            want_rows, want_scores = rank_query(full, query, "match", k=k, offset=offset)
+            got = served_match(index, text, query, k=k, offset=offset, unit_lists=lists)
+            np.testing.assert_array_equal(got.rows, want_rows, err_msg=q)
+            np.testing.assert_allclose(got.scores, want_scores, atol=1e-9)
+            assert got.mode == "unit lists" and got.certified, q
+            assert got.candidates < N // 2, q
+            searched += got.searches
+    assert searched  # the tie list was searched
+
+
+def test_a_served_match_is_never_returned_unproven(setup) -> None:
+    """A pool capped before it proves the top k gives way to the exact scan."""
+    det0, codes, index, _full, _text, _lists, _ = setup
+    det = _sharp(det0)
+    full = sr_context(codes, det)
+    text = sr_context(sp.csr_matrix((0, D), dtype=np.float32), det)
+    for q in ("dog but not cat", "a car", "a person without a bus", "vehicles"):
+        query = parse_query(q)
+        want_rows, _ = rank_query(full, query, "match", k=10)
+        got = served_match(index, text, query, k=10, candidates=16, max_candidates=16)
+        assert got.certified, q
+        np.testing.assert_array_equal(got.rows, want_rows, err_msg=q)
+
+
+def test_a_served_match_reads_each_term_once(setup, monkeypatch) -> None:
+    """The rescoring rounds' contexts share the readings: the scorer reads each term of a
+    query once, however many rounds the pool takes (and not again for the next search)."""
+    det0, codes, index, _full, _text, _lists, _ = setup
+    det = _sharp(det0)
+    text = sr_context(sp.csr_matrix((0, D), dtype=np.float32), det)
+    lists = build_unit_lists(detector_scorer(det), text, codes, index, length=40)
+    scorer = detector_scorer(det)
+    read = []
+    real = type(scorer).read
+
+    def counted(self, term):
+        read.append(term)
+        return real(self, term)
+
+    monkeypatch.setattr(type(scorer), "read", counted)
+    query = parse_query("dog but not cat")
+    got = served_match(index, text, query, k=10, unit_lists=lists)
+    assert got.rounds > 1
+    assert sorted(read) == ["cat", "dog"]
+    served_match(index, text, query, k=10, unit_lists=lists)
+    assert sorted(read) == ["cat", "dog"]
 
 
 def test_lists_round_trip_and_refuse_damage(setup) -> None:
@@ -231,3 +342,25 @@ def test_an_uncertified_result_is_said(
     assert "before proving these are the exact top results" in capsys.readouterr().err
     assert main(["search", str(col), "dog but not cat", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["certified"] is False
+
+
+def test_the_tie_list_bounds_every_items_code_similarity(setup) -> None:
+    """The tie-break list's bound: an item outside the first m rows of the include text's
+    code list has a code similarity (the match scorer's tie) of at most the list's bound,
+    with the quantised search's err, and with the query cut to fewer dims than it has."""
+    from sparsemm.query.two_stage import _MARGIN, _cut, _ProxyList
+
+    _det, _codes, index, full, _text, _lists, _ = setup
+    m = get_strategy("match", full)
+    for text_ in ("dog", "a red car", "cats and dogs"):
+        tie = m.tie([text_])
+        q = np.asarray(full.term_code(text_), dtype=np.float64)
+        for proxy_dims in (3, 256):
+            dims, vals, residual = _cut(q / np.linalg.norm(q), proxy_dims)
+            for quantized in (True, False):
+                plist = _ProxyList(dims, vals, residual, _MARGIN)
+                plist.quantized = quantized
+                for n in (1, 10, 100):
+                    rows, bound = plist.top(index, n, 100, 400)
+                    rest = np.setdiff1d(np.arange(N), rows)
+                    assert tie[rest].max() <= bound, (text_, proxy_dims, quantized, n)

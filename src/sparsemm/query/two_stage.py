@@ -3,12 +3,13 @@
 How ``sparsemm search``, the web API and :class:`~sparsemm.query.searcher.Searcher` answer a
 query without scoring (or loading) every item's code. The default scorer, ``match``, is
 served by :func:`served_match`: an include term's probability is bounded from its units'
-lists (:mod:`sparsemm.query.unit_lists`, computed when an SR index is built) or, without
-them, by non-decreasing functions of inner products with non-negative weights (the code
-lists of :class:`~sparsemm.query.scorers.TermBound`); :func:`count_matches` counts the items
-above a threshold the same way. The rest of this docstring describes :func:`served_rank`,
-which serves ``hybrid`` (and whose candidate lists, rescoring and certificate
-``served_match`` shares).
+lists (:mod:`sparsemm.query.unit_lists`, computed when an SR index is built), with the
+include text's code list bounding the tie-break of the top 1% step, or, without them, by
+non-decreasing functions of inner products with non-negative weights (the code lists of
+:class:`~sparsemm.query.scorers.TermBound`); it is always exact (a result no pool proves is
+ranked by a scan). :func:`count_matches` counts the items above a threshold the same way.
+The rest of this docstring describes :func:`served_rank`, which serves ``hybrid`` (and
+whose candidate lists, rescoring and certificate ``served_match`` shares).
 
 The hybrid score of an item with unit code x (:class:`~sparsemm.query.strategies.Hybrid`)::
 
@@ -120,6 +121,7 @@ def sub_context(ctx: ExclusionContext, codes: sp.csr_matrix) -> ExclusionContext
         concepts=ctx.concepts,
     )
     sub.share_text_caches(ctx)
+    sub.readings = ctx.readings  # the same term scorer reads a term the same way
     return sub
 
 
@@ -371,7 +373,8 @@ def served_match(
     With ``unit_lists`` (:class:`~sparsemm.query.unit_lists.UnitLists` of the model's
     detectors over this index) an include term read through detectors is bounded by its
     units' lists first, which are exact: see :func:`_served_units`. When those do not
-    certify the result, or the query has no such term, the code lists below are used.
+    certify the result, every row is scanned; when the query has no such term, the code
+    lists below are used.
 
     The match probability is at most that of any one include term, and the term scorer
     bounds a term's probability by a non-decreasing function of a few inner products of
@@ -382,8 +385,11 @@ def served_match(
     match probability of at most value(n-th score + residual + err of each list), hence a
     rank key of at most :meth:`~sparsemm.query.strategies.match.Match.key_bound` of it.
     When the k-th rescored key beats that the result is certified; else the pool grows
-    fourfold, as for ``hybrid`` (:func:`served_rank`), up to a scan of the row store.
-    Exclusion-only queries, negative codes and terms without a bound are scanned.
+    fourfold, as for ``hybrid`` (:func:`served_rank`), up to a scan of the row store. A
+    result that the largest pool (``max_candidates``) does not prove is ranked by the scan
+    too, so a served match is always exact ("A but not B" where nearly every A has B, whose
+    top k sit deep below the lists' bounds). Exclusion-only queries, negative codes and
+    terms without a bound are scanned.
     """
     from sparsemm.query.strategies.match import Match
 
@@ -396,10 +402,25 @@ def served_match(
         units = _listed_units(strat, query)
         if units is not None:
             res = _served_units(
-                source, ctx, query, strat, units, unit_lists, k, offset, candidates, params
+                source,
+                ctx,
+                query,
+                strat,
+                units,
+                unit_lists,
+                k,
+                offset,
+                candidates,
+                params,
+                proxy_dims,
+                fetch,
+                max_candidates,
             )
             if res is not None:
                 return res
+            # the unit lists bound P exactly and the code lists only looser: a pool of
+            # these that proves what those did not would be near a scan's cost anyway
+            return scan_rank(source, ctx, query, "match", k, offset, **params)
     if nonnegative is None:
         nonnegative = source.nonnegative
     bound = _match_bound(strat, ctx, query) if nonnegative and query.include else None
@@ -466,7 +487,11 @@ def served_match(
             # every row was asked for and some were not returned (a store leaves out rows
             # with no positive score), yet they may still score: a scan is exact
             return scan_rank(source, ctx, query, "match", k, offset, **params)
-        if certified or last:
+        if not certified and last:
+            # the largest pool did not prove the top k: the scan is exact (a served match
+            # is never returned unproven)
+            return scan_rank(source, ctx, query, "match", k, offset, **params)
+        if certified:
             top = top[offset:]
             searches = sum(p.searches for p in lists)
             return ServedResult(
@@ -508,17 +533,41 @@ def _served_units(
     offset: int,
     candidates: int,
     params: dict[str, Any],
+    proxy_dims: int = 256,
+    fetch: int | None = None,
+    max_candidates: int = 65536,
 ) -> ServedResult | None:
     """The top ``k`` after ``offset`` from the unit lists of one include concept: the first
     ``n`` rows of each unit's list are rescored exactly; an item outside all of them has
     P(match) <= max_u weight_u ub_u(n), so when the k-th rescored key beats that key bound
-    the result is exact. ``n`` grows fourfold up to the lists' length; None when that does
-    not certify (the caller goes on with the code lists)."""
+    the result is exact.
+
+    The rank key is P at 1% plus half a step times the include text's code similarity (the
+    tie-break), and the top k of a common concept all sit in the top step (P >= 0.99 for
+    thousands of items): no list short enough to rescore ends below that step, so the tie
+    is bounded too. Once P's bound alone would certify the result with a tie of 0, the
+    index is searched for the include text's code (the positive part of the unit query
+    code, cut to ``proxy_dims`` dims as for ``hybrid``): an item outside its first ``m``
+    rows has a code similarity of at most its m-th score plus the cut's residual, the
+    quantised search's err and a float32 margin, and an item outside both the unit lists
+    and that list has a key of at most key_bound(P bound, tie bound). Each pool grows
+    fourfold while it is what stands in the way: the unit lists' up to their length, the
+    tie list's within the rows its search fetched, then by one larger search. None when
+    neither can prove the top k (the caller scans)."""
     want = offset + k
     n = max(candidates, want)
+    m = n  # the tie list's pool
+    tie: _ProxyList | None = None
     cand = np.zeros(0, np.int64)
     scores = np.zeros(0)
     rounds = 0
+    if fetch is None:
+        fetch = n
+        while fetch * 4 <= min(FETCH_MAX, len(source) // FETCH_SHARE):
+            fetch *= 4
+    fetch = max(fetch, n)
+    cap = max(n, min(max_candidates, len(source) // SCAN_SHARE))
+    no_tie = ctx.query_coder is None  # the tie-break is 0 for every item
     while True:
         rounds += 1
         bound = -np.inf
@@ -527,18 +576,49 @@ def _served_units(
             if b > -np.inf:
                 bound = max(bound, w * b)
             cand, scores = _add_rows(source, ctx, query, "match", cand, scores, rows, params)
+        tie_bound = 0.0 if no_tie else 1.0
+        if tie is not None:
+            rows, tb = tie.top(source, m, fetch, cap)
+            cand, scores = _add_rows(source, ctx, query, "match", cand, scores, rows, params)
+            tie_bound = -np.inf if tb == -np.inf else min(1.0, max(0.0, tb))
         top = top_rows(scores, want)
         kth = float(scores[top[-1]]) if len(top) == want else -np.inf
-        if bound == -np.inf:  # the lists hold every item: all of them were rescored
+        if bound == -np.inf or tie_bound == -np.inf:  # every item was rescored
             certified = True
         else:
-            certified = kth > strat.key_bound(bound) + 1e-7
+            certified = kth > strat.key_bound(bound, tie_bound) + 1e-7
         if certified:
             top = top[offset:]
-            return ServedResult(cand[top], scores[top], len(cand), True, rounds, "unit lists")
-        if n >= lists.length:
-            return None
-        n = min(n * 4, lists.length)
+            searches = tie.searches if tie is not None else 0
+            return ServedResult(
+                cand[top], scores[top], len(cand), True, rounds, "unit lists", searches
+            )
+        tie_blocks = kth > strat.key_bound(bound, 0.0) + 1e-7  # P's bound would do
+        if n < lists.length and not tie_blocks:
+            n = min(n * 4, lists.length)
+            continue
+        if tie is None and not no_tie:
+            # the tie is in the way, or the lists ran out in the top step: the tie list
+            # bounds the tie-break and brings the items that lead that step
+            q = np.asarray(ctx.term_code(strat.tie_text(query.include)), dtype=np.float64)
+            nrm = float(np.linalg.norm(q))
+            if nrm > 0.0:
+                dims, vals, residual = _cut(q / nrm, proxy_dims)
+                tie = _ProxyList(dims, vals, residual, _MARGIN)
+                continue
+        if tie is not None and tie_blocks and m < cap:
+            if (
+                tie.used_err > 0
+                and tie.quantized
+                and kth > strat.key_bound(bound, tie_bound - tie.used_err) + 1e-7
+            ):
+                tie.exact(source)  # only the quantised search's err stood in the way
+            else:
+                m = min(m * 4, cap)
+            continue
+        # P's bound stays above the k-th key past the lists (nearly every A has B), or
+        # the tie list reached its largest pool
+        return None
 
 
 def _match_bound(strat: Any, ctx: ExclusionContext, query: Query) -> Any:

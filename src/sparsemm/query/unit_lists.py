@@ -12,13 +12,16 @@ formula as :class:`~sparsemm.query.scorers.DetectorScorer`) when the index is bu
 keeps, per unit, the ``length`` items with the highest probability, best first:
 
 - ``rows`` (V, L) int32: collection rows (-1 past the end when the collection is smaller);
-- ``ub`` (V, L) uint8: an upper bound of each listed item's probability, ceil(255 (P +
-  margin)) / 255, non-increasing along a list;
-- ``theta`` (V,) float32: an upper bound of P(u | x) for every item not in u's list (0 when
-  the list holds every item).
+- ``ub`` (V, L) float16: an upper bound of each listed item's logit z_u(x) (the computed
+  logit plus :data:`MARGIN`, rounded up), non-increasing along a list;
+- ``theta`` (V,) float32: an upper bound of the logit of every item not in u's list (the
+  list's last bound: the list holds the items with the highest logits).
 
-An item outside the first n rows of unit u's list has P(u | x) <= ub[u, n] (or theta[u]
-past the list), which certifies a top k with a pool of a few hundred rows. The lists are
+An item outside the first n rows of unit u's list has P(u | x) <= sigmoid(ub[u, n]) (or
+sigmoid(theta[u]) past the list), which certifies a top k with a pool of a few hundred rows.
+Bounds are kept as logits because the match scorer ranks by P at 1%: most units reach
+P > 0.99 on some items, and only a logit tells 0.995 from 0.9999 (a byte of probability
+read both as 1.0, the next step up, so nothing in the top step could be certified). The lists are
 tied to what they were computed from: the detectors and their calibration (a fingerprint of
 their arrays and words) and the index's segment list; a Searcher that finds them stale
 ignores them (results stay exact, the search is slower) and says ``sparsemm index`` builds
@@ -26,6 +29,7 @@ them again. Collections under :data:`MIN_ITEMS` items have none: a scan costs a 
 
 Files in ``COLLECTION/unit_lists/``: ``rows.npy``, ``ub.npy``, ``theta.npy`` and
 ``meta.json`` (format, version, fingerprint, index digest, count, the files' SHA-256).
+Lists of version 1 (probability bytes) are not read: ``sparsemm index`` builds them again.
 """
 
 from __future__ import annotations
@@ -59,9 +63,11 @@ log = logging.getLogger(__name__)
 
 DIR = "unit_lists"
 FORMAT = "sparsemm.unit-lists"
-VERSION = 1
+VERSION = 2  # 2: logit bounds (float16), 1: probability bytes
 MIN_ITEMS = 20_000  # below this a scan of every item costs a few milliseconds
-MARGIN = 1e-4  # float rounding between this computation and the query's (P is in [0, 1])
+# float32 rounding between this computation and the query's, in logit units: a logit sums
+# ~100 float32 products of magnitude < 1, so their rounding stays far below this
+MARGIN = 2e-3
 CHUNK = 16384  # items per block of the computation
 UNIT_GROUP = 256  # units merged into their lists at a time
 _FILES = ["rows.npy", "ub.npy", "theta.npy"]
@@ -98,8 +104,8 @@ class UnitLists:
     """Per detector unit, the items most likely to show it (see the module docstring)."""
 
     rows: np.ndarray  # (V, L) int32
-    ub: np.ndarray  # (V, L) uint8
-    theta: np.ndarray  # (V,) float32
+    ub: np.ndarray  # (V, L) float16 logit bounds
+    theta: np.ndarray  # (V,) float32 logit bound past the list
     fingerprint: str
     index_digest: str
     count: int
@@ -115,10 +121,10 @@ class UnitLists:
         rows = np.asarray(self.rows[unit, :n], dtype=np.int64)
         rows = rows[rows >= 0]
         if n < self.length:
-            return rows, float(self.ub[unit, n]) / 255.0
+            return rows, _sigmoid(float(self.ub[unit, n]))
         if self.length >= self.count:
             return rows, -np.inf
-        return rows, float(self.theta[unit])
+        return rows, _sigmoid(float(self.theta[unit]))
 
     def save(self, collection_root: str | Path) -> Path:
         """Write ``COLLECTION/unit_lists/`` atomically (a temp folder swapped in)."""
@@ -172,11 +178,12 @@ class UnitLists:
             isinstance(count, int)
             and rows.ndim == 2
             and rows.dtype == np.int32
-            and ub.dtype == np.uint8
+            and ub.dtype == np.float16
             and ub.shape == rows.shape
             and theta.dtype == np.float32
             and theta.shape == (rows.shape[0],)
-            and bool(np.isfinite(theta).all())
+            and not bool(np.isnan(theta).any())
+            and not bool(np.isnan(ub).any())
             and rows.shape[1] <= count
         )
         if not ok:
@@ -194,6 +201,20 @@ class UnitLists:
             and self.index_digest == index_digest(index)
             and self.rows.shape[0] == len(detectors)
         )
+
+
+def _sigmoid(z: float) -> float:
+    """P of a logit bound, in float64 (exact enough to tell 0.995 from 0.9999)."""
+    return float(np.exp(-np.logaddexp(0.0, -z)))
+
+
+def _round_up16(z: np.ndarray) -> np.ndarray:
+    """float16 values >= ``z`` (float32): the nearest, or the next one up where that is
+    below."""
+    h = z.astype(np.float16)
+    low = h.astype(np.float32) < z
+    h[low] = np.nextafter(h[low], np.float16(np.inf))
+    return h
 
 
 def remove_unit_lists(collection_root: str | Path) -> None:
@@ -245,9 +266,12 @@ def build_unit_lists(
     length = list_length(n) if length is None else max(1, min(int(length), n))
     m, offset = _unit_matrix(scorer, ctx)
     v = m.shape[1]
-    best_p = np.full((v, length), -np.inf, dtype=np.float32)
+    # logits, not probabilities: the order is the same and no exp is needed
+    best_z = np.full((v, length), -np.inf, dtype=np.float32)
     best_r = np.full((v, length), -1, dtype=np.int32)
-    theta = np.zeros(v, dtype=np.float64)  # the largest probability dropped from a list
+    # a list's smallest logit (-inf until it is full): only an item above it can enter, which
+    # after the first blocks is a few percent of them, so most of a block is never sorted
+    floor = np.full(v, -np.inf, dtype=np.float32)
     codes = sp.csr_matrix(codes, dtype=np.float32)
     norms = np.sqrt(np.asarray(codes.multiply(codes).sum(axis=1), dtype=np.float64).ravel())
     off = offset.astype(np.float32)
@@ -255,32 +279,36 @@ def build_unit_lists(
         hi = min(lo + CHUNK, n)
         scale = (1.0 / np.maximum(norms[lo:hi], 1e-12)).astype(np.float32)
         dense = np.asarray(codes[lo:hi].toarray(), dtype=np.float32) * scale[:, None]
-        z = dense @ m + off
-        p = (1.0 / (1.0 + np.exp(-z.astype(np.float64)))).astype(np.float32).T  # (V, block)
-        block_rows = np.arange(lo, hi, dtype=np.int32)
+        z = dense @ m + off  # (block, V)
         for g in range(0, v, UNIT_GROUP):  # bounded temporaries: a group of units at a time
-            sl = slice(g, min(g + UNIT_GROUP, v))
-            vals = np.concatenate([best_p[sl], p[sl]], axis=1)
-            rows = np.concatenate(
-                [best_r[sl], np.broadcast_to(block_rows, (vals.shape[0], hi - lo))], axis=1
-            )
-            part = np.argpartition(-vals, length - 1, axis=1)
-            keep, drop = part[:, :length], part[:, length:]
-            if drop.shape[1]:
-                theta[sl] = np.maximum(
-                    theta[sl], np.take_along_axis(vals, drop, axis=1).max(axis=1)
+            zg = z[:, g : g + UNIT_GROUP]
+            at, unit = np.nonzero(zg > floor[g : g + UNIT_GROUP])
+            if not len(at):
+                continue
+            order = np.argsort(unit, kind="stable")
+            at, unit = at[order], unit[order]
+            vals = zg[at, unit]
+            cuts = np.searchsorted(unit, np.arange(zg.shape[1] + 1))
+            for j in np.flatnonzero(cuts[1:] > cuts[:-1]):
+                u = g + int(j)
+                new_z = np.concatenate([best_z[u], vals[cuts[j] : cuts[j + 1]]])
+                new_r = np.concatenate(
+                    [best_r[u], (at[cuts[j] : cuts[j + 1]] + lo).astype(np.int32)]
                 )
-            best_p[sl] = np.take_along_axis(vals, keep, axis=1)
-            best_r[sl] = np.take_along_axis(rows, keep, axis=1)
+                keep = np.argpartition(-new_z, length - 1)[:length]
+                best_z[u], best_r[u] = new_z[keep], new_r[keep]
+                floor[u] = best_z[u].min()
     # best first, ties by row
-    order = np.lexsort((best_r, -best_p), axis=1)
-    best_p = np.take_along_axis(best_p, order, axis=1)
+    order = np.lexsort((best_r, -best_z), axis=1)
+    best_z = np.take_along_axis(best_z, order, axis=1)
     best_r = np.take_along_axis(best_r, order, axis=1)
-    ub = np.ceil(np.clip((best_p.astype(np.float64) + MARGIN) * 255.0, 0.0, 255.0))
-    theta_ub = np.minimum(theta + MARGIN, 1.0)
+    # past the end of a short collection: logit -inf (P = 0), kept finite for float16
+    ub = _round_up16(np.maximum(best_z, -6e4) + np.float32(MARGIN))
+    # an item outside a list is at most its smallest logit (the list holds the top ones)
+    theta_ub = ub[:, -1].astype(np.float32)
     return UnitLists(
         best_r,
-        ub.astype(np.uint8),
+        ub,
         theta_ub.astype(np.float32),
         fingerprint(scorer.detectors),
         index_digest(index),

@@ -185,12 +185,15 @@ class ExclusionContext:
         self._codes_unit: sp.csr_matrix | None = None
         self._codes_abs: sp.csr_matrix | None = None
         self.cache: LRUCache = LRUCache(cache_size)  # strategy-owned (keyed by strategy+params)
+        # how the model's term scorer reads a term: it depends on the term and the scorer
+        # alone, so contexts over other rows with the same scorer share it (sub_context)
+        self.readings: LRUCache = LRUCache(cache_size)
 
     # -- caches ----------------------------------------------------------------------------
     def query_caches(self) -> list[LRUCache]:
         """Every per-query cache (text embeddings, query codes, strategy-owned entries), each
         bounded to ``cache_size`` entries; a server may also clear them by memory."""
-        return [self._emb, self._code, self.cache]
+        return [self._emb, self._code, self.cache, self.readings]
 
     def share_text_caches(self, other: ExclusionContext) -> None:
         """Use ``other``'s text-embedding and query-code caches (one encoding per text for

@@ -67,12 +67,12 @@ class Match(Strategy):
         as the picture itself: its probability is the code similarity."""
         if term.startswith(LIKE_PREFIX):
             return TermReading(term, "like", (), (), "picture similarity")
-        key = ("match_reading", term)
-        hit = self.ctx.cache.get(key)
-        if hit is None:
-            hit = self.scorer.read(term)
-            self.ctx.cache[key] = hit
-        out: TermReading = hit
+        key = (id(self.scorer), term)
+        hit = self.ctx.readings.get(key)
+        if hit is None or hit[0] is not self.scorer:
+            hit = (self.scorer, self.scorer.read(term))
+            self.ctx.readings[key] = hit
+        out: TermReading = hit[1]
         return out
 
     def term_probability(self, term: str, excluded: bool = False) -> np.ndarray:
