@@ -5,7 +5,8 @@ caches, then traced) and records, with a profiler hook, every call that a functi
 *orchestration* makes: the front end (``sparsemm.cli``, ``sparsemm.pipeline``), the
 request (``sparsemm.query.request``), the searcher, its collection handle, term checks,
 explanations and hits (``query.searcher``, ``query.handle``, ``query.term_checks``,
-``query.explain``, ``query.like``, ``query.index_engine``, ``query.hits``) and the served path (``query.two_stage``, ``query.rank``). What those call
+``query.explain``, ``query.like``, ``query.index_engine``, ``query.hits``) and the served
+path (``query.two_stage``, ``query.rank``). What those call
 into the engine (strategies, scorers, concepts, models, encoders, the index) counts as one
 call each; the engine's own insides are not counted, as a reader following a search top to
 bottom stops at the scorer's interface. Reported:
