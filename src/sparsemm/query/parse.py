@@ -276,7 +276,7 @@ _TOKEN_RE = re.compile(
 _SENTENCE_END = re.compile(r"[.!?:]+$")
 _DASH_MINUS = re.compile(r"(?<=\s)[\u2013\u2014](?=\w)")
 _VALUE_SPLIT_RE = re.compile(r"[,;]")
-_EXAMPLE = "e.g. 'dog but not cat', 'pizza -person' or 'a kitchen with no person'"
+_EXAMPLE = "e.g. 'dog but not cat', 'pizza -person' or 'people, no dogs'"
 
 
 @dataclass(frozen=True)
