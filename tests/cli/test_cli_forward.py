@@ -118,6 +118,30 @@ def test_every_output_mode_is_answered_by_the_server_as_locally(
     assert _search(capsys, str(collection), query, *mode) == local
 
 
+def test_a_servers_match_count_is_printed_only_when_asked_for(
+    served: tuple[Path, int],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server counts matches for its page on every search; the CLI prints the count
+    (and --json carries it) only with --min-score, as a local search does."""
+    collection, _ = served
+    real = running.forward_search
+
+    def counted(*args: object, **kwargs: object) -> dict:
+        out = real(*args, **kwargs)
+        assert isinstance(out, dict)
+        return {**out, "threshold": 0.5, "matches": 3}
+
+    monkeypatch.setattr(running, "forward_search", counted)
+    status, out, _ = _search(capsys, str(collection), QUERY, "--json")
+    assert status == 0
+    body = json.loads(out)
+    assert body["threshold"] is None and body["matches"] is None
+    status, out, _ = _search(capsys, str(collection), QUERY)
+    assert status == 0 and "items match at" not in out
+
+
 def test_min_score_is_refused_by_the_server_as_locally(
     served: tuple[Path, int], capsys: pytest.CaptureFixture[str]
 ) -> None:

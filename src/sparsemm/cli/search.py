@@ -270,6 +270,8 @@ def run(args: argparse.Namespace) -> int:
             from sparsemm.query.hits import Answer
 
             answer = Answer.from_json(forwarded)
+            if request.min_score is None:  # the server counts for its page; a CLI search not
+                answer.threshold = answer.matches = None
             images: dict[str, str | None] = {}
             if args.json or args.paths:
                 images = item_images(args.collection, {h.id for h in answer.hits})
