@@ -17,6 +17,8 @@ clients send the costliest query the API accepts (16 include + 16 exclude distin
 the well-behaved clients' and the heavy clients' figures are reported apart.
 ``--fresh-words`` makes every request's words distinct and never seen before, so that nothing
 is cached and every request pays for its text encoding, as a real user's new query does.
+``--strategy NAME`` sends every search with another scorer than the collection's default
+(``hybrid`` against the default ``match``, in one sitting).
 
     python benchmarks/load.py --collection C --clients 100 --duration 30 --abuse
     python benchmarks/load.py --collection C --clients 100 --duration 30 --fresh-words
@@ -610,6 +612,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--fresh-words", action="store_true", help="never-seen words in every request")
     p.add_argument(
+        "--strategy", default=None, help="search with this scorer (default: the collection's)"
+    )
+    p.add_argument(
         "--uploaders",
         type=int,
         default=0,
@@ -653,6 +658,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         vocab = [f"c{j}" for j in range(TOY_CONCEPTS)] if args.toy else fresh_words(collection)
         if args.fresh_words:
             paths = fresh_paths(vocab, k=args.k)
+        if args.strategy:  # another scorer than the collection's default, for a comparison
+            tail = "&" + urlencode({"strategy": args.strategy})
+            paths, warm_paths = [q + tail for q in paths], [q + tail for q in warm_paths]
         mode = ["--toy"] if args.toy else ["--collection", str(collection)]
         cmd = [sys.executable, __file__, "--serve", str(collection), *mode]
         cmd += ["--search-threads", str(args.search_threads)]
