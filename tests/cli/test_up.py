@@ -576,6 +576,9 @@ def test_duplicates_are_one_photo_with_their_other_paths(
     )
     with TestClient(create_app(searcher=Searcher(col)), base_url="http://127.0.0.1") as client:
         body = client.get("/api/search", params={"q": "no cat", "k": 5}).json()
+        assert body["matches"] is None and body["threshold"] is None  # counted only if asked
+        counted = client.get("/api/search", params={"q": "no cat", "k": 5, "count": 1}).json()
+        assert counted["threshold"] == 0.5 and counted["matches"] == 3  # no photo shows a cat
         api = {h["id"]: h["also"] for h in body["hits"]}
         assert api == {"p0.png": ["backup/p0.png", "shortcut.png"], "p1.png": [], "p2.png": []}
         item = client.get("/api/items/p0.png/explain", params={"q": "no cat"}).json()["item"]

@@ -71,6 +71,12 @@ class SearchRequest(BaseModel):
         "60% (the default scorer's scores are probabilities); also the threshold of the "
         "match count",
     )
+    count: bool = Field(
+        False,
+        description="also count the items in the whole collection that match (the default "
+        "scorer's probabilities, at min_score or 50%): `matches`, `threshold`; an exact "
+        "count costs more than the search on a large collection",
+    )
 
     @field_validator("include", "exclude", mode="before")
     @classmethod

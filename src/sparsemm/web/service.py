@@ -527,7 +527,7 @@ class SearchService:
                 strategy=req.strategy,
                 like=like,
                 min_score=req.min_score,
-                count=True,
+                count=req.count,
             )
             try:
                 out = self._search(request, prefix, image)

@@ -339,6 +339,7 @@
           offset: 0,
           strategy: strategySelect.value || undefined,
           min_score: minScoreSelect.value ? Number(minScoreSelect.value) : undefined,
+          count: true, // "N of M items match" in the status line
           like: state.like && state.like.kind === "item" ? state.like.id : undefined,
           image: state.like && state.like.kind === "image" ? state.like.file : undefined,
         };
