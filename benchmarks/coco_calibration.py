@@ -168,13 +168,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     col = open_collection(args.collection)
-    rows = np.flatnonzero(col.split_mask(args.split))
-    labels = [list(col.items[int(r)].get("labels") or []) for r in rows]
-    where = {int(r): j for j, r in enumerate(rows)}
-    captions: list[list[str]] = [[] for _ in rows]
-    for t in col.texts:
-        if int(t["item"]) in where:
-            captions[where[int(t["item"])]].append(str(t["text"]))
+    rows, labels, captions = coco_concepts.split_items(col, args.split)
     ctx = coco_concepts.build_context(col, args.sr, rows, None)
     det = ctx.detectors
     scorer = detector_scorer(det)

@@ -220,6 +220,16 @@ def category_queries(labels: list[list[str]]) -> list[dict[str, Any]]:
     return out
 
 
+def split_items(collection: Any, split: str) -> tuple[np.ndarray, list[list[str]], list[list[str]]]:
+    """(rows, labels, captions) of a collection split's items, in row order."""
+    from sparsemm_experiments.eval.bench import captions_by_item
+
+    rows = np.flatnonzero(collection.split_mask(split))
+    by_item = captions_by_item(collection)
+    labels = [list(collection.items[int(r)].get("labels") or []) for r in rows]
+    return rows, labels, [by_item[int(r)] for r in rows]
+
+
 def build_context(collection: Any, sr_dir: Path, rows: np.ndarray, top_k: int | None) -> Any:
     from sparsemm.encoders.base import get_encoder
     from sparsemm.models.detectors import ConceptDetectors, has_detectors
@@ -258,9 +268,8 @@ def run_verification(
     match = get_strategy("match", ctx)
     match.prepare(terms)
     ctx.prefetch(list(terms) + texts, codes=True)
-    hybrid = get_strategy("hybrid", ctx)
-    emb = ctx.embed(texts)
-    dense_of = dict(zip(texts, emb, strict=True))
+    hybrid = get_strategy("hybrid", ctx) if references else None
+    dense_of = dict(zip(texts, ctx.embed(texts), strict=True)) if references else {}
     methods = ("match", "hybrid", "dense") if references else ("match",)
     correct: dict[str, dict[str, list[bool]]] = {m: {} for m in methods}
     rows = []
@@ -275,6 +284,7 @@ def run_verification(
             scores["match"].append(float(m_sub.probability(q.include, q.exclude)[0]))
             if not references:
                 continue
+            assert hybrid is not None
             h = score_query(sub, q, hybrid.__class__(sub, **hybrid.p))
             scores["hybrid"].append(float(h[0]) if np.isfinite(h[0]) else -1e9)
             scores["dense"].append(float(ctx.items_dense[i] @ dense_of[c["text"]]))
@@ -396,13 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     from sparsemm.io import write_json
 
     col = open_collection(args.collection)
-    rows = np.flatnonzero(col.split_mask(args.split))
-    labels = [list(col.items[int(r)].get("labels") or []) for r in rows]
-    captions: list[list[str]] = [[] for _ in rows]
-    where = {int(r): j for j, r in enumerate(rows)}
-    for t in col.texts:
-        if int(t["item"]) in where:
-            captions[where[int(t["item"])]].append(str(t["text"]))
+    rows, labels, captions = split_items(col, args.split)
     ctx = build_context(col, args.sr, rows, args.top_k)
     t0 = time.perf_counter()
     ver = run_verification(ctx, verification_set(labels, captions, args.seed, args.objects))

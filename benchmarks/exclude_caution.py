@@ -81,13 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     col = open_collection(args.collection)
-    rows = np.flatnonzero(col.split_mask(args.split))
-    labels = [list(col.items[int(r)].get("labels") or []) for r in rows]
-    where = {int(r): j for j, r in enumerate(rows)}
-    captions: list[list[str]] = [[] for _ in rows]
-    for t in col.texts:
-        if int(t["item"]) in where:
-            captions[where[int(t["item"])]].append(str(t["text"]))
+    rows, labels, captions = cc.split_items(col, args.split)
     ctx = cc.build_context(col, args.sr, rows, None)
     fams = FAMILIES if args.split != "train" else tuple(f for f in FAMILIES if f.group == "tune")
     queries = build_negation_queries(captions, labels, fams, per_item=args.per_item, seed=1)
