@@ -260,7 +260,6 @@ def run_verification(
     from sparsemm.query.parse import parse_query
     from sparsemm.query.rank import score_query
     from sparsemm.query.strategies import get_strategy
-    from sparsemm.query.two_stage import sub_context
 
     texts = sorted({c["text"] for it in items for c in it["captions"]})
     parsed = {t: parse_query(t) for t in texts}
@@ -275,7 +274,7 @@ def run_verification(
     rows = []
     for it in items:
         i = it["item"]
-        sub = sub_context(ctx, ctx.items_codes[[i]])
+        sub = ctx.sub(ctx.items_codes[[i]])
         sub.items_dense = ctx.items_dense[[i]]
         m_sub = get_strategy("match", sub)
         scores: dict[str, list[float]] = {m: [] for m in methods}

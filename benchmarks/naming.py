@@ -70,6 +70,8 @@ def main() -> None:
             secs = time.perf_counter() - t0
             dims_p, _ = label_precision(codes[te], idx_te, names)
             s.labels_data = names
+            pad = itertools.zip_longest(names, s.labels_spine, range(s.dim), fillvalue=[])
+            s.dim_labels = [n or w for n, w, _ in pad]
             hit_ok = []
             for a, b in pairs:
                 for h in s.search(f"{a} but not {b}", k=10):

@@ -21,7 +21,7 @@ from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.rank import build_strategy, rank_query
 from sparsemm.query.searcher import Searcher
 from sparsemm.query.strategies import ExclusionContext
-from sparsemm.query.two_stage import proxy_vectors, scan_rank, served_rank, sub_context
+from sparsemm.query.two_stage import proxy_vectors, scan_rank, served_rank
 
 WORDS = [
     f"{a}{b}" for a in ("red", "blue", "green", "gold") for b in ("fox", "owl", "elk", "ram", "yak")
@@ -99,7 +99,7 @@ def test_random_codes_equal_brute_force(tmp_path: Path, seed: int, fetch: int | 
     each search fetched, and a list is searched again past them (fetch = 40, and the
     default: the first pool on an index this small)."""
     _codes, index, full, rng = _random_world(tmp_path, seed=seed)
-    text = sub_context(full, sp.csr_matrix((0, D), dtype=np.float32))  # no items at all
+    text = full.sub(sp.csr_matrix((0, D), dtype=np.float32))  # no items at all
     certified = researched = scanned = 0
     for q in _queries(rng, 40):
         for k, offset in ((10, 0), (5, 7)):
@@ -129,7 +129,7 @@ def test_quantised_lists_fall_back_to_exact(
     again exactly at the same size. A larger err is still a valid bound, so one inflated
     here makes that happen often, and results still equal brute force."""
     _codes, index, full, rng = _random_world(tmp_path, seed=4)
-    text = sub_context(full, sp.csr_matrix((0, D), dtype=np.float32))
+    text = full.sub(sp.csr_matrix((0, D), dtype=np.float32))
     quantized = InvertedIndex.search_quantized
     calls = {"quantized": 0, "exact": 0}
 
@@ -174,7 +174,7 @@ def test_second_list_waits_while_the_first_pool_can_grow(
     fetched (pools 32 -> 128 -> 512 within a fetch of 512: not before the pool is 512),
     and results still equal brute force."""
     _codes, index, full, rng = _random_world(tmp_path, seed=6)
-    text = sub_context(full, sp.csr_matrix((0, D), dtype=np.float32))
+    text = full.sub(sp.csr_matrix((0, D), dtype=np.float32))
     first_searches: list[tuple[int, int]] = []
     top = two_stage._ProxyList.top
 
@@ -228,7 +228,7 @@ def test_negative_codes_are_scanned_not_bounded(tmp_path: Path) -> None:
         query_coder=full.query_coder,
         detectors=full.detectors,
     )
-    text = sub_context(ctx, sp.csr_matrix((0, D), dtype=np.float32))
+    text = ctx.sub(sp.csr_matrix((0, D), dtype=np.float32))
     for q in _queries(rng, 8):
         res = served_rank(index, text, q, k=10)
         assert res.mode == "scan"

@@ -1,11 +1,11 @@
 """Why each hit came back: the explanations and per-term evidence a search attaches.
 
 :func:`explainer` computes, once per query, what explaining any hit needs (the include
-code, each excluded term's dimensions and words); :func:`make_hit` builds one
-:class:`~sparsemm.query.hits.Hit` with its matched concepts and excluded-term checks;
-:func:`match_evidence` and :func:`hybrid_evidence` give a term's per-item value and
-per-dimension weights, which :func:`~sparsemm.query.hits.term_evidence` turns into one
-hit's evidence.
+code, each excluded term's dimensions and words); :func:`explained_hits` builds the
+:class:`~sparsemm.query.hits.Hit` of each ranked row with its matched concepts and
+excluded-term checks, and the evidence of each query term: :func:`match_evidence` and
+:func:`hybrid_evidence` give a term's per-item value and per-dimension weights, which
+:func:`~sparsemm.query.hits.term_evidence` reads for one hit.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ def explainer(h: IndexedCollection, q: Query, n_dims: int = 5) -> Explainer:
     model = h.model.detectors
     match = h.match_strategy() if h.default_strategy == "match" else None
     for b in q.exclude:
-        units = reading_dims(match, b, h.index.dim) if match is not None else None
+        units = reading_dims(match, b, h.dim) if match is not None else None
         if units is not None:
             # the dims of the units the match scorer read the term as (the photo model)
-            on = np.zeros(h.index.dim, dtype=bool)
+            on = np.zeros(h.dim, dtype=bool)
             on[units] = True
         elif model is not None and b in model:
             # The dims the term's detector weighs most: what says "b is here".
@@ -55,15 +55,15 @@ def explainer(h: IndexedCollection, q: Query, n_dims: int = 5) -> Explainer:
                 filt = built
             on = filt.b_weights(a, b) > 0  # (d,) bool: the dims `filter` drops items on
         dims = [int(j) for j in np.flatnonzero(on)]
-        words = sorted({w for j in dims[:3] for w in h.dim_words(j)[:2]})
+        words = sorted({w for j in dims[:3] for w in h.dim_labels[j][:2]})
         checks.append((b, dims, on, words))
-    include_code = ctx.term_code(a) if a else np.zeros(h.index.dim, np.float32)
+    include_code = ctx.term_code(a) if a else np.zeros(h.dim, np.float32)
     if match is not None and q.include:
-        dims = [u for t in q.include for u in (reading_dims(match, t, h.index.dim) or [])]
+        dims = [u for t in q.include for u in (reading_dims(match, t, h.dim) or [])]
         if dims:  # the match scorer's own reading of the include terms
-            include_code = np.zeros(h.index.dim, np.float32)
+            include_code = np.zeros(h.dim, np.float32)
             include_code[dims] = 1.0
-    return Explainer(include_code, checks, h.dim_words, n_dims)
+    return Explainer(include_code, checks, h.dim_labels, n_dims)
 
 
 def reading_dims(match: Match, term: str, dim: int) -> list[int] | None:
@@ -119,31 +119,6 @@ def hybrid_evidence(strat: Hybrid, term: str) -> tuple[str, np.ndarray, np.ndarr
     return "code similarity", strat.similarity(term), np.asarray(code, dtype=np.float64)
 
 
-def make_hit(
-    item: dict[str, Any],
-    rank: int,
-    row: int,
-    score: float,
-    why: Explainer,
-    codes: sp.csr_matrix,
-    i: int,
-) -> Hit:
-    """Hit for collection ``row`` (its ``item`` record), whose code is row ``i`` of
-    ``codes`` (sorted CSR)."""
-    caps = item.get("captions") or [""]
-    hit = Hit(
-        rank=rank,
-        row=row,
-        id=str(item["id"]),
-        score=score,
-        caption=caps[0],
-        labels=list(item.get("labels", [])),
-        also=[str(a) for a in item.get("also") or []],
-    )
-    hit.matched, hit.excluded = why.explain(codes, i)
-    return hit
-
-
 def explained_hits(
     h: IndexedCollection,
     q: Query,
@@ -158,7 +133,7 @@ def explained_hits(
     explanation and the evidence of every query term by ``strat`` (the match scorer's
     probabilities, hybrid's detector values; none for other strategies). ``at_hits``: the
     strategy's context holds just the hits, in order (else every item)."""
-    why, items, dim = explainer(h, q), h.collection.items, h.index.dim
+    why, items, dim = explainer(h, q), h.collection.items, h.dim
     terms: list[tuple[str, str, str, np.ndarray, np.ndarray, list[str]]] = []
     for side, group in (("include", q.include), ("exclude", q.exclude)):
         if isinstance(strat, Match):
@@ -167,9 +142,19 @@ def explained_hits(
             terms += [(t, side, *hybrid_evidence(strat, t), []) for t in group]
     hits = []
     for i, (r, sc) in enumerate(zip(rows, scores, strict=True)):
-        hit = make_hit(items[int(r)], offset + i + 1, int(r), float(sc), why, codes, i)
+        item = items[int(r)]
+        hit = Hit(
+            rank=offset + i + 1,
+            row=int(r),
+            id=str(item["id"]),
+            score=float(sc),
+            caption=(item.get("captions") or [""])[0],
+            labels=list(item.get("labels", [])),
+            also=[str(a) for a in item.get("also") or []],
+        )
+        hit.matched, hit.excluded = why.explain(codes, i)  # codes: sorted CSR, row i
         at = i if at_hits else int(r)  # where the evidence arrays hold this item
-        hit.evidence = [term_evidence(codes, i, at, h.dim_words, *t) for t in terms]
+        hit.evidence = [term_evidence(codes, i, at, why.labels, *t) for t in terms]
         hit.scored_by = {e.term: e.kind for e in hit.evidence}
         hits.append(hit)
     return hits

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,6 +32,7 @@ from sparsemm.models.base import check_encoders, config_digest
 from sparsemm.models.lit_lite import AlignedTextEncoder, AlignerLite
 from sparsemm.query.code_models import load_code_model
 from sparsemm.query.strategies import (
+    STRATEGIES,
     ExclusionContext,
     Match,
     ReferenceSet,
@@ -39,7 +41,6 @@ from sparsemm.query.strategies import (
     get_spec,
     get_strategy,
 )
-from sparsemm.query.two_stage import sub_context
 from sparsemm.query.unit_lists import UnitLists
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,45 @@ class IndexedCollection:
         self.collection: Collection = open_collection(collection_dir)
         # collection.root: where open_collection found it (a crash may have parked it aside)
         root = self.collection.root / INDEX_DIR
+        meta = self._open_index(collection_dir, root, store, in_memory)
+        self._open_model(collection_dir, root, meta)
+        labels = meta.get("labels")
+        if not isinstance(labels, dict):  # an index built before labels lived in its meta
+            legacy = root / LEGACY_LABELS
+            labels = read_json(legacy) if legacy.is_file() else {}
+        self.labels_data: list[list[str]] = _label_lists(labels, "data", root)
+        self.labels_spine: list[list[str]] = _label_lists(labels, "spine", root)
+        # each dimension's words: the data's, else SPINE's (dim_words)
+        words: Any = zip_longest(self.labels_data, self.labels_spine, range(self.dim), fillvalue=[])
+        self.dim_labels: list[list[str]] = [d or w for d, w, _ in words]
+        self.aligner = (
+            AlignerLite.from_pretrained(meta["dense_model"]) if meta.get("dense_model") else None
+        )
+        if self.aligner is not None:
+            check_encoders(
+                self.aligner.training_info,
+                self.collection.manifest,
+                meta["dense_model"],
+                collection_dir,
+            )
+        self._encoder = encoder
+        self._ctx: ExclusionContext | None = None
+        self._text_ctx: ExclusionContext | None = None
+        self._codes: sp.csr_matrix | None = None
+        self._dense: np.ndarray | None = None
+        self._captionless: bool | None = None
+        self._image_encoder: Any = image_encoder  # query images (search_like)
+        self._rows: dict[str, int] | None = None
+        self._raw_text: CachedTextEncoder | None = None  # shared by aligned space and coder
+        self.seen_words: frozenset[str] | None = None  # caption and label words (unknown_words)
+        self._unit_lists: Any = False  # not looked for yet (None: none that fit)
+        self._match: Match | None = None  # the match scorer over the text context
+
+    def _open_index(
+        self, collection_dir: str | Path, root: Path, store: Store | None, in_memory: bool
+    ) -> dict[str, Any]:
+        """Open the collection's index (and check ``store`` holds the same items); its
+        manifest's meta once checked: the model it names is there, a valid top_k."""
         if not (root / "manifest.json").is_file():
             photos = _up_photos(self.collection)
             if photos is not None:  # `up` was stopped between the collection and the index
@@ -112,6 +152,7 @@ class IndexedCollection:
             self.index = InvertedIndex.open(root, in_memory=in_memory)
         except SparsemmError as exc:  # damaged: say how to build it again, with what
             raise SparsemmError(f"{exc} ({_rebuild_hint(collection_dir, root)})") from exc
+        self.dim: int = self.index.dim  # code dimensions
         if store is not None and (len(store) != len(self.index) or store.dim != self.index.dim):
             raise SparsemmError(
                 f"the {store.backend} store holds {len(store)} items of dim {store.dim}, the "
@@ -145,7 +186,12 @@ class IndexedCollection:
                     f"{' --dense-model ALIGNER_DIR' if key == 'dense_model' else ''}` naming "
                     "where it is now"
                 )
-        self.model = load_code_model(meta["model"], top_k)
+        self.top_k = top_k
+        return dict(meta)
+
+    def _open_model(self, collection_dir: str | Path, root: Path, meta: dict[str, Any]) -> None:
+        """Load the model the index names; refuse edited settings or other encoders."""
+        self.model = load_code_model(meta["model"], self.top_k)
         recorded = meta.get("model_config_sha256")
         if recorded is not None and recorded != config_digest(meta["model"]):
             photos = _up_photos(self.collection)
@@ -164,35 +210,6 @@ class IndexedCollection:
         check_encoders(
             self.model.training_info, self.collection.manifest, meta["model"], collection_dir
         )
-        self.top_k = top_k
-        labels = meta.get("labels")
-        if not isinstance(labels, dict):  # an index built before labels lived in its meta
-            legacy = root / LEGACY_LABELS
-            labels = read_json(legacy) if legacy.is_file() else {}
-        self.labels_data: list[list[str]] = _label_lists(labels, "data", root)
-        self.labels_spine: list[list[str]] = _label_lists(labels, "spine", root)
-        self.aligner = (
-            AlignerLite.from_pretrained(meta["dense_model"]) if meta.get("dense_model") else None
-        )
-        if self.aligner is not None:
-            check_encoders(
-                self.aligner.training_info,
-                self.collection.manifest,
-                meta["dense_model"],
-                collection_dir,
-            )
-        self._encoder = encoder
-        self._ctx: ExclusionContext | None = None
-        self._text_ctx: ExclusionContext | None = None
-        self._codes: sp.csr_matrix | None = None
-        self._dense: np.ndarray | None = None
-        self._captionless: bool | None = None
-        self._image_encoder: Any = image_encoder  # query images (search_like)
-        self._rows: dict[str, int] | None = None
-        self._raw_text: CachedTextEncoder | None = None  # shared by aligned space and coder
-        self.seen_words: frozenset[str] | None = None  # caption and label words (unknown_words)
-        self._unit_lists: Any = False  # not looked for yet (None: none that fit)
-        self._match: Match | None = None  # the match scorer over the text context
 
     def close(self) -> None:
         """Close a store this searcher was given (a Qdrant client); the collection's own
@@ -215,7 +232,7 @@ class IndexedCollection:
         them; another store (Qdrant) numbers its rows alike but is not checked."""
         if self._unit_lists is False:
             self._unit_lists = None
-            det = self.text_context.detectors
+            det = self.model.detectors  # the text context's
             if det is not None and self.store is self.index:
                 try:
                     lists = UnitLists.load(self.collection.root)
@@ -313,7 +330,7 @@ class IndexedCollection:
                     codes=self.codes,
                     labels=labels if any(labels) else None,
                 )
-            text_encoder, coder = self._coders()
+            text_encoder, coder, concepts = self._text_parts()
             self._ctx = ExclusionContext(
                 items_dense=self.dense,
                 items_codes=self.codes,
@@ -321,31 +338,26 @@ class IndexedCollection:
                 query_coder=coder,
                 reference=reference,
                 detectors=self.model.detectors,
-                concepts=self.model.term_scorer(self._raw_encoder()),
+                concepts=concepts,
             )
             if self._text_ctx is not None:  # one set of text caches for both contexts
                 self._ctx.share_text_caches(self._text_ctx)
         return self._ctx
 
-    def _coders(self) -> tuple[Any, Any]:
-        """(text encoder of the dense strategies, query coder of the sparse ones)."""
+    def _text_parts(self) -> tuple[Any, Any, Any]:
+        """(text encoder of the dense strategies, query coder of the sparse ones, the
+        model's term scorer: it embeds unknown terms with the collection's text encoder,
+        cached, to suggest the closest concepts)."""
         text_encoder: Any = self.encoder
         coder = self.model.query_coder()
+        if self._raw_text is None:
+            self._raw_text = CachedTextEncoder(self.encoder)
         if self.aligner is not None:
             # Dense strategies score in the aligned space; SR reads the raw text backbone.
             # Both embed the same texts with it: one cache, so each text is encoded once.
-            if self._raw_text is None:
-                self._raw_text = CachedTextEncoder(self.encoder)
             text_encoder = AlignedTextEncoder(self._raw_text, self.aligner)
             coder = self.model.query_coder(text_encoder=self._raw_text)
-        return text_encoder, coder
-
-    def _raw_encoder(self) -> Any:
-        """The collection's text encoder, cached (what the model's term scorer embeds
-        unknown terms with to suggest the closest concepts)."""
-        if self._raw_text is None:
-            self._raw_text = CachedTextEncoder(self.encoder)
-        return self._raw_text
+        return text_encoder, coder, self.model.term_scorer(self._raw_text)
 
     def built_contexts(self) -> list[ExclusionContext]:
         """The scoring contexts built so far (the text context, the full one)."""
@@ -377,18 +389,16 @@ class IndexedCollection:
         The served path scores index candidates in sub-contexts of it."""
         if self._text_ctx is None:
             if self._ctx is not None:
-                self._text_ctx = sub_context(
-                    self._ctx, sp.csr_matrix((0, self.index.dim), dtype=np.float32)
-                )
+                self._text_ctx = self._ctx.sub(sp.csr_matrix((0, self.dim), dtype=np.float32))
                 self._text_ctx.reference = None
             else:
-                text_encoder, coder = self._coders()
+                text_encoder, coder, concepts = self._text_parts()
                 self._text_ctx = ExclusionContext(
-                    items_codes=sp.csr_matrix((0, self.index.dim), dtype=np.float32),
+                    items_codes=sp.csr_matrix((0, self.dim), dtype=np.float32),
                     text_encoder=text_encoder,
                     query_coder=coder,
                     detectors=self.model.detectors,
-                    concepts=self.model.term_scorer(self._raw_encoder()),
+                    concepts=concepts,
                 )
         return self._text_ctx
 
@@ -446,11 +456,9 @@ class IndexedCollection:
         search; SparsemmError for an unknown name or a dense strategy this collection has no
         shared image-text space for."""
         name = strategy or self.default_strategy
-        if name not in available_strategies():
-            raise SparsemmError(
-                f"unknown strategy {name!r}; available: {', '.join(available_strategies())}"
-            )
-        spec = get_spec(name)
+        spec = STRATEGIES.get(name)
+        if spec is None:
+            raise SparsemmError(f"unknown strategy {name!r}; available: {', '.join(STRATEGIES)}")
         if spec.kind == "dense" and self.dense is None:
             raise SparsemmError(
                 f"strategy {name!r} is dense, but this collection's images and texts come "
@@ -460,9 +468,7 @@ class IndexedCollection:
         return spec
 
     def dim_words(self, dim: int) -> list[str]:
-        data = self.labels_data[dim] if dim < len(self.labels_data) else []
-        spine = self.labels_spine[dim] if dim < len(self.labels_spine) else []
-        return data or spine
+        return self.dim_labels[dim] if dim < len(self.dim_labels) else []
 
     def match_strategy(self, ctx: ExclusionContext | None = None, **params: Any) -> Match:
         """The match scorer over ``ctx`` (default: the text context, for readings; that one
@@ -483,13 +489,9 @@ class IndexedCollection:
 
     def item_codes(self, rows: Any) -> sp.csr_matrix:
         """(len(rows), d) sorted CSR codes of items, read from the index in one call."""
-        codes = sp.csr_matrix(self.codes_of(np.asarray(rows, dtype=np.int64)))
-        codes.sort_indices()
+        codes = sp.csr_matrix(self.store.codes(np.asarray(rows, dtype=np.int64)))
+        codes.sort_indices()  # from the serving store (the collection's index by default)
         return codes
-
-    def codes_of(self, rows: np.ndarray) -> sp.csr_matrix:
-        """Codes of ``rows`` from the serving store (the collection's index by default)."""
-        return self.store.codes(np.asarray(rows, dtype=np.int64))
 
     @property
     def image_encoder(self) -> Any:

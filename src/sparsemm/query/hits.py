@@ -11,7 +11,6 @@ and per-dimension weights into one item's :class:`TermEvidence`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -89,7 +88,7 @@ class Hit:
 
     def to_json(self) -> dict[str, Any]:
         """The hit as a front end shows it: :meth:`to_dict` without the collection row."""
-        out = self.to_dict()
+        out = asdict(self)
         del out["row"]
         return out
 
@@ -128,7 +127,7 @@ class Explainer:
 
     include_code: np.ndarray  # (d,) query code of the include terms
     checks: list[tuple[str, list[int], np.ndarray, list[str]]]  # term, dims, (d,) bool, words
-    dim_words: Callable[[int], list[str]]
+    labels: list[list[str]]  # each code dimension's words (IndexedCollection.dim_labels)
     n_dims: int = 5
 
     def explain(self, codes: sp.csr_matrix, row: int) -> tuple[list[Concept], list[ExcludedCheck]]:
@@ -138,7 +137,7 @@ class Explainer:
         contrib = self.include_code[dims] * vals
         order = np.argsort(-contrib, kind="stable")[: self.n_dims]
         matched = [
-            Concept(int(dims[i]), float(contrib[i]), self.dim_words(int(dims[i])))
+            Concept(int(dims[i]), float(contrib[i]), self.labels[int(dims[i])])
             for i in order
             if contrib[i] > 0
         ]
@@ -153,7 +152,7 @@ def term_evidence(
     codes: sp.csr_matrix,
     i: int,
     at: int,
-    dim_words: Callable[[int], list[str]],
+    labels: list[list[str]],
     term: str,
     side: str,
     kind: str,
@@ -168,7 +167,7 @@ def term_evidence(
     dims, vals = codes.indices[lo:hi], codes.data[lo:hi]
     contrib = weight[dims] * vals
     top = [int(dims[j]) for j in np.argsort(-contrib, kind="stable")[:3] if contrib[j] > 0]
-    words = [w for j in top for w in dim_words(j)[:1]]
+    words = [w for j in top for w in labels[j][:1]]
     return TermEvidence(term, side, kind, float(values[at]), top, words, list(read_as or []))
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from sparsemm.errors import SparsemmError
 from sparsemm.index import Exclusion
-from sparsemm.query.explain import explainer, make_hit
+from sparsemm.query.explain import explained_hits
 from sparsemm.query.hits import Hit
 from sparsemm.query.parse import Query
 from sparsemm.query.strategies import HardFilter, get_strategy
@@ -43,11 +43,7 @@ def filter_search(h: IndexedCollection, q: Query, k: int = 10, **params: Any) ->
     qa = h.text_context.term_code(a)
     qa = qa / max(float(np.linalg.norm(qa)), 1e-12)  # scores = cosine, as in `search`
     res = h.store.search(qa, k=k, exclude=ex)
-    why, items = explainer(h, q), h.collection.items
     keep = [i for i, s in enumerate(res.scores) if s > 0]  # no concept in common: no match
     rows = np.asarray(res.rows, dtype=np.int64)[keep]
-    codes = h.item_codes(rows)
-    return [
-        make_hit(items[int(r)], i + 1, int(r), float(res.scores[keep[i]]), why, codes, i)
-        for i, r in enumerate(rows)
-    ]
+    scores = [res.scores[i] for i in keep]
+    return explained_hits(h, q, strat, rows, scores, h.item_codes(rows), 0, at_hits=True)

@@ -37,7 +37,12 @@ def score_query(
     ctx: ExclusionContext, query: Query, strategy: str | Strategy = DEFAULT_STRATEGY, **params: Any
 ) -> np.ndarray:
     """(n_items,) float64 scores of ``query``; -inf marks an item left out."""
-    strat = build_strategy(ctx, strategy, **params)
+    # an instance as it is (build_strategy refuses one with params)
+    strat = (
+        strategy
+        if isinstance(strategy, Strategy) and not params
+        else build_strategy(ctx, strategy, **params)
+    )
     scores = np.asarray(strat.score_query(query.include, query.exclude), dtype=np.float64)
     if strat.kind == "sparse" and query.include and getattr(strat, "overlap_rule", True):
         # The include code's cosine, as the strategy computes it (cached by the detector

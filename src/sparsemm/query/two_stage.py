@@ -66,7 +66,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
 from sparsemm.index.store import Store
@@ -104,25 +103,6 @@ class ServedResult:
     rounds: int  # pool sizes tried (0: scanned)
     mode: str  # "two-stage" | "scan"
     searches: int = 0  # index searches run (each list is searched again only past `fetch`)
-
-
-def sub_context(ctx: ExclusionContext, codes: sp.csr_matrix) -> ExclusionContext:
-    """A context over ``codes`` (a few rows) that shares ``ctx``'s text caches, encoders
-    and model detectors, so query texts are encoded once for every sub-context."""
-    sub = ExclusionContext(
-        items_codes=codes,
-        text_encoder=ctx.text_encoder,
-        query_coder=ctx.query_coder,
-        reference=ctx.reference,
-        word_vectors=ctx.word_vectors,
-        template=ctx.template,
-        cache_size=ctx.cache_size,
-        detectors=ctx.detectors,
-        concepts=ctx.concepts,
-    )
-    sub.share_text_caches(ctx)
-    sub.readings = ctx.readings  # the same term scorer reads a term the same way
-    return sub
 
 
 def bounded(strat: Strategy, query: Query) -> bool:
@@ -233,16 +213,22 @@ class _ProxyList:
         self._search(source)
 
 
-def _rescore(
-    source: Store,
-    ctx: ExclusionContext,
-    query: Query,
-    strategy: str,
-    rows: np.ndarray,
-    params: dict[str, Any],
-) -> np.ndarray:
+def _rescore(source: Store, strat: Strategy, query: Query, rows: np.ndarray) -> np.ndarray:
     """(len(rows),) exact scores of ``rows`` (ascending) by the full strategy."""
-    return score_query(sub_context(ctx, source.codes(rows)), query, strategy, **params)
+    sub = strat.over(source.codes(rows))
+    return score_query(sub.ctx, query, sub)
+
+
+def _pool_sizes(source: Store, n: int, fetch: int | None, cap: int) -> tuple[int, int]:
+    """(fetch, cap) for a first pool of ``n``: the rows each index search returns (None: a
+    pool size n, 4n, ... within 1 / FETCH_SHARE of the items and FETCH_MAX, so a grown pool
+    ends where a fetch does) and the largest pool (``cap`` = max_candidates at most), which
+    a list past its fetched rows is searched once more for (a larger one is scanned)."""
+    if fetch is None:
+        fetch = n
+        while fetch * 4 <= min(FETCH_MAX, len(source) // FETCH_SHARE):
+            fetch *= 4
+    return max(fetch, n), max(n, min(cap, len(source) // SCAN_SHARE))
 
 
 def served_rank(
@@ -278,7 +264,7 @@ def served_rank(
     if nonnegative is None:
         nonnegative = source.nonnegative
     if not (nonnegative and bounded(strat, query)):
-        return scan_rank(source, ctx, query, strategy, k, offset, **params)
+        return scan_rank(source, ctx, query, strat, k, offset)
     assert isinstance(strat, Hybrid)
     va, vp, bias = proxy_vectors(strat, query)
     lists = [_ProxyList(*_cut(va, proxy_dims), 0.0)]
@@ -287,14 +273,7 @@ def served_rank(
     norms = float(np.linalg.norm(va)) + (float(np.linalg.norm(vp)) if vp is not None else 0.0)
     margin = _MARGIN * (1.0 + norms)
     n = max(candidates, want)
-    if fetch is None:  # a pool size (n, 4n, ...), so a grown pool ends where a fetch does
-        fetch = n
-        while fetch * 4 <= min(FETCH_MAX, len(source) // FETCH_SHARE):
-            fetch *= 4
-    fetch = max(fetch, n)
-    # past the fetched rows a list is searched once more, for the largest pool that is not
-    # scanned instead
-    cap = max(n, min(max_candidates, len(source) // SCAN_SHARE))
+    fetch, cap = _pool_sizes(source, n, fetch, max_candidates)
     rounds = 0
     cand = np.zeros(0, np.int64)  # rows rescored so far (every round's lists), ascending
     scores = np.zeros(0)
@@ -317,7 +296,7 @@ def served_rank(
             rows, list_bound = plist.top(source, n, fetch, cap)
             bound = min(bound, list_bound)
             bound_exact = min(bound_exact, list_bound - plist.used_err)
-            cand, scores = _add_rows(source, ctx, query, strategy, cand, scores, rows, params)
+            cand, scores = _add_rows(source, strat, query, cand, scores, rows)
             top = top_rows(scores, want)  # finite scores only
             kth = float(scores[top[-1]]) if len(top) == want else -np.inf
             certified = bool(bound == -np.inf or kth > bound + margin)
@@ -350,12 +329,12 @@ def served_rank(
         if n * SCAN_SHARE >= len(source):
             # rescoring a quarter of the items costs about what reading them all does, and
             # the scan is exact by construction (no certificate needed)
-            return scan_rank(source, ctx, query, strategy, k, offset, **params)
+            return scan_rank(source, ctx, query, strat, k, offset)
 
 
 def served_match(
     source: Store,
-    ctx: ExclusionContext,
+    ctx: ExclusionContext | Strategy,
     query: Query,
     k: int = 10,
     offset: int = 0,
@@ -368,7 +347,8 @@ def served_match(
     **params: Any,
 ) -> ServedResult:
     """Top ``k`` items after ``offset`` by the match scorer (their rank keys as scores), as
-    ranking every item would give them.
+    ranking every item would give them. ``ctx``: the text context, or the match scorer
+    already built over it (then without ``params``).
 
     With ``unit_lists`` (:class:`~sparsemm.query.unit_lists.UnitLists` of the model's
     detectors over this index) an include term read through detectors is bounded by its
@@ -395,37 +375,42 @@ def served_match(
 
     if k < 1 or offset < 0:
         raise SparsemmError("k must be >= 1 and offset >= 0")
-    strat = build_strategy(ctx, "match", **params)
+    if isinstance(ctx, Strategy) and params:
+        raise SparsemmError("pass parameters with a context, not with a built match scorer")
+    strat = ctx if isinstance(ctx, Strategy) else build_strategy(ctx, "match", **params)
     assert isinstance(strat, Match)
-    want = offset + k
-    if unit_lists is not None:
-        units = _listed_units(strat, query)
-        if units is not None:
-            res = _served_units(
-                source,
-                ctx,
-                query,
-                strat,
-                units,
-                unit_lists,
-                k,
-                offset,
-                candidates,
-                params,
-                proxy_dims,
-                fetch,
-                max_candidates,
-            )
-            if res is not None:
-                return res
-            # the unit lists bound P exactly and the code lists only looser: a pool of
-            # these that proves what those did not would be near a scan's cost anyway
-            return scan_rank(source, ctx, query, "match", k, offset, **params)
+    units = _listed_units(strat, query) if unit_lists is not None else None
+    if units is not None:
+        res = _served_units(source, query, strat, units, unit_lists, k, offset, candidates,
+                            proxy_dims, fetch, max_candidates)  # fmt: skip
+        # the unit lists bound P exactly and the code lists only looser: a pool of these
+        # that proves what those did not would be near a scan's cost anyway
+        return res if res is not None else scan_rank(source, strat.ctx, query, strat, k, offset)
     if nonnegative is None:
         nonnegative = source.nonnegative
-    bound = _match_bound(strat, ctx, query) if nonnegative and query.include else None
+    bound = _match_bound(strat, query) if nonnegative and query.include else None
     if bound is None:
-        return scan_rank(source, ctx, query, "match", k, offset, **params)
+        return scan_rank(source, strat.ctx, query, strat, k, offset)
+    return _served_codes(source, strat, query, bound, k, offset, candidates, max_candidates,
+                         proxy_dims, fetch)  # fmt: skip
+
+
+def _served_codes(
+    source: Store,
+    strat: Any,
+    query: Query,
+    bound: Any,
+    k: int,
+    offset: int,
+    candidates: int,
+    max_candidates: int,
+    proxy_dims: int,
+    fetch: int | None,
+) -> ServedResult:
+    """:func:`served_match` from the code lists of one include term's probability ``bound``
+    (a :class:`~sparsemm.query.scorers.TermBound`): pools grown fourfold until the k-th
+    rescored key beats the key bound of an item outside them, else a scan."""
+    want = offset + k
     # the tie-break is the include text's code similarity: when that text is the bounded
     # term itself, its lists bound the tie too
     cosine = bound.cosine if len(query.include) == 1 else None
@@ -440,12 +425,7 @@ def served_match(
         dims, vals, residual = _cut(np.asarray(w, dtype=np.float64), proxy_dims)
         lists.append(_ProxyList(dims, vals, residual * norm, 0.0))
     n = max(candidates, want)
-    if fetch is None:
-        fetch = n
-        while fetch * 4 <= min(FETCH_MAX, len(source) // FETCH_SHARE):
-            fetch *= 4
-    fetch = max(fetch, n)
-    cap = max(n, min(max_candidates, len(source) // SCAN_SHARE))
+    fetch, cap = _pool_sizes(source, n, fetch, max_candidates)
     margin = 1e-7
     rounds = 0
     cand = np.zeros(0, np.int64)
@@ -461,7 +441,7 @@ def served_match(
                 every = True
             per_list.append(list_bound)
             exact_per_list.append(list_bound - plist.used_err)
-            cand, scores = _add_rows(source, ctx, query, "match", cand, scores, rows, params)
+            cand, scores = _add_rows(source, strat, query, cand, scores, rows)
         top = top_rows(scores, want)
         kth = float(scores[top[-1]]) if len(top) == want else -np.inf
         if every:
@@ -486,11 +466,11 @@ def served_match(
         if not certified and n >= len(source):
             # every row was asked for and some were not returned (a store leaves out rows
             # with no positive score), yet they may still score: a scan is exact
-            return scan_rank(source, ctx, query, "match", k, offset, **params)
+            return scan_rank(source, strat.ctx, query, strat, k, offset)
         if not certified and last:
             # the largest pool did not prove the top k: the scan is exact (a served match
             # is never returned unproven)
-            return scan_rank(source, ctx, query, "match", k, offset, **params)
+            return scan_rank(source, strat.ctx, query, strat, k, offset)
         if certified:
             top = top[offset:]
             searches = sum(p.searches for p in lists)
@@ -499,7 +479,7 @@ def served_match(
             )
         n = min(n * 4, max_candidates)
         if n * SCAN_SHARE >= len(source):
-            return scan_rank(source, ctx, query, "match", k, offset, **params)
+            return scan_rank(source, strat.ctx, query, strat, k, offset)
 
 
 def _listed_units(strat: Any, query: Query) -> list[tuple[int, float]] | None:
@@ -524,7 +504,6 @@ def _listed_units(strat: Any, query: Query) -> list[tuple[int, float]] | None:
 
 def _served_units(
     source: Store,
-    ctx: ExclusionContext,
     query: Query,
     strat: Any,
     units: list[tuple[int, float]],
@@ -532,7 +511,6 @@ def _served_units(
     k: int,
     offset: int,
     candidates: int,
-    params: dict[str, Any],
     proxy_dims: int = 256,
     fetch: int | None = None,
     max_candidates: int = 65536,
@@ -561,12 +539,8 @@ def _served_units(
     cand = np.zeros(0, np.int64)
     scores = np.zeros(0)
     rounds = 0
-    if fetch is None:
-        fetch = n
-        while fetch * 4 <= min(FETCH_MAX, len(source) // FETCH_SHARE):
-            fetch *= 4
-    fetch = max(fetch, n)
-    cap = max(n, min(max_candidates, len(source) // SCAN_SHARE))
+    fetch, cap = _pool_sizes(source, n, fetch, max_candidates)
+    ctx = strat.ctx
     no_tie = ctx.query_coder is None  # the tie-break is 0 for every item
     while True:
         rounds += 1
@@ -575,11 +549,11 @@ def _served_units(
             rows, b = lists.top(u, n)
             if b > -np.inf:
                 bound = max(bound, w * b)
-            cand, scores = _add_rows(source, ctx, query, "match", cand, scores, rows, params)
+            cand, scores = _add_rows(source, strat, query, cand, scores, rows)
         tie_bound = 0.0 if no_tie else 1.0
         if tie is not None:
             rows, tb = tie.top(source, m, fetch, cap)
-            cand, scores = _add_rows(source, ctx, query, "match", cand, scores, rows, params)
+            cand, scores = _add_rows(source, strat, query, cand, scores, rows)
             tie_bound = -np.inf if tb == -np.inf else min(1.0, max(0.0, tb))
         top = top_rows(scores, want)
         kth = float(scores[top[-1]]) if len(top) == want else -np.inf
@@ -621,13 +595,13 @@ def _served_units(
         return None
 
 
-def _match_bound(strat: Any, ctx: ExclusionContext, query: Query) -> Any:
+def _match_bound(strat: Any, query: Query) -> Any:
     """The include term whose probability bound reads the fewest lists (None: none has a
     bound, or nothing is included). A "more like this" picture is bounded by its code
     similarity, linear in unit codes (SR); the photo model's codes are not unit-length."""
     from sparsemm.query.scorers import TermBound, unit_codes_scorer
 
-    best = None
+    ctx, best = strat.ctx, None
     for t in query.include:
         reading = strat.reading(t)
         if reading.kind == "like":
@@ -669,7 +643,7 @@ def count_matches(
         nonnegative = source.nonnegative
 
     def p_of(rows: np.ndarray) -> np.ndarray:
-        sub = build_strategy(sub_context(ctx, source.codes(rows)), "match", **params)
+        sub = strat.over(source.codes(rows))
         assert isinstance(sub, Match)
         return sub.probability(query.include, query.exclude)
 
@@ -690,7 +664,7 @@ def count_matches(
                 break
             n = min(n * 4, unit_lists.length)
 
-    bound = _match_bound(strat, ctx, query) if nonnegative and query.include else None
+    bound = _match_bound(strat, query) if nonnegative and query.include else None
     total = len(source)
     n = min(candidates, total)
     while bound is not None and n * SCAN_SHARE < total:
@@ -718,20 +692,18 @@ def count_matches(
 
 def _add_rows(
     source: Store,
-    ctx: ExclusionContext,
+    strat: Strategy,
     query: Query,
-    strategy: str,
     cand: np.ndarray,
     scores: np.ndarray,
     rows: np.ndarray,
-    params: dict[str, Any],
 ) -> tuple[np.ndarray, np.ndarray]:
     """The candidates (ascending rows, exact scores) with those of ``rows`` not among them
     yet rescored exactly and merged in."""
     new = np.setdiff1d(rows, cand)  # sorted, unique
     if not len(new):
         return cand, scores
-    return _merge(cand, scores, new, _rescore(source, ctx, query, strategy, new, params))
+    return _merge(cand, scores, new, _rescore(source, strat, query, new))
 
 
 def _merge(
@@ -748,7 +720,7 @@ def scan_rank(
     source: Store,
     ctx: ExclusionContext,
     query: Query,
-    strategy: str = "hybrid",
+    strategy: str | Strategy = "hybrid",
     k: int = 10,
     offset: int = 0,
     chunk: int = SCAN_ROWS,
@@ -756,13 +728,14 @@ def scan_rank(
 ) -> ServedResult:
     """Rank every row by reading the row store ``chunk`` rows at a time: exact, memory
     O(chunk), for queries the candidate bound does not cover."""
+    strat = build_strategy(ctx, strategy, **params)
     want = offset + k
     best_rows = np.zeros(0, np.int64)
     best_scores = np.zeros(0)
     n = len(source)
     for lo in range(0, n, chunk):
         rows = np.arange(lo, min(lo + chunk, n), dtype=np.int64)
-        s = _rescore(source, ctx, query, strategy, rows, params)
+        s = _rescore(source, strat, query, rows)
         top = top_rows(s, want)
         r = np.concatenate([best_rows, rows[top]])
         v = np.concatenate([best_scores, s[top]])

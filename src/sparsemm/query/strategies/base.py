@@ -89,6 +89,10 @@ class Strategy(ABC):
         self.ctx = ctx
         self.p: dict[str, Any] = {**self.params, **params}
 
+    def over(self, codes: sp.csr_matrix) -> Strategy:
+        """This strategy, with its parameters, over just ``codes`` (ExclusionContext.sub)."""
+        return type(self)(self.ctx.sub(codes), **self.p)
+
     @abstractmethod
     def scores(self, a: str, b: str) -> np.ndarray:
         """(n_items,) float64 scores for "a but not b"; -inf marks an item left out."""

@@ -186,8 +186,27 @@ class ExclusionContext:
         self._codes_abs: sp.csr_matrix | None = None
         self.cache: LRUCache = LRUCache(cache_size)  # strategy-owned (keyed by strategy+params)
         # how the model's term scorer reads a term: it depends on the term and the scorer
-        # alone, so contexts over other rows with the same scorer share it (sub_context)
+        # alone, so contexts over other rows with the same scorer share it (sub)
         self.readings: LRUCache = LRUCache(cache_size)
+
+    def sub(self, codes: sp.csr_matrix) -> ExclusionContext:
+        """A context over ``codes`` (a few rows) that shares this one's text caches,
+        readings, encoders and model detectors, so query texts are encoded once for every
+        such context (the served path scores index candidates in them)."""
+        sub = ExclusionContext(
+            items_codes=codes,
+            text_encoder=self.text_encoder,
+            query_coder=self.query_coder,
+            reference=self.reference,
+            word_vectors=self.word_vectors,
+            template=self.template,
+            cache_size=self.cache_size,
+            detectors=self.detectors,
+            concepts=self.concepts,
+        )
+        sub._emb, sub._code = self._emb, self._code
+        sub.readings = self.readings  # the same term scorer reads a term the same way
+        return sub
 
     # -- caches ----------------------------------------------------------------------------
     def query_caches(self) -> list[LRUCache]:
