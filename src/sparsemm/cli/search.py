@@ -135,10 +135,6 @@ def check_args(args: argparse.Namespace) -> None:
         )
 
 
-def score_text(score: float, probabilistic: bool) -> str:
-    return percent(score) if probabilistic else f"{score:.3f}"
-
-
 def fill_positionals(args: argparse.Namespace, extra: list[str]) -> bool:
     """Put strings argparse left over (positionals after an option, as in
     ``search COL --like ID "but not X"``) into the empty collection / query, in order;
@@ -166,13 +162,6 @@ def image_path(searcher: Searcher, row: int) -> str | None:
         return None
     p = Path(str(img))
     return str(p if p.is_absolute() else (searcher.collection.root / p).resolve())
-
-
-def forwardable(args: argparse.Namespace) -> bool:
-    """A search of the local store by the served scorers (any output: text, --explain,
-    --json, -f; --min-score; --like an item or a picture): the one a running `sparsemm
-    serve` answers the same way (sparsemm.pipeline.running)."""
-    return not (args.no_server or args.backend != "local" or args.engine != "strategy")
 
 
 def unknown_note(words: list[str]) -> str:
@@ -228,16 +217,6 @@ def also_line(paths: Sequence[str]) -> str:
     return f"       also: {', '.join(paths)}"
 
 
-def header(include: str, exclude: Sequence[str], strategy: str) -> str:
-    """The first line of the text output: what was searched, by which scorer."""
-    excl = f"  but not: {', '.join(exclude)}" if exclude else ""
-    return f"query: {include or '(anything)'}{excl}   [{strategy}]"
-
-
-def hit_line(rank: int, item_id: str, score: float, caption: str, probabilistic: bool) -> str:
-    return f"{rank:>3}. {item_id}  {score_text(score, probabilistic)}  {caption}".rstrip()
-
-
 def run(args: argparse.Namespace) -> int:
     """Parse, refuse bad input early, send a plain search to a running server when there is
     one, else answer it here (Searcher.answer) and print it."""
@@ -263,7 +242,9 @@ def run(args: argparse.Namespace) -> int:
         names=FLAGS,
     )
     args.min_score = request.min_score  # as a probability (the server is sent that)
-    if forwardable(args):
+    # a search of the local store by the served scorers (any output, --min-score, --like):
+    # the one a running `sparsemm serve` answers the same way (sparsemm.pipeline.running)
+    if not (args.no_server or args.backend != "local" or args.engine != "strategy"):
         forwarded = forward(args)
         if forwarded:
             from sparsemm.pipeline.running import item_images
@@ -279,25 +260,23 @@ def run(args: argparse.Namespace) -> int:
             return 0
     if args.like is not None and args.backend != "local":
         raise SparsemmError("--like searches the local index (no --backend)")
-    with open_searcher(args) as searcher:
-        answer = searcher.answer(request)
-        render(answer, args, lambda h: image_path(searcher, h.row))
-    return 0
-
-
-def open_searcher(args: argparse.Namespace) -> Searcher:
-    """The collection's Searcher over the store ``--backend`` names (closed on exit)."""
     from sparsemm.index.backends import open_store
     from sparsemm.query.searcher import Searcher
 
-    store = None
+    store = None  # the store --backend names, closed with the searcher
     if args.backend != "local":
         from sparsemm.cli.index import collection_name
 
         store = open_store(
             args.backend, url=args.url, collection=collection_name(args), api_key=args.api_key
         )
-    return Searcher(args.collection, store=store)
+    searcher = Searcher(args.collection, store=store)
+    try:
+        answer = searcher.answer(request)
+        render(answer, args, lambda h: image_path(searcher, h.row))
+    finally:
+        searcher.close()
+    return 0
 
 
 def render(answer: Answer, args: argparse.Namespace, image: Callable[[Hit], str | None]) -> None:
@@ -323,7 +302,8 @@ def render(answer: Answer, args: argparse.Namespace, image: Callable[[Hit], str 
         return
     query = answer.query
     include = like_header(args.like) if args.like is not None else ", ".join(query.include)
-    print(header(include, query.exclude, answer.strategy))
+    excl = f"  but not: {', '.join(query.exclude)}" if query.exclude else ""
+    print(f"query: {include or '(anything)'}{excl}   [{answer.strategy}]")
     print_hits([h.to_json() for h in hits], args.explain, answer.probabilistic)
     if answer.min_score is not None and answer.matches is not None:
         assert answer.threshold is not None
@@ -344,7 +324,8 @@ def print_hits(hits: list[dict], explain: bool, probabilistic: bool = False) -> 
     """The text output's result lines (and with ``explain`` the why of each), from hits as
     dicts (:meth:`Hit.to_dict`, or a server's answer: both print the same)."""
     for h in hits:
-        print(hit_line(h["rank"], h["id"], h["score"], h["caption"], probabilistic))
+        score = percent(h["score"]) if probabilistic else f"{h['score']:.3f}"
+        print(f"{h['rank']:>3}. {h['id']}  {score}  {h['caption']}".rstrip())
         if h.get("also"):
             print(also_line(h["also"]))
         if explain:
