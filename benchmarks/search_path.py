@@ -3,9 +3,9 @@
 Runs ``sparsemm search COLLECTION QUERY --no-server`` in this process (once to warm the
 caches, then traced) and records, with a profiler hook, every call that a function of the
 *orchestration* makes: the front end (``sparsemm.cli``, ``sparsemm.pipeline``), the
-request (``sparsemm.query.request``), the searcher, its collection handle, term checks,
-explanations and hits (``query.searcher``, ``query.handle``, ``query.term_checks``,
-``query.explain``, ``query.like``, ``query.index_engine``, ``query.hits``) and the served
+request (``sparsemm.query.request``), the searcher and its term checks, its collection
+handle, explanations and hits (``query.searcher``, ``query.handle``, ``query.explain``,
+``query.like``, ``query.index_engine``, ``query.hits``) and the served
 path (``query.two_stage``, ``query.rank``). What those call
 into the engine (strategies, scorers, concepts, models, encoders, the index) counts as one
 call each; the engine's own insides are not counted, as a reader following a search top to
@@ -51,7 +51,6 @@ ORCHESTRATION = (
     "sparsemm.query.request",
     "sparsemm.query.searcher",
     "sparsemm.query.handle",
-    "sparsemm.query.term_checks",
     "sparsemm.query.explain",
     "sparsemm.query.like",
     "sparsemm.query.index_engine",
