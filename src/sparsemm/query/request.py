@@ -121,39 +121,37 @@ def build_query(q: str = "", include: Sequence[str] = (), exclude: Sequence[str]
     if not isinstance(q, str):
         raise SparsemmError(f"q must be text, got {type(q).__name__}")
     if not include and not exclude:
-        return _within_limits(parse_query(q))  # the parser's own message for an empty query
-    for values, side in ((include, "include"), (exclude, "exclude")):
-        if isinstance(values, str):
-            raise SparsemmError(f"{side} must be a list of terms, not one string")
-    inc: list[str] = []
-    exc: list[str] = []
-    if q.strip():
-        base = parse_query(q)
-        inc += base.include
-        exc += base.exclude
-    for value in include:
-        part = _terms_of(value, "include")
-        if part is not None:
-            inc += part.include
-            exc += part.exclude
-    for value in exclude:
-        if isinstance(value, str) and value.strip() and not any(c.isalnum() for c in value):
-            raise SparsemmError(f"empty excluded term {value!r}: give a word such as 'cat'")
-        part = _terms_of(value, "exclude")
-        if part is None:
-            continue
-        if part.exclude:
-            raise SparsemmError(
-                f"the exclude value {value!r} excludes something itself; list the terms to "
-                "leave out, e.g. 'cat, ball'"
-            )
-        exc += part.include
-    if not inc and not exc:
-        raise SparsemmError("type what to search for, e.g. 'dog' (and what not to: 'cat')")
-    return _within_limits(Query(tuple(dict.fromkeys(inc)), tuple(dict.fromkeys(exc))))
-
-
-def _within_limits(query: Query) -> Query:
+        query = parse_query(q)  # the parser's own message for an empty query
+    else:
+        for values, side in ((include, "include"), (exclude, "exclude")):
+            if isinstance(values, str):
+                raise SparsemmError(f"{side} must be a list of terms, not one string")
+        inc: list[str] = []
+        exc: list[str] = []
+        if q.strip():
+            base = parse_query(q)
+            inc += base.include
+            exc += base.exclude
+        for value in include:
+            part = _terms_of(value, "include")
+            if part is not None:
+                inc += part.include
+                exc += part.exclude
+        for value in exclude:
+            if isinstance(value, str) and value.strip() and not any(c.isalnum() for c in value):
+                raise SparsemmError(f"empty excluded term {value!r}: give a word such as 'cat'")
+            part = _terms_of(value, "exclude")
+            if part is None:
+                continue
+            if part.exclude:
+                raise SparsemmError(
+                    f"the exclude value {value!r} excludes something itself; list the terms to "
+                    "leave out, e.g. 'cat, ball'"
+                )
+            exc += part.include
+        if not inc and not exc:
+            raise SparsemmError("type what to search for, e.g. 'dog' (and what not to: 'cat')")
+        query = Query(tuple(dict.fromkeys(inc)), tuple(dict.fromkeys(exc)))
     terms = [*query.include, *query.exclude]
     if terms and not any(tokenize(t) for t in terms):
         shown = ", ".join(repr(t) for t in terms[:4])
