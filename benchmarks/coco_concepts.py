@@ -258,8 +258,8 @@ def run_verification(
     """Accuracy per type of the true caption: ``match``, and with ``references`` hybrid's
     and the dense cosine's."""
     from sparsemm.query.parse import parse_query
-    from sparsemm.query.rank import score_query
     from sparsemm.query.strategies import get_strategy
+    from sparsemm.query.two_stage import score_query
 
     texts = sorted({c["text"] for it in items for c in it["captions"]})
     parsed = {t: parse_query(t) for t in texts}

@@ -4,11 +4,10 @@ Runs ``sparsemm search COLLECTION QUERY --no-server`` in this process (once to w
 caches, then traced) and records, with a profiler hook, every call that a function of the
 *orchestration* makes: the front end (``sparsemm.cli``, ``sparsemm.pipeline``), the
 request (``sparsemm.query.request``), the searcher and its term checks, its collection
-handle, explanations and hits (``query.searcher``, ``query.handle``, ``query.explain``,
-``query.like``, ``query.index_engine``, ``query.hits``) and the served
-path (``query.two_stage``, ``query.rank``). What those call
-into the engine (strategies, scorers, concepts, models, encoders, the index) counts as one
-call each; the engine's own insides are not counted, as a reader following a search top to
+handle, explanations and hits (``query.searcher``, ``query.handle``, ``query.like``,
+``query.index_engine``, ``query.hits``) and ranking, served or not (``query.two_stage``).
+What those call into the engine (strategies, scorers, concepts, models, encoders, the
+index) counts as one call each; the engine's own insides are not counted, as a reader following a search top to
 bottom stops at the scorer's interface. Reported:
 
 * calls: those calls, each counted once per caller and callee (a loop over hits is one);
@@ -51,12 +50,10 @@ ORCHESTRATION = (
     "sparsemm.query.request",
     "sparsemm.query.searcher",
     "sparsemm.query.handle",
-    "sparsemm.query.explain",
     "sparsemm.query.like",
     "sparsemm.query.index_engine",
     "sparsemm.query.hits",
     "sparsemm.query.two_stage",
-    "sparsemm.query.rank",
 )
 
 

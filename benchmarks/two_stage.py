@@ -47,10 +47,9 @@ from sparsemm.encoders.text_store import StoredTextEncoder, TextEmbeddingStore
 from sparsemm.index import InvertedIndex
 from sparsemm.linalg import normalize_rows
 from sparsemm.query.parse import parse_query
-from sparsemm.query.rank import rank_query
 from sparsemm.query.searcher import Searcher
 from sparsemm.query.strategies import ExclusionContext
-from sparsemm.query.two_stage import served_match, served_rank
+from sparsemm.query.two_stage import rank_query, served_match, served_rank
 from sparsemm.query.unit_lists import MIN_ITEMS, build_unit_lists
 
 

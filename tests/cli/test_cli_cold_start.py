@@ -71,7 +71,7 @@ def test_constants_written_out_in_the_cli_match_the_library() -> None:
     from sparsemm.cli import encode, index, search
     from sparsemm.data.encode import BAD_IMAGE_POLICIES
     from sparsemm.index.backends import BACKENDS
-    from sparsemm.query.rank import DEFAULT_STRATEGY
+    from sparsemm.query.two_stage import DEFAULT_STRATEGY
 
     assert encode.BAD_IMAGE_POLICIES == BAD_IMAGE_POLICIES
     assert index.BACKENDS == BACKENDS

@@ -12,8 +12,8 @@ from test_bench import _collection, _run_cli
 from sparsemm.cli.main import main
 from sparsemm.models.sr import SRConfig
 from sparsemm.query.parse import Query, parse_query
-from sparsemm.query.rank import rank_query
 from sparsemm.query.strategies import ExclusionContext, ReferenceSet, sr_query_coder
+from sparsemm.query.two_stage import rank_query
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 from sparsemm_experiments.eval.bench import captions_by_item
 from sparsemm_experiments.eval.negation import (

@@ -17,11 +17,10 @@ from sparsemm.index import InvertedIndex
 from sparsemm.models.concepts import ImageNetConceptModel
 from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query.parse import Query, parse_query
-from sparsemm.query.rank import rank_query
 from sparsemm.query.scorers import UnitScorer, detector_scorer
 from sparsemm.query.strategies import ExclusionContext, get_strategy
 from sparsemm.query.strategies.match import Match
-from sparsemm.query.two_stage import count_matches, served_match
+from sparsemm.query.two_stage import count_matches, rank_query, served_match
 
 # classes of a tiny photo model (ImageNet WordNet ids)
 CLASSES = {

@@ -18,10 +18,15 @@ from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query import two_stage
 from sparsemm.query.indexing import build_index
 from sparsemm.query.parse import Query, parse_query
-from sparsemm.query.rank import build_strategy, rank_query
 from sparsemm.query.searcher import Searcher
 from sparsemm.query.strategies import ExclusionContext
-from sparsemm.query.two_stage import proxy_vectors, scan_rank, served_rank
+from sparsemm.query.two_stage import (
+    build_strategy,
+    proxy_vectors,
+    rank_query,
+    scan_rank,
+    served_rank,
+)
 
 WORDS = [
     f"{a}{b}" for a in ("red", "blue", "green", "gold") for b in ("fox", "owl", "elk", "ram", "yak")

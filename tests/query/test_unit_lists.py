@@ -26,11 +26,10 @@ from sparsemm.encoders.base import register_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.index import InvertedIndex
 from sparsemm.query.parse import parse_query
-from sparsemm.query.rank import rank_query
 from sparsemm.query.scorers import detector_scorer
 from sparsemm.query.searcher import Searcher
 from sparsemm.query.strategies import get_strategy
-from sparsemm.query.two_stage import count_matches, served_match
+from sparsemm.query.two_stage import count_matches, rank_query, served_match
 from sparsemm.query.unit_lists import (
     MARGIN,
     UnitLists,

@@ -2,8 +2,8 @@
 
 * :mod:`sparsemm.query.parse` - "A but not B" text to a :class:`~sparsemm.query.parse.Query`.
 * :mod:`sparsemm.query.strategies` - exclusion strategies behind one interface and registry.
-* :mod:`sparsemm.query.two_stage` - the served scorer: inverted-index candidates, exact rescoring.
-* :mod:`sparsemm.query.rank` - the one ranking function every front end calls.
+* :mod:`sparsemm.query.two_stage` - ranking: every item, or the served scorer (inverted-index
+  candidates, exact rescoring).
 * :mod:`sparsemm.query.searcher` - :class:`~sparsemm.query.searcher.Searcher`, the Python API.
 * :mod:`sparsemm.query.naming` and :mod:`sparsemm.query.code_models` - names for concept
   dimensions, and one interface over the models an index can serve.

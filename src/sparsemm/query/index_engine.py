@@ -14,8 +14,7 @@ import numpy as np
 
 from sparsemm.errors import SparsemmError
 from sparsemm.index import Exclusion
-from sparsemm.query.explain import explained_hits
-from sparsemm.query.hits import Hit
+from sparsemm.query.hits import Hit, explained_hits
 from sparsemm.query.parse import Query
 from sparsemm.query.strategies import HardFilter, get_strategy
 

@@ -7,7 +7,7 @@ strategy (``match``: a calibrated match probability per item, served through the
 :mod:`sparsemm.query.two_stage`) or any registered one. Terms are checked first
 (:meth:`Searcher.check_terms` refuses a term that means nothing to the model,
 :meth:`Searcher.unknown_words` names words no vocabulary holds), each hit is explained
-(:mod:`sparsemm.query.explain`), and "more like this" puts a picture's code on the include
+(:mod:`sparsemm.query.hits`), and "more like this" puts a picture's code on the include
 side (:mod:`sparsemm.query.like`).
 """
 
@@ -20,17 +20,21 @@ from typing import Any
 import numpy as np
 
 from sparsemm.errors import SparsemmError
-from sparsemm.query.explain import explained_hits, explainer
 from sparsemm.query.handle import IndexedCollection
-from sparsemm.query.hits import Answer, Concept, ExcludedCheck, Hit
+from sparsemm.query.hits import Answer, Concept, ExcludedCheck, Hit, explained_hits, explainer
 from sparsemm.query.index_engine import filter_search
 from sparsemm.query.like import like_term, without_excluded_self
 from sparsemm.query.parse import Query, parse_query
-from sparsemm.query.rank import rank_query
 from sparsemm.query.request import MATCH_THRESHOLD, QueryRequest, min_score_refusal
 from sparsemm.query.scorers import refuse_self_exclusion
 from sparsemm.query.strategies import Match, Strategy, StrategySpec, available_strategies, get_spec
-from sparsemm.query.two_stage import ServedResult, count_matches, served_match, served_rank
+from sparsemm.query.two_stage import (
+    ServedResult,
+    count_matches,
+    rank_query,
+    served_match,
+    served_rank,
+)
 from sparsemm.text import singular, tokenize
 
 CHECK_BATCH = 16  # query terms embedded per encoder call when checking them
@@ -298,7 +302,7 @@ class Searcher(IndexedCollection):
 
         The default scorer is served through the index (:meth:`served`: candidates, then
         exact rescoring, certified equal to ranking every item); other strategies rank
-        every item with :func:`sparsemm.query.rank.rank_query`, the function the benchmarks
+        every item with :func:`sparsemm.query.two_stage.rank_query`, the function the benchmarks
         use. Raises SparsemmError for bad input, including a term the model knows nothing
         about (:meth:`check_terms`). :meth:`answer` is the same search with what the front
         ends show around the hits."""

@@ -1,4 +1,13 @@
-"""The served scorer through the inverted index: certified candidates, then exact rescoring.
+"""Ranking: every item (:func:`rank_query`), or the served scorer through the inverted index.
+
+:func:`score_query` scores a parsed :class:`~sparsemm.query.parse.Query` (include terms,
+excluded terms, either side may be empty but not both) over the items of an
+:class:`~sparsemm.query.strategies.ExclusionContext` by a registered strategy's
+``score_query``; for sparse strategies an item that shares no concept dimension with the
+include text's code is not a match (whatever the score scale), so it is left out.
+:func:`rank_query` ranks them, ties to the lower row: strategies not served through the
+index, CLIP's ``match`` and the benchmarks rank there. The served path below rescores its
+candidates with the same scores and is tested equal to it.
 
 How ``sparsemm search``, the web API and :class:`~sparsemm.query.searcher.Searcher` answer a
 query without scoring (or loading) every item's code. The default scorer, ``match``, is
@@ -71,8 +80,8 @@ from sparsemm.errors import SparsemmError
 from sparsemm.index.store import Store
 from sparsemm.linalg import normalize_rows
 from sparsemm.query.parse import Query
-from sparsemm.query.rank import build_strategy, score_query
-from sparsemm.query.strategies import ExclusionContext, Hybrid, Strategy, top_rows
+from sparsemm.query.request import DEFAULT_STRATEGY
+from sparsemm.query.strategies import ExclusionContext, Hybrid, Strategy, get_strategy, top_rows
 
 # Float32 margin of the certificate, times the query vectors' L2 norms: the index sums at
 # most a row's non-zeros (a few hundred) of float32 products w_d x_d, whose absolute sum is
@@ -90,6 +99,51 @@ FETCH_MAX = 1024
 FETCH_SHARE = 500
 # A pool that would grow past 1 / SCAN_SHARE of the items is replaced by the exact scan.
 SCAN_SHARE = 4
+
+
+def build_strategy(ctx: ExclusionContext, strategy: str | Strategy, **params: Any) -> Strategy:
+    """A strategy instance: a registered name (with ``params``) or one already built."""
+    if isinstance(strategy, Strategy):
+        if params:
+            raise SparsemmError("pass parameters when naming a strategy, not with an instance")
+        return strategy
+    return get_strategy(strategy, ctx, **params)
+
+
+def score_query(
+    ctx: ExclusionContext, query: Query, strategy: str | Strategy = DEFAULT_STRATEGY, **params: Any
+) -> np.ndarray:
+    """(n_items,) float64 scores of ``query``; -inf marks an item left out."""
+    # an instance as it is (build_strategy refuses one with params)
+    strat = (
+        strategy
+        if isinstance(strategy, Strategy) and not params
+        else build_strategy(ctx, strategy, **params)
+    )
+    scores = np.asarray(strat.score_query(query.include, query.exclude), dtype=np.float64)
+    if strat.kind == "sparse" and query.include and getattr(strat, "overlap_rule", True):
+        # The include code's cosine, as the strategy computes it (cached by the detector
+        # strategies, which score with it too).
+        overlap = strat.similarity(query.include_text) > 0
+        scores = np.where(overlap, scores, -np.inf)
+    return scores
+
+
+def rank_query(
+    ctx: ExclusionContext,
+    query: Query,
+    strategy: str | Strategy = DEFAULT_STRATEGY,
+    k: int = 10,
+    offset: int = 0,
+    **params: Any,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, scores) of the top ``k`` items after ``offset``, best first (fewer when items
+    are left out)."""
+    if k < 1 or offset < 0:
+        raise SparsemmError("k must be >= 1 and offset >= 0")
+    scores = score_query(ctx, query, strategy, **params)
+    rows = top_rows(scores, offset + k)[offset:]
+    return rows, scores[rows]
 
 
 @dataclass
@@ -703,17 +757,10 @@ def _add_rows(
     new = np.setdiff1d(rows, cand)  # sorted, unique
     if not len(new):
         return cand, scores
-    return _merge(cand, scores, new, _rescore(source, strat, query, new))
-
-
-def _merge(
-    rows: np.ndarray, scores: np.ndarray, new: np.ndarray, new_scores: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Two disjoint (ascending rows, scores) sets as one, rows ascending (ties in
-    :func:`top_rows` go to the lower row, as over every item)."""
-    r = np.concatenate([rows, new])
+    # rows ascending, as over every item (ties in top_rows go to the lower row)
+    r = np.concatenate([cand, new])
     order = np.argsort(r, kind="stable")
-    return r[order], np.concatenate([scores, new_scores])[order]
+    return r[order], np.concatenate([scores, _rescore(source, strat, query, new)])[order]
 
 
 def scan_rank(

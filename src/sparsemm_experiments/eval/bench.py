@@ -45,7 +45,6 @@ from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query.parse import Query
-from sparsemm.query.rank import rank_query
 from sparsemm.query.strategies import (
     STRATEGIES,
     ExclusionContext,
@@ -54,6 +53,7 @@ from sparsemm.query.strategies import (
     TextEncoder,
     get_spec,
 )
+from sparsemm.query.two_stage import rank_query
 from sparsemm_experiments.eval.exclusion import (
     ExclusionQuery,
     build_exclusion_queries,
@@ -162,7 +162,7 @@ def evaluate_strategy(
     metrics: Sequence[str] = METRICS,
 ) -> dict[str, np.ndarray]:
     """Per-query metric arrays of strategy ``name`` with ``params`` on ``queries``, ranked
-    by :func:`sparsemm.query.rank.rank_query` (the served path) for "A but not B"."""
+    by :func:`sparsemm.query.two_stage.rank_query` (the served path) for "A but not B"."""
     strategy = get_spec(name).build(ctx, **params)
     strategy.prepare({t for q in queries for t in (q.a, q.b)})
     rankings = np.full((len(queries), k), -1, dtype=np.int64)

@@ -20,7 +20,7 @@ top 5 whose labels carry a negated object: "neg-violation@5") and parse exact ma
 parser's include and exclude, normalised, equal the truth's). Rows: dense on the raw
 sentence, dense on the caption without its negation (the reference: negation should cost
 nothing), the parsed query through every strategy, and the served default, all ranked by
-:func:`sparsemm.query.rank.rank_query`, the function the CLI, the web API and
+:func:`sparsemm.query.two_stage.rank_query`, the function the CLI, the web API and
 ``Searcher.search`` call.
 """
 
@@ -45,7 +45,6 @@ from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query.parse import Query, parse_query, strip_filler_words
-from sparsemm.query.rank import DEFAULT_STRATEGY, rank_query
 from sparsemm.query.strategies import (
     STRATEGIES,
     ExclusionContext,
@@ -54,6 +53,7 @@ from sparsemm.query.strategies import (
     TextEncoder,
     get_spec,
 )
+from sparsemm.query.two_stage import DEFAULT_STRATEGY, rank_query
 from sparsemm.text import term_tokens
 from sparsemm_experiments.eval.exclusion import (
     build_exclusion_queries,
