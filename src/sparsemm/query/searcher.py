@@ -90,7 +90,7 @@ class Searcher(IndexedCollection):
         messages are those of the web API (:mod:`sparsemm.web.app`).
         """
         if strategy == "match":
-            self._check_match(query)
+            self._check_match(query, self.match_strategy())
             return
         kind = strategy if strategy in ("sparse", "dense") else get_spec(strategy).kind
         ctx = self.text_context
@@ -112,11 +112,11 @@ class Searcher(IndexedCollection):
                         f"cannot {side} anything; check the spelling or try another word"
                     )
 
-    def _check_match(self, query: Query) -> None:
-        """Raise SparsemmError for a term the match scorer cannot read: no letter or digit,
-        nothing the model can see (UnknownTerm, with the closest concepts it knows), or a
-        phrase whose code is empty. Readings are cached for the search that follows."""
-        strat = self.match_strategy()
+    def _check_match(self, query: Query, strat: Match) -> None:
+        """Raise SparsemmError for a term the match scorer ``strat`` (over the text context)
+        cannot read: no letter or digit, nothing the model can see (UnknownTerm, with the
+        closest concepts it knows), or a phrase whose code is empty. Readings are cached for
+        the search that follows."""
         ctx = strat.ctx
         readings = []
         for side, terms in (("search for", query.include), ("exclude", query.exclude)):
@@ -325,7 +325,7 @@ class Searcher(IndexedCollection):
                 self.match_strategy() if strategy == "match" and not params else self.text_context
             )
             if strategy == "match":
-                self._check_match(q)
+                self._check_match(q, base if isinstance(base, Match) else self.match_strategy())
                 res = served_match(self.store, base, q, k=k, offset=offset,
                                    nonnegative=self.index.nonnegative, unit_lists=self.unit_lists,
                                    **params)  # fmt: skip

@@ -273,16 +273,16 @@ def _rescore(source: Store, strat: Strategy, query: Query, rows: np.ndarray) -> 
     return score_query(sub.ctx, query, sub)
 
 
-def _pool_sizes(source: Store, n: int, fetch: int | None, cap: int) -> tuple[int, int]:
-    """(fetch, cap) for a first pool of ``n``: the rows each index search returns (None: a
-    pool size n, 4n, ... within 1 / FETCH_SHARE of the items and FETCH_MAX, so a grown pool
-    ends where a fetch does) and the largest pool (``cap`` = max_candidates at most), which
-    a list past its fetched rows is searched once more for (a larger one is scanned)."""
+def _pool_sizes(total: int, n: int, fetch: int | None, cap: int) -> tuple[int, int]:
+    """(fetch, cap) for a first pool of ``n`` of ``total`` items: the rows each index search
+    returns (None: a pool size n, 4n, ... within 1 / FETCH_SHARE of the items and FETCH_MAX,
+    so a grown pool ends where a fetch does) and the largest pool (``cap`` = max_candidates
+    at most), which a list past its fetched rows is searched once more for."""
     if fetch is None:
         fetch = n
-        while fetch * 4 <= min(FETCH_MAX, len(source) // FETCH_SHARE):
+        while fetch * 4 <= min(FETCH_MAX, total // FETCH_SHARE):
             fetch *= 4
-    return max(fetch, n), max(n, min(cap, len(source) // SCAN_SHARE))
+    return max(fetch, n), max(n, min(cap, total // SCAN_SHARE))
 
 
 def served_rank(
@@ -327,7 +327,7 @@ def served_rank(
     norms = float(np.linalg.norm(va)) + (float(np.linalg.norm(vp)) if vp is not None else 0.0)
     margin = _MARGIN * (1.0 + norms)
     n = max(candidates, want)
-    fetch, cap = _pool_sizes(source, n, fetch, max_candidates)
+    fetch, cap = _pool_sizes(len(source), n, fetch, max_candidates)
     rounds = 0
     cand = np.zeros(0, np.int64)  # rows rescored so far (every round's lists), ascending
     scores = np.zeros(0)
@@ -479,7 +479,7 @@ def _served_codes(
         dims, vals, residual = _cut(np.asarray(w, dtype=np.float64), proxy_dims)
         lists.append(_ProxyList(dims, vals, residual * norm, 0.0))
     n = max(candidates, want)
-    fetch, cap = _pool_sizes(source, n, fetch, max_candidates)
+    fetch, cap = _pool_sizes(len(source), n, fetch, max_candidates)
     margin = 1e-7
     rounds = 0
     cand = np.zeros(0, np.int64)
@@ -593,7 +593,7 @@ def _served_units(
     cand = np.zeros(0, np.int64)
     scores = np.zeros(0)
     rounds = 0
-    fetch, cap = _pool_sizes(source, n, fetch, max_candidates)
+    fetch, cap = _pool_sizes(len(source), n, fetch, max_candidates)
     ctx = strat.ctx
     no_tie = ctx.query_coder is None  # the tie-break is 0 for every item
     while True:
