@@ -444,7 +444,7 @@ def read_segment_file(path: Path, read: Callable[[Path], Any]) -> Any:
 
     A concurrent merge or rebuild may delete a segment between a reader's manifest read and
     its file reads; the readers in ``sparsemm.io`` report that as SparsemmError, but
-    ``_read_index`` retries only on FileNotFoundError.
+    ``manifest.read_index`` retries only on FileNotFoundError.
     """
     try:
         return read(path)
