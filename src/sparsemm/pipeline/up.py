@@ -95,7 +95,7 @@ def ensure_model(
     target = out / MODEL
     if target.is_dir() and any(target.iterdir()) and not (target / CONFIG_FILE).is_file():
         raise SparsemmError(f"{target} exists and is not a sparsemm model; choose another -o")
-    from sparsemm.models.concepts import (
+    from sparsemm.models.imagenet_concepts import (
         CONCEPTS_VERSION,
         cached_imagenet_concepts,
         default_cache_dir,
@@ -105,7 +105,7 @@ def ensure_model(
         try:
             current = load_code_model(target)
             if getattr(current, "version", CONCEPTS_VERSION) >= CONCEPTS_VERSION:
-                from sparsemm.models.concepts import with_photo_defaults
+                from sparsemm.models.imagenet_concepts import with_photo_defaults
 
                 m = current.model  # type: ignore[attr-defined]
                 if with_photo_defaults(m) is m:
@@ -514,7 +514,7 @@ def _up(
         progress=progress,
     )
     if report.norms:
-        from sparsemm.models.concepts import record_norms
+        from sparsemm.models.concept_evidence import record_norms
 
         record_norms(report.collection.root, report.norms)
     say(
