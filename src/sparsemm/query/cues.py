@@ -177,6 +177,11 @@ SPLIT_WORDS = frozenset({"and", "but"})
 LIST_WORDS = frozenset({"or", "nor", "and"})
 # Words that, right before a cue, are part of how it is said in label queries.
 CONNECTORS = frozenset({"but", "and", "or", "with", "yet"})
+# Between a postfix cue and the noun phrase before it ("a chair is missing").
+LINKING_VERBS = frozenset(
+    {"is", "are", "was", "were", "be", "seems", "seem", "appears", "appear", "remains",
+     "remain", "being"}
+)  # fmt: skip
 
 ARTICLES = frozenset({"a", "an", "the", "some", "any"})
 MEDIA = frozenset(

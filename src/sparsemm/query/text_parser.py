@@ -8,40 +8,7 @@ import unicodedata
 from dataclasses import dataclass
 
 from sparsemm.errors import SparsemmError
-from sparsemm.query.cues import (
-    ARTICLES,
-    AUX_NEG,
-    CONNECTIVES,
-    CONNECTORS,
-    CUE_SETUP,
-    CUES_BY_FIRST,
-    DETERMINERS,
-    DOUBLE_NEG,
-    EVERYTHING,
-    FILLER,
-    FILLER_ANCHOR,
-    HAVE_VERBS,
-    LEADING_CONNECTIVES,
-    LIST_WORDS,
-    MAX_LABEL_WORDS,
-    MAX_NP_WORDS,
-    MAX_TERM_WORDS,
-    MEDIA,
-    NEGATIONS,
-    NO_IDIOMS,
-    NOT_FOLLOWERS,
-    NOT_PRESENT,
-    NP_NOT_VERB,
-    NP_STOP,
-    OUT_OF,
-    PARTICIPLES,
-    PERSON,
-    PERSON_ADJECTIVES,
-    PERSON_WORDS,
-    POSTFIX,
-    SOFT_CUES,
-    SPLIT_WORDS,
-)
+from sparsemm.query import cues
 
 QUOTES = str.maketrans(
     {"\u201c": '"', "\u201d": '"', "\u201e": '"', "\uff02": '"', "\u2019": "'", "\u2018": "'"}
@@ -111,9 +78,9 @@ def strip_filler_words(words: list[str]) -> list[str]:
     """Strip leading articles and "<photo|image|...> of" from a list of words."""
     i = 0
     while i < len(words):
-        if words[i] in ARTICLES:
+        if words[i] in cues.ARTICLES:
             i += 1
-        elif words[i] in MEDIA and i + 1 < len(words) and words[i + 1] == "of":
+        elif words[i] in cues.MEDIA and i + 1 < len(words) and words[i + 1] == "of":
             i += 2
         else:
             break
@@ -212,7 +179,7 @@ class _Parser:
             and spaced
             and (
                 self._prefix_cue(i + 1) is not None
-                or nxt in PERSON_WORDS
+                or nxt in cues.PERSON_WORDS
                 or nxt in ("there", "there's", "no", "not")
             )
         ):
@@ -240,13 +207,15 @@ class _Parser:
         # "not only X but also Y" includes both; "not without X", "not free of X" are
         # double negations (X is there).
         nxt = self._word(i + 1)
-        if word == "not" and nxt in DOUBLE_NEG:
+        if word == "not" and nxt in cues.DOUBLE_NEG:
             end = i + 2 + (self._word(i + 2) in ("of", "from"))
             return self._remove(i, end)
-        if word == "no" and (nxt in NO_IDIOMS or (nxt == "more" and self._word(i + 2) == "than")):
+        if word == "no" and (
+            nxt in cues.NO_IDIOMS or (nxt == "more" and self._word(i + 2) == "than")
+        ):
             self._add(word, i)  # "no fewer than", "no longer": not an exclusion
             return i + 1
-        if word == "but" and self.words and all(w in EVERYTHING for w in self.words):
+        if word == "but" and self.words and all(w in cues.EVERYTHING for w in self.words):
             # "anything but cats": everything except cats
             for _ in range(len(self.words)):
                 self.words.pop()
@@ -256,19 +225,19 @@ class _Parser:
                 self.exclude += nps
                 return self._remove(i, self._skip_filler(j))
         # A connector right before a cue belongs to it ("but not", "and no", "with no").
-        if word in CONNECTORS and self._prefix_cue(i + 1) is not None:
+        if word in cues.CONNECTORS and self._prefix_cue(i + 1) is not None:
             self._add(word, i)
             return i + 1
         cue = self._prefix_cue(i)
         if cue is not None:
             return self._exclude_after(i, cue)
-        if word in PERSON_ADJECTIVES:
-            self.exclude.append(PERSON)  # "a deserted street": the street stays whole
+        if word in cues.PERSON_ADJECTIVES:
+            self.exclude.append(cues.PERSON)  # "a deserted street": the street stays whole
             self.silent.add(i)
             return i + 1
-        if word in PERSON_WORDS or (word == "no" and self._word(i + 1) == "one"):
+        if word in cues.PERSON_WORDS or (word == "no" and self._word(i + 1) == "one"):
             self._drop_setup()
-            self.exclude.append(PERSON)
+            self.exclude.append(cues.PERSON)
             return self._remove(i, self._skip_filler(i + (2 if word == "no" else 1)))
         post = self._postfix_cue(i)
         if post is not None:
@@ -276,7 +245,7 @@ class _Parser:
             if np:
                 self.exclude.append(np)
                 return self._remove(i, self._skip_filler(post))
-        if word in SPLIT_WORDS:
+        if word in cues.SPLIT_WORDS:
             self._flush(" and " if word == "and" else ", ")
             if word == "but" and self._word(i + 1) in ("with", "also"):
                 return i + 2
@@ -298,7 +267,7 @@ class _Parser:
         w = self._word(i)
         if w is None:
             return None
-        for cue in CUES_BY_FIRST.get(w, ()):
+        for cue in cues.CUES_BY_FIRST.get(w, ()):
             if all(self._word(i + j) == c for j, c in enumerate(cue)):
                 end = i + len(cue)
                 if cue[0] in ("lacks", "lack", "lacking") and not self._np_start(end):
@@ -311,21 +280,21 @@ class _Parser:
             if self._kind(i + 1) == "end" and self.tokens[i + 1][1] == ":":
                 return i + 2  # "missing: chairs"
             return None
-        if w in AUX_NEG or (w in ("does", "do", "did") and self._word(i + 1) == "not"):
-            j = i + (1 if w in AUX_NEG else 2)
-            return j + 1 if self._word(j) in HAVE_VERBS else None
+        if w in cues.AUX_NEG or (w in ("does", "do", "did") and self._word(i + 1) == "not"):
+            j = i + (1 if w in cues.AUX_NEG else 2)
+            return j + 1 if self._word(j) in cues.HAVE_VERBS else None
         if w == "not":
             nxt = self._word(i + 1)
-            if nxt in NOT_PRESENT and not self._np_start(i + 1, allow_stop=False):
+            if nxt in cues.NOT_PRESENT and not self._np_start(i + 1, allow_stop=False):
                 return None  # "not present", "not visible": postfix
-            if nxt in HAVE_VERBS:
+            if nxt in cues.HAVE_VERBS:
                 return i + 2  # "not wearing a hat"
-            if nxt in NOT_FOLLOWERS or (
+            if nxt in cues.NOT_FOLLOWERS or (
                 nxt is not None and _verb_like(nxt) and not _compound_noun(nxt, self._word(i + 2))
             ):
                 return None  # "not on the couch", "not looking at": not an exclusion
             return i + 1
-        if w in NEGATIONS:
+        if w in cues.NEGATIONS:
             if w == "no" and self._word(i + 1) == "one":
                 return None  # "no one": a person cue
             return i + 1
@@ -334,19 +303,19 @@ class _Parser:
     def _postfix_cue(self, i: int) -> int | None:
         """Index after a postfix cue at token i ("is absent", "not visible"), or None."""
         w = self._word(i)
-        if w in POSTFIX:
+        if w in cues.POSTFIX:
             # "the cat is missing" / "missing." / "absent from the scene"; not "a boy
             # missing his teeth", "gone fishing", "nowhere near the cat".
             if self._ends_clause(i + 1) or self._word(i + 1) == "from":
                 return self._skip_from(i + 1)
             return None
-        if w == "not" and self._word(i + 1) in NOT_PRESENT:
+        if w == "not" and self._word(i + 1) in cues.NOT_PRESENT:
             if self._word(i + 1) in ("in", "to") and not self._anchored_filler(i + 1):
                 return None  # "not in the car": a place, not absence
             return i + 2
         if w == "out" and self._word(i + 1) == "of":
             j = i + 2 + (self._word(i + 2) in ("the", "this"))
-            if self._word(j) in OUT_OF:
+            if self._word(j) in cues.OUT_OF:
                 return j + 1  # "out of sight", "out of the picture"
         return None
 
@@ -361,36 +330,36 @@ class _Parser:
         """True when filler starting at token i names the picture ("in sight", "in the
         image"), not a place ("in the car")."""
         j = i
-        while self._word(j) in FILLER:
-            if self._word(j) in FILLER_ANCHOR:
+        while self._word(j) in cues.FILLER:
+            if self._word(j) in cues.FILLER_ANCHOR:
                 return True
             j += 1
         return False
 
     def _np_start(self, i: int, allow_stop: bool = False) -> bool:
         """True when token i can start a noun phrase (after optional determiners)."""
-        while self._word(i) in DETERMINERS:
+        while self._word(i) in cues.DETERMINERS:
             i += 1
         if self._kind(i) == "phrase":
             return True
         w = self._word(i)
-        return w is not None and (allow_stop or w not in NP_STOP) and w not in FILLER
+        return w is not None and (allow_stop or w not in cues.NP_STOP) and w not in cues.FILLER
 
     def _exclude_after(self, i: int, start: int) -> int:
         """Handle the prefix cue at tokens i..start-1: exclude the noun phrase list after it."""
         cue_words = [v for _, v in self.tokens[i:start]]
         setup = self._drop_setup()
         leading = not self.pieces and not self.words
-        label = " ".join([*([setup] if setup in CONNECTORS else []), *cue_words])
+        label = " ".join([*([setup] if setup in cues.CONNECTORS else []), *cue_words])
         j = start
         if self._kind(j) == "end" and self.tokens[j][1] == ":":
             j += 1
         nps, j = self._np_list(j, leading)
-        if nps and self.words and all(w in EVERYTHING for w in self.words):
+        if nps and self.words and all(w in cues.EVERYTHING for w in self.words):
             for _ in range(len(self.words)):  # "anything other than cats": only the exclusion
                 self.words.pop()
                 self.removed.add(self.widx.pop())
-        if not nps and cue_words[0] in SOFT_CUES:
+        if not nps and cue_words[0] in cues.SOFT_CUES:
             return self._remove(i, j)  # "..., isn't it?": no object, nothing to exclude
         if not nps:
             raise SparsemmError(
@@ -403,7 +372,7 @@ class _Parser:
         """Drop the words that only set up a cue from the end of the current piece; return
         the word right before the cue (for messages)."""
         last = self.words[-1] if self.words else None
-        while self.words and self.words[-1] in CUE_SETUP:
+        while self.words and self.words[-1] in cues.CUE_SETUP:
             self.words.pop()
             self.removed.add(self.widx.pop())
         return last
@@ -411,19 +380,21 @@ class _Parser:
     # -- noun phrases --------------------------------------------------------------------
     def _np(self, i: int) -> tuple[str | None, int]:
         """The noun phrase starting at token i (determiners skipped) and the index after."""
-        while self._word(i) in DETERMINERS:
+        while self._word(i) in cues.DETERMINERS:
             i += 1
         if self._kind(i) == "phrase":
             term = normalize_term(self.tokens[i][1])
             return (term or None), i + 1
         words: list[str] = []
-        while len(words) < MAX_NP_WORDS:
+        while len(words) < cues.MAX_NP_WORDS:
             w = self._word(i)
-            if w is None or w in NP_STOP or w in PERSON_WORDS:
+            if w is None or w in cues.NP_STOP or w in cues.PERSON_WORDS:
                 break
-            if words and (w in DETERMINERS or (_verb_like(w) and not _compound_noun(words[-1], w))):
+            if words and (
+                w in cues.DETERMINERS or (_verb_like(w) and not _compound_noun(words[-1], w))
+            ):
                 break
-            if w in NEGATIONS:
+            if w in cues.NEGATIONS:
                 break
             words.append(w)
             i += 1
@@ -440,14 +411,14 @@ class _Parser:
             j = i
             kind, w = self._kind(j), self._word(j)
             comma = kind == "sep" and self.tokens[j][1] == "," and not leading
-            if w in LIST_WORDS or comma:
+            if w in cues.LIST_WORDS or comma:
                 j += 1
-                if comma and self._word(j) in LIST_WORDS:
+                if comma and self._word(j) in cues.LIST_WORDS:
                     j += 1  # "forks, knives, or spoons"
                 if self._word(j) in ("no", "not", "without"):
                     j += 1
                 np, k = self._np(j)
-                verb_first = np is not None and np.split(" ")[0] in PARTICIPLES
+                verb_first = np is not None and np.split(" ")[0] in cues.PARTICIPLES
                 if np is not None and not verb_first and (w == "nor" or self._ends_clause(k)):
                     nps.append(np)
                     i = k
@@ -461,9 +432,9 @@ class _Parser:
         if kind in (None, "sep", "end", "minus"):
             return True
         w = self._word(i)
-        if w in LIST_WORDS or w in CONNECTIVES or w in SPLIT_WORDS:
+        if w in cues.LIST_WORDS or w in cues.CONNECTIVES or w in cues.SPLIT_WORDS:
             return True
-        if self._prefix_cue(i) is not None or w in PERSON_WORDS:
+        if self._prefix_cue(i) is not None or w in cues.PERSON_WORDS:
             return True
         return self._skip_filler(i) > i
 
@@ -471,14 +442,14 @@ class _Parser:
         """Index after presence filler starting at token i ("in the image", "to be seen")."""
         j = i
         anchor = False
-        while self._word(j) in FILLER:
-            anchor |= self._word(j) in FILLER_ANCHOR
+        while self._word(j) in cues.FILLER:
+            anchor |= self._word(j) in cues.FILLER_ANCHOR
             j += 1
         if j == i:
             return i
         kind = self._kind(j)
         boundary = kind in (None, "sep", "end", "minus") or self._word(j) in (
-            CONNECTIVES | SPLIT_WORDS | LIST_WORDS
+            cues.CONNECTIVES | cues.SPLIT_WORDS | cues.LIST_WORDS
         )
         return j if anchor or boundary else i
 
@@ -487,39 +458,26 @@ class _Parser:
         postfix cue: "a chair is missing" -> chair)."""
         words = self.words
         k = len(words)
-        while k and words[k - 1] in (
-            "is",
-            "are",
-            "was",
-            "were",
-            "be",
-            "seems",
-            "seem",
-            "appears",
-            "appear",
-            "remains",
-            "remain",
-            "being",
-        ):
-            k -= 1  # fmt: skip
+        while k and words[k - 1] in cues.LINKING_VERBS:
+            k -= 1
         start = k
         while (
             start > 0
-            and k - start < MAX_NP_WORDS
-            and words[start - 1] not in NP_STOP
-            and words[start - 1] not in DETERMINERS
-            and words[start - 1] not in CONNECTIVES
+            and k - start < cues.MAX_NP_WORDS
+            and words[start - 1] not in cues.NP_STOP
+            and words[start - 1] not in cues.DETERMINERS
+            and words[start - 1] not in cues.CONNECTIVES
         ):
             start -= 1
         if start == k:
             return None
         np = " ".join(words[start:k])
-        while start and words[start - 1] in DETERMINERS:
+        while start and words[start - 1] in cues.DETERMINERS:
             start -= 1
         del words[start:]
         self.removed.update(self.widx[start:])
         del self.widx[start:]
-        while words and words[-1] in CONNECTIVES:
+        while words and words[-1] in cues.CONNECTIVES:
             words.pop()
             self.removed.add(self.widx.pop())
         return np
@@ -542,20 +500,20 @@ class _Parser:
                 pieces.append(p)
                 continue
             words = list(p.words)
-            while words and words[0] in CONNECTIVES:
+            while words and words[0] in cues.CONNECTIVES:
                 words.pop(0)
-            while words and words[-1] in CONNECTIVES:
+            while words and words[-1] in cues.CONNECTIVES:
                 words.pop()
             words = _alternatives(strip_filler_words(words))
-            if words and all(w in MEDIA for w in words) and len(self.pieces) == 1:
+            if words and all(w in cues.MEDIA for w in words) and len(self.pieces) == 1:
                 continue  # "photos without text": nothing to include
             if words:
                 pieces.append(_Piece(words, sep=p.sep))
         if not pieces:
             return []
         plain = [p for p in pieces if not p.quoted]
-        if all(_term_words(p.words) <= MAX_TERM_WORDS for p in plain) and (
-            sum(_term_words(p.words) for p in plain) <= MAX_LABEL_WORDS
+        if all(_term_words(p.words) <= cues.MAX_TERM_WORDS for p in plain) and (
+            sum(_term_words(p.words) for p in plain) <= cues.MAX_LABEL_WORDS
         ):
             return [" ".join(p.words) for p in pieces]
         return [self._phrase()]
@@ -585,16 +543,16 @@ class _Parser:
 
         words: list[str] = []
         for j, w in enumerate(items):
-            if w is None or (w in CONNECTIVES and (near_cut(j, 1) or near_cut(j, -1))):
+            if w is None or (w in cues.CONNECTIVES and (near_cut(j, 1) or near_cut(j, -1))):
                 if words and words[-1] != ",":
                     words.append(",")
                 continue
             if w == "," and (not words or words[-1] == ","):
                 continue
             words.append(w)
-        while words and words[-1] in (",", *CONNECTIVES):
+        while words and words[-1] in (",", *cues.CONNECTIVES):
             words.pop()
-        while words and (words[0] == "," or words[0] in LEADING_CONNECTIVES):
+        while words and (words[0] == "," or words[0] in cues.LEADING_CONNECTIVES):
             words.pop(0)
         words = strip_filler_words(words)
         return normalize_term(" ".join(words).replace(" ,", ","))
@@ -638,6 +596,6 @@ def _compound_noun(first: str, second: str | None) -> bool:
 
 def _verb_like(word: str) -> bool:
     """A participle that ends a noun phrase ("no person standing", "no cars parked")."""
-    if word in NP_NOT_VERB:
+    if word in cues.NP_NOT_VERB:
         return False
     return (len(word) > 4 and word.endswith("ing")) or (len(word) > 4 and word.endswith("ed"))
