@@ -181,11 +181,7 @@ def _save_run(
 
 
 def _resume(
-    out: Path,
-    model: SPINE,
-    optimizer: torch.optim.Optimizer,
-    run_args: dict[str, Any],
-    epochs: int,
+    out: Path, model: SPINE, optimizer: torch.optim.Optimizer, run_args: dict[str, Any], epochs: int
 ) -> tuple[int, list[dict[str, float]]]:
     """The epoch and history to go on from: the checkpoint in ``out`` (model and optimizer
     restored; refused when made with other ``run_args``), else (0, [])."""
