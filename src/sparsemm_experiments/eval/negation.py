@@ -44,7 +44,7 @@ from sparsemm.eval.metrics import evaluate_rankings
 from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.detectors import ConceptDetectors
-from sparsemm.query.parse import Query, parse_query, strip_filler_words
+from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.rank import DEFAULT_STRATEGY, rank_query
 from sparsemm.query.strategies import (
     STRATEGIES,
@@ -54,6 +54,7 @@ from sparsemm.query.strategies import (
     TextEncoder,
     get_spec,
 )
+from sparsemm.query.text_parser import strip_filler_words
 from sparsemm.text import term_tokens
 from sparsemm_experiments.eval.exclusion import (
     build_exclusion_queries,
