@@ -182,6 +182,22 @@ def _prepare(searcher: Searcher, warm: bool, batch_texts: bool) -> None:
             # what the served path builds in memory on its first query (dense rows, one-byte
             # impacts: 0.2-0.4 s at a million items), built now instead
             searcher.store.warm(quantized=True, pages=False)
+        _warm_search(searcher)
+
+
+# A query whose search loads what any later one needs (the text encoder, the default
+# scorer's vocabulary and term readings, its unit lists), so that the first user's request
+# does not wait for them.
+WARM_QUERY = "a person but not a dog"
+
+
+def _warm_search(searcher: Searcher) -> None:
+    """One search through the default served path, its answer dropped. A model that cannot
+    read the warm query's words warms less and says nothing: the server still starts."""
+    try:
+        searcher.search(WARM_QUERY, k=1)
+    except SparsemmError as exc:
+        log.debug("warm search skipped: %s", exc)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
