@@ -40,3 +40,31 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def declared_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``sparsemm.*`` entry points pyproject.toml declares, in place of those the install
+    recorded, so a test of a verb, benchmark, model or strategy that comes in through them
+    holds before ``pip install -e .`` records a new one."""
+    from importlib.metadata import EntryPoint
+    from pathlib import Path
+
+    import tomllib
+
+    import sparsemm.cli.plugins as plugins
+
+    with (Path(__file__).resolve().parents[1] / "pyproject.toml").open("rb") as f:
+        groups = tomllib.load(f)["project"]["entry-points"]
+    eps = [
+        EntryPoint(name, value, group)
+        for group, names in groups.items()
+        if group.startswith("sparsemm.")
+        for name, value in names.items()
+    ]
+
+    def declared(group: str) -> list[EntryPoint]:
+        return [ep for ep in eps if ep.group == group]
+
+    monkeypatch.setattr(plugins, "entry_points", declared)
+    monkeypatch.setattr("importlib.metadata.entry_points", declared)

@@ -32,7 +32,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"train"}),
     frozenset({"query"}),
     frozenset({ROOT}),  # the public API re-exports the library
-    frozenset({"eval", "web"}),  # eval's metrics and tables, the web server: read the library
+    frozenset({"web"}),  # the web server: reads the library
     frozenset({"pipeline"}),  # up, index, serve: what the CLI verbs run
     frozenset({"cli"}),
 )
@@ -161,6 +161,7 @@ def test_the_experiments_register_through_the_declared_entry_points(
         plugins.VERB_GROUP,
         plugins.BENCH_GROUP,
         plugins.TRAIN_GROUP,
+        plugins.SPINE_GROUP,
         code_models.MODEL_GROUP,
     }
     eps = [EntryPoint(n, v, g) for g, group in declared.items() for n, v in group.items()]
@@ -187,6 +188,8 @@ def test_the_experiments_register_through_the_declared_entry_points(
         ("train", "vdr", "c", "-o", "x"): "sparsemm_experiments.cli.train_vdr",
         ("train", "lexlip", "c", "-o", "x"): "sparsemm_experiments.cli.train_lexlip",
         ("train", "sr", "c", "-o", "x"): "sparsemm.cli.train",
+        ("spine", "eval", "r"): "sparsemm_experiments.cli.spine_eval",
+        ("spine", "inspect", "r", "--dim", "0"): "sparsemm.cli.spine",
     }
     for argv, module in runs.items():
         assert parser.parse_args(list(argv)).func.__module__ == module, argv
@@ -430,7 +433,7 @@ def test_the_layer_check_sees_every_kind_of_import(tmp_path: Path) -> None:
         "def g():\n"
         "    import sparsemm.train.loop\n"
         "    from ..query import parse\n"
-        "    from sparsemm import __version__, eval\n"
+        "    from sparsemm import __version__, web\n"
         "    importlib.import_module('sparsemm.index.inverted')\n"
     )
     module = "sparsemm.words.fake"
@@ -441,12 +444,12 @@ def test_the_layer_check_sees_every_kind_of_import(tmp_path: Path) -> None:
         (7, "models"),
         (9, "train"),
         (10, "query"),
-        (11, "eval"),
         (11, ROOT),
+        (11, "web"),
         (12, "index"),  # beside words, in the same layer: not allowed either
     ]
     assert [b.split(": ", 1)[1] for b in upward_imports({module: f})] == [
-        f"words imports {t}" for t in ("models", "train", "query", ROOT, "eval", "index")
+        f"words imports {t}" for t in ("models", "train", "query", ROOT, "web", "index")
     ]
 
 

@@ -48,7 +48,6 @@ from sparsemm.baselines.splice import (
 )
 from sparsemm.data.collection import Collection, open_collection
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, save_csr, write_json
 from sparsemm.query.strategies import (
     ExclusionContext,
@@ -58,6 +57,7 @@ from sparsemm.query.strategies import (
 )
 from sparsemm_experiments.eval.bench import BenchConfig, evaluate_strategy, run_exclusion_bench
 from sparsemm_experiments.eval.exclusion import build_exclusion_queries, hard_mask, query_matrices
+from sparsemm_experiments.eval.tables import md_table
 
 logger = logging.getLogger(__name__)
 

@@ -198,9 +198,9 @@ def _collection_model(
     a model trained here uses the SPINE ``vectors`` for its bias when given."""
     from sparsemm.data.collection import open_collection
     from sparsemm.data.encode import encode_source
-    from sparsemm.data.paths import coco_json
     from sparsemm.encoders.base import get_encoder
     from sparsemm.models.sr import SRModel
+    from sparsemm_experiments.data.paths import coco_json
 
     out: Path = args.out
     if args.collection is not None:

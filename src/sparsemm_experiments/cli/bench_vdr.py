@@ -99,7 +99,7 @@ def _text_encoder(name: str, model_id: Any) -> Any:
 
 def _quick_proxy(args: argparse.Namespace) -> Any:
     from sparsemm.data.encode import encode_source
-    from sparsemm.data.paths import coco_json, default_data_dir
+    from sparsemm_experiments.data.paths import coco_json, default_data_dir
 
     src = coco_json(args.data or default_data_dir())
     return encode_source(

@@ -15,7 +15,7 @@ Protocol (docs/negation.md, the label-pair protocol; SR paper Sec. 5, Tables 1-2
    :func:`tune_strategies`).
 3. Test: each strategy runs with its chosen parameters on the evaluation split, with the
    whole tune split as reference set. Per query: MRR/NDCG/AP @1,3,10, violation@10,
-   inclusion@10 (:func:`~sparsemm.eval.metrics.evaluate_rankings`); means for the subsets
+   inclusion@10 (:func:`~.metrics.evaluate_rankings`); means for the subsets
    "all" and "hard" with paired t-tests against the dense baselines, written by
    :func:`~sparsemm_experiments.eval.exclusion.write_report`.
 4. Standard retrieval (SR paper Table 2 analogue): image-to-text and text-to-image AP@1/5/10
@@ -40,8 +40,6 @@ import scipy.sparse as sp
 
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.metrics import evaluate_rankings
-from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query.parse import Query
@@ -62,7 +60,9 @@ from sparsemm_experiments.eval.exclusion import (
     render_report,
     write_report,
 )
+from sparsemm_experiments.eval.metrics import evaluate_rankings
 from sparsemm_experiments.eval.retrieval import multi_target_ap
+from sparsemm_experiments.eval.tables import md_table
 
 logger = logging.getLogger(__name__)
 

@@ -40,8 +40,6 @@ import scipy.sparse as sp
 
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.metrics import evaluate_rankings
-from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query.parse import Query, parse_query, strip_filler_words
@@ -60,6 +58,8 @@ from sparsemm_experiments.eval.exclusion import (
     query_matrices,
     write_report,
 )
+from sparsemm_experiments.eval.metrics import evaluate_rankings
+from sparsemm_experiments.eval.tables import md_table
 
 logger = logging.getLogger(__name__)
 
