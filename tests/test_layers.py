@@ -187,6 +187,7 @@ def test_the_experiments_register_through_the_declared_entry_points(
         ("collages", "-o", "x"): "sparsemm_experiments.cli.collages",
         ("train", "vdr", "c", "-o", "x"): "sparsemm_experiments.cli.train_vdr",
         ("train", "lexlip", "c", "-o", "x"): "sparsemm_experiments.cli.train_lexlip",
+        ("train", "align", "c", "-o", "x"): "sparsemm_experiments.cli.train_align",
         ("train", "sr", "c", "-o", "x"): "sparsemm.cli.train",
         ("spine", "eval", "r"): "sparsemm_experiments.cli.spine_eval",
         ("spine", "inspect", "r", "--dim", "0"): "sparsemm.cli.spine",

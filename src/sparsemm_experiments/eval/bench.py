@@ -427,7 +427,7 @@ def run_exclusion_bench(
     collection's dense embedding (VDR, LexLIP, SpLiCE...) pass ``item_codes`` instead: the
     codes of every collection item, row i = item i. ``dense_items`` (n_items, k) replaces the
     collection's image embeddings for the dense strategies, e.g. with an aligned projection
-    when the image and text backbones differ (:mod:`sparsemm.models.lit`); it must live in
+    when the image and text backbones differ (:mod:`.models.lit`); it must live in
     the same space as ``text_encoder``'s output, and ``dense_texts`` then gives the captions
     in that space for the retrieval table: every caption's vector (n_texts, k), or a
     function ``rows -> (len(rows), k)`` called once with the caption rows of the evaluation

@@ -1,1 +1,1 @@
-"""Training of VDR (:mod:`.vdr`) and LexLIP (:mod:`.lexlip`)."""
+"""Training of VDR (:mod:`.vdr`), LexLIP (:mod:`.lexlip`) and the linear aligner (:mod:`.lit`)."""
