@@ -245,12 +245,8 @@ def _splice_codes(
     cfg: PaperBenchConfig,
     progress: bool,
 ) -> tuple[sp.csr_matrix, QueryCoder, str, dict[str, Any]]:
-    from sparsemm.baselines.splice import (
-        SpliceDecomposer,
-        embed_concepts,
-        load_concepts,
-        splice_query_coder,
-    )
+    from sparsemm.baselines.splice import SpliceDecomposer, load_concepts
+    from sparsemm_experiments.baselines.splice import embed_concepts, splice_query_coder
 
     concepts = load_concepts(concepts_file, cfg.splice_concepts)
     with torch_threads(1):
