@@ -67,4 +67,5 @@ def declared_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
         return [ep for ep in eps if ep.group == group]
 
     monkeypatch.setattr(plugins, "entry_points", declared)
+    monkeypatch.setattr("sparsemm.query.strategies.registry.entry_points", declared)
     monkeypatch.setattr("importlib.metadata.entry_points", declared)

@@ -154,6 +154,7 @@ def test_the_experiments_register_through_the_declared_entry_points(
 
     import sparsemm.cli.plugins as plugins
     import sparsemm.query.code_models as code_models
+    import sparsemm.query.strategies.registry as strategies
     from sparsemm.cli.main import VERBS, build_parser
 
     declared = pyproject_entry_points()
@@ -163,16 +164,20 @@ def test_the_experiments_register_through_the_declared_entry_points(
         plugins.TRAIN_GROUP,
         plugins.SPINE_GROUP,
         code_models.MODEL_GROUP,
+        strategies.STRATEGY_GROUP,
     }
     eps = [EntryPoint(n, v, g) for g, group in declared.items() for n, v in group.items()]
     for ep in eps:
         assert ep.value.startswith(f"{EXPERIMENTS}."), ep
-        assert callable(ep.load()), ep
+        loaded = ep.load()
+        # a strategy entry point names a module, which registers its strategies on import
+        assert callable(loaded) or ep.group == strategies.STRATEGY_GROUP, ep
 
     def declared_entry_points(group: str) -> list[EntryPoint]:
         return [ep for ep in eps if ep.group == group]
 
     monkeypatch.setattr(plugins, "entry_points", declared_entry_points)
+    monkeypatch.setattr(strategies, "entry_points", declared_entry_points)
     monkeypatch.setattr("importlib.metadata.entry_points", declared_entry_points)
     assert set(declared[plugins.VERB_GROUP]).isdisjoint(VERBS)
     parser = build_parser()
@@ -198,6 +203,8 @@ def test_the_experiments_register_through_the_declared_entry_points(
     assert types["vdr"].__module__ == "sparsemm_experiments.code_models"
     assert {"sr", "imagenet_concepts", "clip_concepts"} <= set(types)
     assert "vdr" not in code_models.MODEL_TYPES
+    strategies.load_entry_points()
+    assert strategies.get_spec("cbe").cls.__module__ == "sparsemm_experiments.baselines.cbe"
 
 
 def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:

@@ -188,6 +188,40 @@ def test_registry() -> None:
     assert len(STRATEGIES["code_arith"].grid_points()) == 5
 
 
+def test_strategies_of_other_packages_come_in_through_entry_points(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module named by a sparsemm.strategies entry point is imported and its strategy
+    registered; one whose import fails is skipped, and the library's stay as they were."""
+    import sys
+    from importlib.metadata import EntryPoint
+
+    import sparsemm.query.strategies.registry as registry
+
+    (tmp_path / "plugin_strategy.py").write_text(
+        "from sparsemm.query.strategies import AvgEmb, register_strategy\n"
+        "register_strategy('plugin_avg', AvgEmb, 'dense: a plugin', w=0.25)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    eps = [
+        EntryPoint("plugin_avg", "plugin_strategy", registry.STRATEGY_GROUP),
+        EntryPoint("broken", "no_such_module_here", registry.STRATEGY_GROUP),
+        EntryPoint("other", "plugin_strategy", "sparsemm.other"),
+    ]
+    monkeypatch.setattr(
+        registry, "entry_points", lambda group: [e for e in eps if e.group == group]
+    )
+    before = dict(STRATEGIES)
+    try:
+        registry.load_entry_points()
+        assert set(STRATEGIES) - set(before) == {"plugin_avg"}
+        assert STRATEGIES["plugin_avg"].defaults == {"w": 0.25}
+        assert all(STRATEGIES[n] is spec for n, spec in before.items())
+    finally:
+        STRATEGIES.pop("plugin_avg", None)
+        sys.modules.pop("plugin_strategy", None)
+
+
 def test_rank_many_pads_short_rankings(ctx) -> None:
     s = get_strategy("filter", ctx, dims="query", share=1.0, threshold=0.1)
     out = s.rank_many([("dog", "cat"), ("cat", "dog")], 4)

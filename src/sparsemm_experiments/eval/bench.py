@@ -52,6 +52,9 @@ from sparsemm.query.strategies import (
     TextEncoder,
     get_spec,
 )
+
+# registers "cbe" whether or not an install recorded the sparsemm.strategies entry points
+from sparsemm_experiments.baselines import cbe as _cbe  # noqa: F401
 from sparsemm_experiments.eval.exclusion import (
     ExclusionQuery,
     build_exclusion_queries,

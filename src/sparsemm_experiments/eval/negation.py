@@ -53,6 +53,9 @@ from sparsemm.query.strategies import (
     get_spec,
 )
 from sparsemm.text import term_tokens
+
+# registers "cbe" whether or not an install recorded the sparsemm.strategies entry points
+from sparsemm_experiments.baselines import cbe as _cbe  # noqa: F401
 from sparsemm_experiments.eval.exclusion import (
     build_exclusion_queries,
     query_matrices,

@@ -47,8 +47,9 @@ Sparse strategies, generic over any non-negative sparse codes (SR, VDR, SpLiCE, 
   reference set (mean fitted P(mention) over mentioning items) times ``mention_rate``. The
   similarity terms keep the ranking anchored on the query code where a detector is weak.
 
-* ``cbe`` - content-based exclusion (Yoshikawa & Tajima, ICMR 2024), a dense baseline
-  (:mod:`sparsemm.query.strategies.cbe`).
+* ``cbe`` - content-based exclusion (Yoshikawa & Tajima, ICMR 2024), a dense baseline of
+  the research package (``sparsemm_experiments.baselines.cbe``), registered through the
+  ``sparsemm.strategies`` entry points.
 
 Strategies are registered by name with their default parameters and a tuning grid
 (:data:`STRATEGIES`), each beside its class; :func:`get_strategy` builds one. Parameters
@@ -58,12 +59,11 @@ One module per part: :mod:`~sparsemm.query.strategies.context` (the shared input
 caches), :mod:`~sparsemm.query.strategies.base` (the interface and ranking helpers),
 :mod:`~sparsemm.query.strategies.registry`, and the families
 :mod:`~sparsemm.query.strategies.dense`, :mod:`~sparsemm.query.strategies.sparse`,
-:mod:`~sparsemm.query.strategies.detectors` and :mod:`~sparsemm.query.strategies.cbe`.
+:mod:`~sparsemm.query.strategies.detectors` and :mod:`~sparsemm.query.strategies.match`.
 """
 
 from sparsemm.lru import LRUCache
 from sparsemm.query.strategies.base import Strategy, active_dims, top_rows, vector_active_dims
-from sparsemm.query.strategies.cbe import ContentBasedExclusion
 from sparsemm.query.strategies.context import (
     CACHE_SIZE,
     MIN_CACHE_SIZE,
@@ -83,6 +83,7 @@ from sparsemm.query.strategies.registry import (
     available_strategies,
     get_spec,
     get_strategy,
+    load_entry_points,
     register_strategy,
     reorder_strategies,
 )
@@ -102,8 +103,10 @@ from sparsemm.text import (
 )
 from sparsemm.train.detectors import fit_detectors
 
-# The listing order (--list-strategies, the page's menu, a benchmark of every strategy):
-# the dense baselines, then the sparse ones, the served default near the end.
+# Strategies of other packages (sparsemm.strategies entry points), then the listing order
+# (--list-strategies, the page's menu, a benchmark of every strategy): the dense baselines,
+# then the sparse ones, the served default near the end, then the other packages'.
+load_entry_points()
 LISTING_ORDER = (
     "dense_a",
     "slq",
@@ -118,7 +121,7 @@ LISTING_ORDER = (
     "match",
     "hybrid",
     "detector",
-    "cbe",
+    "cbe",  # sparsemm_experiments
 )
 reorder_strategies(LISTING_ORDER)
 
@@ -134,7 +137,6 @@ __all__ = [
     "CaptionIndex",
     "CodeA",
     "CodeArith",
-    "ContentBasedExclusion",
     "DenseA",
     "Detector",
     "ExclusionContext",
@@ -156,6 +158,7 @@ __all__ = [
     "fit_detectors",
     "get_spec",
     "get_strategy",
+    "load_entry_points",
     "register_strategy",
     "reorder_strategies",
     "sr_query_coder",
