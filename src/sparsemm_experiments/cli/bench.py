@@ -143,7 +143,7 @@ def _train_sr(col: Any, split: str, vectors: Any, out: Path, quick: bool, seed: 
     tc = SRTrainConfig(epochs=2 if quick else 20, seed=seed)
     log.info("no --sr given: training SR on the %s split into %s", split, out)
     model, _ = train_sr(image, text, pair_item, bias, cfg, out, tc, resume=True, progress=False)
-    from sparsemm.train.detectors import ensure_model_detectors
+    from sparsemm_experiments.train.detectors import ensure_model_detectors
 
     try:  # what `sparsemm train sr` saves with a model, and the served default reads
         ensure_model_detectors(model, out, col, split)
