@@ -28,6 +28,27 @@ def _runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ["SPARSEMM_RUNTIME_DIR"] = before
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _declared_strategies() -> None:
+    """The strategies of the research package (the baselines: slq, avg_emb, paper, cbe, ...),
+    registered for every test as an install registers them: the modules the
+    ``sparsemm.strategies`` entry points of pyproject.toml name are imported, then the
+    library's listing order applies. The tests then hold before ``pip install -e .`` records
+    the group (tests/test_layers.py checks the declarations themselves)."""
+    import importlib
+    from pathlib import Path
+
+    import tomllib
+
+    from sparsemm.query.strategies import LISTING_ORDER, reorder_strategies
+
+    with (Path(__file__).resolve().parents[1] / "pyproject.toml").open("rb") as f:
+        groups = tomllib.load(f)["project"]["entry-points"]
+    for module in groups.get("sparsemm.strategies", {}).values():
+        importlib.import_module(module)
+    reorder_strategies(LISTING_ORDER)
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """One intra-op torch thread: the tests' tensors are tiny, so more threads only contend

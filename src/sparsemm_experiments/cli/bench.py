@@ -36,7 +36,7 @@ def _strategy_name(name: str) -> str:
     """A --methods value: a registered strategy (the registry is imported only when the
     option is given, so building the parser stays fast)."""
     from sparsemm.query.strategies import STRATEGIES
-    from sparsemm_experiments.baselines import cbe  # noqa: F401  (registers "cbe")
+    from sparsemm_experiments.baselines import cbe, strategies  # noqa: F401  (register them)
 
     if name not in STRATEGIES:
         raise argparse.ArgumentTypeError(

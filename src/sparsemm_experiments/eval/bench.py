@@ -53,8 +53,10 @@ from sparsemm.query.strategies import (
     get_spec,
 )
 
-# registers "cbe" whether or not an install recorded the sparsemm.strategies entry points
+# register the baselines (slq, paper, cbe, ...) whether or not an install recorded the
+# sparsemm.strategies entry points
 from sparsemm_experiments.baselines import cbe as _cbe  # noqa: F401
+from sparsemm_experiments.baselines import strategies as _baselines  # noqa: F401
 from sparsemm_experiments.eval.exclusion import (
     ExclusionQuery,
     build_exclusion_queries,
