@@ -42,7 +42,7 @@ from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.detectors import ConceptDetectors
-from sparsemm.query.parse import Query, parse_query, strip_filler_words
+from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.rank import DEFAULT_STRATEGY, rank_query
 from sparsemm.query.strategies import (
     STRATEGIES,
@@ -52,6 +52,7 @@ from sparsemm.query.strategies import (
     TextEncoder,
     get_spec,
 )
+from sparsemm.query.text_parser import strip_filler_words
 from sparsemm.text import term_tokens
 
 # register the baselines (slq, paper, cbe, ...) whether or not an install recorded the
