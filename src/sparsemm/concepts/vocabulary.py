@@ -299,7 +299,6 @@ class ConceptVocabulary:
         self._entity = self.wn.by_wnid(ENTITY)
         self._spell: _DeletionIndex | None = None
         self._stand_ins = {i for i in (self.wn.by_wnid(w) for w in STAND_INS) if i is not None}
-        self._implied_keys = {int(s) for s in (implied or {})}
         self._by_name: dict[str, list[int]] = {}
         for u, n in enumerate(self.names):
             self._by_name.setdefault(normalise(n), []).append(u)
