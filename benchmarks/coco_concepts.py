@@ -117,6 +117,51 @@ TEMPLATES: dict[str, list[str]] = {
 TYPES = list(TEMPLATES)
 
 
+def cooccurrence(labels: list[list[str]]) -> Counter[tuple[str, str]]:
+    """How many images carry both of two different labels, per ordered pair."""
+    co: Counter[tuple[str, str]] = Counter()
+    for labs in labels:
+        for a in set(labs):
+            for b in set(labs):
+                if a != b:
+                    co[(a, b)] += 1
+    return co
+
+
+def draw_absent(
+    rng: np.random.Generator,
+    present: list[str],
+    absent: list[str],
+    co: Counter[tuple[str, str]],
+) -> str:
+    """One absent object, drawn with weight 1 + how often it comes with the present ones
+    (a hard negative: what usually accompanies what the image shows)."""
+    w = np.asarray([1 + sum(co[(p, v)] for p in present) for v in absent], dtype=np.float64)
+    return absent[int(rng.choice(len(absent), p=w / w.sum()))]
+
+
+def four_captions(x: str, y: str, z: str, true_type: str, phrasing: int) -> list[dict[str, Any]]:
+    """The four captions of one verification row, one per type, from phrasing ``phrasing``
+    of each template: the ``true_type`` one true (x and z present, y absent), the others
+    made false by putting the absent y where a present object belongs or negating a present
+    one."""
+    written = []
+    for t in TYPES:
+        tpl = TEMPLATES[t][phrasing]
+        if t == true_type:
+            a, b, c = x, y, z
+        elif t == "affirmation":  # false: an absent object
+            a, b, c = y, y, z
+        elif t == "negation":  # false: a present object negated
+            a, b, c = x, x, z
+        elif t == "exclusion":  # false: the present z excluded
+            a, b, c = x, z, z
+        else:  # two objects, false: one absent
+            a, b, c = x, y, y
+        written.append({"type": t, "text": tpl.format(x=a, y=b, z=c), "true": t == true_type})
+    return written
+
+
 def verification_set(
     labels: list[list[str]], captions: list[list[str]], seed: int = 0, objects: str = "annotated"
 ) -> list[dict[str, Any]]:
@@ -132,13 +177,8 @@ def verification_set(
         raise ValueError(f"objects must be 'annotated' or 'named', not {objects!r}")
     index = CaptionIndex(captions)
     rng = np.random.default_rng(seed)
-    co: Counter[tuple[str, str]] = Counter()
+    co = cooccurrence(labels)
     vocab = sorted({lab for labs in labels for lab in labs})
-    for labs in labels:
-        for a in set(labs):
-            for b in set(labs):
-                if a != b:
-                    co[(a, b)] += 1
     out = []
     n = 0
     mentioned = {v: index.mentions(v) for v in vocab}
@@ -147,32 +187,11 @@ def verification_set(
         present = named if objects == "named" else sorted(set(labs))
         if len(present) < 2:
             continue
-        absent = [v for v in vocab if v not in labs]
-        w = np.asarray([1 + sum(co[(p, v)] for p in present) for v in absent], dtype=np.float64)
-        y = absent[int(rng.choice(len(absent), p=w / w.sum()))]
+        y = draw_absent(rng, present, [v for v in vocab if v not in labs], co)
         x, z = (present[j] for j in rng.choice(len(present), size=2, replace=False))
         true_type = TYPES[n % len(TYPES)]
         phrasing = int(rng.integers(3))
-        truth = {
-            "affirmation": (x, y, z),
-            "negation": (x, y, z),
-            "exclusion": (x, y, z),
-            "two objects": (x, y, z),
-        }
-        written = []
-        for t in TYPES:
-            tpl = TEMPLATES[t][phrasing]
-            if t == true_type:
-                a, b, c = truth[t]
-            elif t == "affirmation":  # false: an absent object
-                a, b, c = y, y, z
-            elif t == "negation":  # false: a present object negated
-                a, b, c = x, x, z
-            elif t == "exclusion":  # false: the present z excluded
-                a, b, c = x, z, z
-            else:  # two objects, false: one absent
-                a, b, c = x, y, y
-            written.append({"type": t, "text": tpl.format(x=a, y=b, z=c), "true": t == true_type})
+        written = four_captions(x, y, z, true_type, phrasing)
         out.append(
             {
                 "item": i,

@@ -27,9 +27,10 @@ from collections import Counter
 
 import numpy as np
 
-from sparsemm.query.naming import dimension_labels, label_precision, mentions, top_share_names
+from sparsemm.query.naming import mentions, top_share_names
 from sparsemm.query.searcher import Searcher
 from sparsemm.text import CaptionIndex
+from sparsemm_experiments.naming import dimension_labels, label_precision
 
 
 def main() -> None:

@@ -29,8 +29,13 @@ import numpy as np
 from _common import git_commit
 
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.metrics import ap_at_k, inclusion_at_k, precision_at_k, violation_at_k
 from sparsemm.io import write_json
+from sparsemm_experiments.eval.metrics import (
+    ap_at_k,
+    inclusion_at_k,
+    precision_at_k,
+    violation_at_k,
+)
 
 # scikit-image sample photos (natural photographs only; textures, micrographs and
 # drawings are left out) and the file each is saved as

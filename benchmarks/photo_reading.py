@@ -2,7 +2,7 @@
 
 Builds 2-megapixel JPEGs (1732 x 1155, quality 90) from the real photographs bundled with
 scikit-image (or from ``--photos DIR``), then times the photo model's
-:class:`~sparsemm.models.concepts.EvidenceReader` over them, as ``up`` runs it after
+:class:`~sparsemm.models.concept_evidence.EvidenceReader` over them, as ``up`` runs it after
 encoding: one decode (JPEG draft mode), the whole-image classifier pass, the tiles' pass
 (one batch), and the face detector. Prints seconds a photo, per stage and in all, with the
 machine's load average beside it (the figure is only as quiet as the machine).
@@ -64,12 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     from sparsemm.encoders.hf import load_image
-    from sparsemm.models.concepts import (
-        FACE_MAX_SIDE,
-        EvidenceReader,
-        cached_imagenet_concepts,
-        tile_boxes,
-    )
+    from sparsemm.models.concept_evidence import FACE_MAX_SIDE, EvidenceReader, tile_boxes
+    from sparsemm.models.imagenet_concepts import cached_imagenet_concepts
 
     model = cached_imagenet_concepts()
     reader = EvidenceReader(model)

@@ -457,6 +457,7 @@ def leave_one_out(
             "words": len(set(pairs.word.tolist())),
         },
         "rows": rows,
+        "held_scores": held,
     }
 
 
@@ -648,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         loso = grid[chosen]
         loso_rows = loso.pop("rows")
+        loso.pop("held_scores")
         metrics["leave_one_source_out"] = loso
         metrics["exclude_weight_grid"] = {
             str(w): {k: g["queries"][k] for k in ("pooled", "train", "heldout")}

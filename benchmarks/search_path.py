@@ -7,8 +7,8 @@ request (``sparsemm.query.request``), the searcher and its term checks, its coll
 handle, explanations and hits (``query.searcher``, ``query.handle``, ``query.like``,
 ``query.index_engine``, ``query.hits``) and ranking, served or not (``query.two_stage``).
 What those call into the engine (strategies, scorers, concepts, models, encoders, the
-index) counts as one call each; the engine's own insides are not counted, as a reader following a search top to
-bottom stops at the scorer's interface. Reported:
+index) counts as one call each; the engine's own insides are not counted, as a reader
+following a search top to bottom stops at the scorer's interface. Reported:
 
 * calls: those calls, each counted once per caller and callee (a loop over hits is one);
 * modules: the distinct sparsemm modules they land in;

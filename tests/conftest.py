@@ -28,6 +28,27 @@ def _runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ["SPARSEMM_RUNTIME_DIR"] = before
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _declared_strategies() -> None:
+    """The strategies of the research package (the baselines: slq, avg_emb, paper, cbe, ...),
+    registered for every test as an install registers them: the modules the
+    ``sparsemm.strategies`` entry points of pyproject.toml name are imported, then the
+    library's listing order applies. The tests then hold before ``pip install -e .`` records
+    the group (tests/test_layers.py checks the declarations themselves)."""
+    import importlib
+    from pathlib import Path
+
+    import tomllib
+
+    from sparsemm.query.strategies import LISTING_ORDER, reorder_strategies
+
+    with (Path(__file__).resolve().parents[1] / "pyproject.toml").open("rb") as f:
+        groups = tomllib.load(f)["project"]["entry-points"]
+    for module in groups.get("sparsemm.strategies", {}).values():
+        importlib.import_module(module)
+    reorder_strategies(LISTING_ORDER)
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """One intra-op torch thread: the tests' tensors are tiny, so more threads only contend
@@ -40,3 +61,32 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def declared_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``sparsemm.*`` entry points pyproject.toml declares, in place of those the install
+    recorded, so a test of a verb, benchmark, model or strategy that comes in through them
+    holds before ``pip install -e .`` records a new one."""
+    from importlib.metadata import EntryPoint
+    from pathlib import Path
+
+    import tomllib
+
+    import sparsemm.cli.plugins as plugins
+
+    with (Path(__file__).resolve().parents[1] / "pyproject.toml").open("rb") as f:
+        groups = tomllib.load(f)["project"]["entry-points"]
+    eps = [
+        EntryPoint(name, value, group)
+        for group, names in groups.items()
+        if group.startswith("sparsemm.")
+        for name, value in names.items()
+    ]
+
+    def declared(group: str) -> list[EntryPoint]:
+        return [ep for ep in eps if ep.group == group]
+
+    monkeypatch.setattr(plugins, "entry_points", declared)
+    monkeypatch.setattr("sparsemm.query.strategies.registry.entry_points", declared)
+    monkeypatch.setattr("importlib.metadata.entry_points", declared)

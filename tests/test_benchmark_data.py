@@ -193,6 +193,41 @@ def test_verification_templates_parse_as_intended() -> None:
     assert all(q["relevant"] for q in cats)
 
 
+def test_photo_verification_rows_and_accuracy() -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import photo_verification as pv
+    finally:
+        sys.path.remove(str(BENCH))
+    photo = {"source": "s", "maybe": []}
+    labels = [["dog", "grass", "animal"], ["dog", "animal"], ["car", "apple"], ["apple", "grass"]]
+    labels += [["dog", "animal", "car", "grass", "apple", "outdoor"]]
+    data = {
+        "implies": {"dog": ["animal"]},
+        "photos": [{**photo, "id": f"p{i}", "labels": labs} for i, labs in enumerate(labels)],
+    }
+    rows = pv.verification_rows(data, {f"p{i}" for i in range(5)})
+    assert rows and all(sum(c["true"] for c in r["captions"]) == 1 for r in rows)
+    for r in rows:
+        shown = set(labels[int(r["photo"][1:])]) | {"animal"}
+        assert set(r["present"]) <= shown and r["absent"] not in shown
+        assert {"dog", "animal"} != set(r["present"])  # one implies the other
+        assert "outdoor" not in r["present"] and "a apple" not in str(r["captions"])
+    queries = pv.caption_queries(rows)
+    assert len({q["text"] for q in queries}) == len(queries)
+    # a scorer that knows the truth gets every row right; one that reads every caption
+    # the same gets the first caption (the affirmation) right only when it is the true one
+    truth = {q["text"]: {} for q in queries}
+    for r in rows:
+        for c in r["captions"]:
+            truth[c["text"]][r["photo"]] = 1.0 if c["true"] else 0.0
+    assert pv.accuracy(rows, truth, {})["overall"] == 1.0
+    flat = pv.accuracy(rows, {}, {})
+    assert flat.get("two objects", 0.0) == 0.0 and flat.get("affirmation", 1.0) == 1.0
+    refused = pv.accuracy(rows, truth, {rows[0]["captions"][0]["text"]: "no"})
+    assert refused["refused_rows"] >= 1 and refused["rows"] == len(rows) - refused["refused_rows"]
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -201,6 +236,7 @@ def test_verification_templates_parse_as_intended() -> None:
         "coco_calibration",
         "exclude_caution",
         "photo_calibration",
+        "photo_verification",
         "people",
     ],
 )

@@ -32,7 +32,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"train"}),
     frozenset({"query"}),
     frozenset({ROOT}),  # the public API re-exports the library
-    frozenset({"eval", "web"}),  # eval's metrics and tables, the web server: read the library
+    frozenset({"web"}),  # the web server: reads the library
     frozenset({"pipeline"}),  # up, index, serve: what the CLI verbs run
     frozenset({"cli"}),
 )
@@ -154,6 +154,7 @@ def test_the_experiments_register_through_the_declared_entry_points(
 
     import sparsemm.cli.plugins as plugins
     import sparsemm.query.code_models as code_models
+    import sparsemm.query.strategies.registry as strategies
     from sparsemm.cli.main import VERBS, build_parser
 
     declared = pyproject_entry_points()
@@ -161,17 +162,22 @@ def test_the_experiments_register_through_the_declared_entry_points(
         plugins.VERB_GROUP,
         plugins.BENCH_GROUP,
         plugins.TRAIN_GROUP,
+        plugins.SPINE_GROUP,
         code_models.MODEL_GROUP,
+        strategies.STRATEGY_GROUP,
     }
     eps = [EntryPoint(n, v, g) for g, group in declared.items() for n, v in group.items()]
     for ep in eps:
         assert ep.value.startswith(f"{EXPERIMENTS}."), ep
-        assert callable(ep.load()), ep
+        loaded = ep.load()
+        # a strategy entry point names a module, which registers its strategies on import
+        assert callable(loaded) or ep.group == strategies.STRATEGY_GROUP, ep
 
     def declared_entry_points(group: str) -> list[EntryPoint]:
         return [ep for ep in eps if ep.group == group]
 
     monkeypatch.setattr(plugins, "entry_points", declared_entry_points)
+    monkeypatch.setattr(strategies, "entry_points", declared_entry_points)
     monkeypatch.setattr("importlib.metadata.entry_points", declared_entry_points)
     assert set(declared[plugins.VERB_GROUP]).isdisjoint(VERBS)
     parser = build_parser()
@@ -186,7 +192,10 @@ def test_the_experiments_register_through_the_declared_entry_points(
         ("collages", "-o", "x"): "sparsemm_experiments.cli.collages",
         ("train", "vdr", "c", "-o", "x"): "sparsemm_experiments.cli.train_vdr",
         ("train", "lexlip", "c", "-o", "x"): "sparsemm_experiments.cli.train_lexlip",
+        ("train", "align", "c", "-o", "x"): "sparsemm_experiments.cli.train_align",
         ("train", "sr", "c", "-o", "x"): "sparsemm.cli.train",
+        ("spine", "eval", "r"): "sparsemm_experiments.cli.spine_eval",
+        ("spine", "inspect", "r", "--dim", "0"): "sparsemm.cli.spine",
     }
     for argv, module in runs.items():
         assert parser.parse_args(list(argv)).func.__module__ == module, argv
@@ -194,6 +203,8 @@ def test_the_experiments_register_through_the_declared_entry_points(
     assert types["vdr"].__module__ == "sparsemm_experiments.code_models"
     assert {"sr", "imagenet_concepts", "clip_concepts"} <= set(types)
     assert "vdr" not in code_models.MODEL_TYPES
+    strategies.load_entry_points()
+    assert strategies.get_spec("cbe").cls.__module__ == "sparsemm_experiments.baselines.cbe"
 
 
 def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
@@ -430,7 +441,7 @@ def test_the_layer_check_sees_every_kind_of_import(tmp_path: Path) -> None:
         "def g():\n"
         "    import sparsemm.train.loop\n"
         "    from ..query import parse\n"
-        "    from sparsemm import __version__, eval\n"
+        "    from sparsemm import __version__, web\n"
         "    importlib.import_module('sparsemm.index.inverted')\n"
     )
     module = "sparsemm.words.fake"
@@ -441,12 +452,12 @@ def test_the_layer_check_sees_every_kind_of_import(tmp_path: Path) -> None:
         (7, "models"),
         (9, "train"),
         (10, "query"),
-        (11, "eval"),
         (11, ROOT),
+        (11, "web"),
         (12, "index"),  # beside words, in the same layer: not allowed either
     ]
     assert [b.split(": ", 1)[1] for b in upward_imports({module: f})] == [
-        f"words imports {t}" for t in ("models", "train", "query", ROOT, "eval", "index")
+        f"words imports {t}" for t in ("models", "train", "query", ROOT, "web", "index")
     ]
 
 

@@ -27,15 +27,15 @@ from sparsemm.data.encode import encode_source
 from sparsemm.encoders.base import get_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.io import read_json, write_json
-from sparsemm.models.lit import AlignConfig, AlignedTextEncoder, LinearAligner
 from sparsemm.models.sr import SRConfig, SRModel
 from sparsemm.runtime import torch_threads
-from sparsemm.train.detectors import ensure_model_detectors
-from sparsemm.train.lit import train_aligner
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 from sparsemm_experiments.data.fashion import build_collages
 from sparsemm_experiments.eval.exclusion import git_commit
+from sparsemm_experiments.models.lit import AlignConfig, AlignedTextEncoder, LinearAligner
 from sparsemm_experiments.sr_coco import ProxyRunConfig, prepare_spine, save_with_record
+from sparsemm_experiments.train.detectors import ensure_model_detectors
+from sparsemm_experiments.train.lit import train_aligner
 
 log = logging.getLogger(__name__)
 

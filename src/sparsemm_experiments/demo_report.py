@@ -21,9 +21,9 @@ import numpy as np
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.query.hits import Hit
-from sparsemm.query.naming import dimension_word_scores
 from sparsemm.query.parse import parse_query
 from sparsemm.query.searcher import Searcher
+from sparsemm_experiments.naming import dimension_word_scores
 
 log = logging.getLogger(__name__)
 

@@ -136,7 +136,7 @@ def _fmt(v: float | None, whole: bool) -> str:
 def comparison_table(rows: Sequence[Comparison]) -> str:
     """The comparison as a Markdown table: metric, expected (± tolerance), got, ok. A count
     (a whole number expected exactly) is printed as one."""
-    from sparsemm.eval.tables import md_table
+    from sparsemm_experiments.eval.tables import md_table
 
     body = []
     for r in rows:

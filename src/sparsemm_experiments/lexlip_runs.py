@@ -56,8 +56,6 @@ from sparsemm.data.collection import Collection, write_collection
 from sparsemm.data.encode import caption_views
 from sparsemm.encoders.base import l2_normalize
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.metrics import evaluate_rankings
-from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, jsonable, write_json
 from sparsemm.linalg import normalize_rows
 from sparsemm.query.strategies import TERM_TEMPLATE, get_spec
@@ -74,7 +72,9 @@ from sparsemm_experiments.eval.exclusion import (
     significance,
     summarize,
 )
+from sparsemm_experiments.eval.metrics import evaluate_rankings
 from sparsemm_experiments.eval.retrieval import recall_at_ks, target_ranks, top_k_rows
+from sparsemm_experiments.eval.tables import md_table
 from sparsemm_experiments.models.lexlip import LexLIPConfig, LexLIPModel, expected_flops
 from sparsemm_experiments.presets import load_preset
 from sparsemm_experiments.train.lexlip import (

@@ -36,12 +36,11 @@ import scipy.sparse as sp
 
 from sparsemm.data.collection import Collection, open_collection, sha256_file
 from sparsemm.data.encode import encode_source
-from sparsemm.data.paths import coco_json
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, read_json, write_json
 from sparsemm.query.strategies import QueryCoder, sr_query_coder
 from sparsemm.runtime import torch_threads
+from sparsemm_experiments.data.paths import coco_json
 from sparsemm_experiments.eval.bench import (
     METRICS,
     BenchConfig,
@@ -55,6 +54,7 @@ from sparsemm_experiments.eval.exclusion import (
     read_per_query,
     write_report,
 )
+from sparsemm_experiments.eval.tables import md_table
 from sparsemm_experiments.presets import load_preset
 from sparsemm_experiments.sr_coco import ProxyRunConfig, prepare_spine
 
@@ -245,12 +245,8 @@ def _splice_codes(
     cfg: PaperBenchConfig,
     progress: bool,
 ) -> tuple[sp.csr_matrix, QueryCoder, str, dict[str, Any]]:
-    from sparsemm.baselines.splice import (
-        SpliceDecomposer,
-        embed_concepts,
-        load_concepts,
-        splice_query_coder,
-    )
+    from sparsemm.baselines.splice import SpliceDecomposer, load_concepts
+    from sparsemm_experiments.baselines.splice import embed_concepts, splice_query_coder
 
     concepts = load_concepts(concepts_file, cfg.splice_concepts)
     with torch_threads(1):

@@ -40,15 +40,9 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from sparsemm.baselines.splice import (
-    SpliceDecomposer,
-    embed_concepts,
-    load_concepts,
-    splice_query_coder,
-)
+from sparsemm.baselines.splice import SpliceDecomposer, load_concepts
 from sparsemm.data.collection import Collection, open_collection
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, save_csr, write_json
 from sparsemm.query.strategies import (
     ExclusionContext,
@@ -56,8 +50,16 @@ from sparsemm.query.strategies import (
     TextEncoder,
     get_spec,
 )
+from sparsemm_experiments.baselines.splice import (
+    embed_concepts,
+    reconstruction_cosine,
+    save_decomposer,
+    splice_query_coder,
+    top_concepts,
+)
 from sparsemm_experiments.eval.bench import BenchConfig, evaluate_strategy, run_exclusion_bench
 from sparsemm_experiments.eval.exclusion import build_exclusion_queries, hard_mask, query_matrices
+from sparsemm_experiments.eval.tables import md_table
 
 logger = logging.getLogger(__name__)
 
@@ -199,7 +201,7 @@ def sweep_l1(
             "nnz": float(codes.getnnz() / max(codes.shape[0], 1)),
             "solve_seconds_per_1000": round(1000.0 * solve_s / max(len(rows), 1), 3),
             "solve_cpu_seconds_per_1000": round(1000.0 * solve_cpu / max(len(rows), 1), 3),
-            **decomposer.reconstruction_cosine(dense, codes, "image"),
+            **reconstruction_cosine(decomposer, dense, codes, "image"),
         }
         code_a = evaluate_strategy(ctx, "code_a", {}, queries, matrices, config.k, wanted)
         row["code_a_ap@10"] = float(code_a["ap@10"].mean())
@@ -270,7 +272,7 @@ def _explanations(
                 "id": str(item["id"]),
                 "caption": str(caps[0]) if caps else "",
                 "labels": list(item.get("labels") or []),
-                "top_concepts": [[c, round(w, 4)] for c, w in dec.top_concepts(codes, int(r), n)],
+                "top_concepts": [[c, round(w, 4)] for c, w in top_concepts(dec, codes, int(r), n)],
             }
         )
     return out
@@ -409,7 +411,7 @@ def run_splice_bench(
     codes = dec.transform(dense_all, "image")
     solve_s, solve_cpu = time.perf_counter() - t0, time.process_time() - c0
     save_csr(out / "codes.npz", codes)
-    dec.save_pretrained(out / "splice_model")
+    save_decomposer(dec, out / "splice_model")
 
     test_rows = np.flatnonzero(col.split_mask(cfg.split))
     info: dict[str, Any] = {
@@ -430,8 +432,8 @@ def run_splice_bench(
         "concept_embedding_seconds": round(embed_s, 2),
         **{
             f"test_{k}": v
-            for k, v in dec.reconstruction_cosine(
-                dense_all[test_rows], codes[test_rows], "image"
+            for k, v in reconstruction_cosine(
+                dec, dense_all[test_rows], codes[test_rows], "image"
             ).items()
         },
         "sweep": sweep,

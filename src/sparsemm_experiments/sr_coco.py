@@ -20,22 +20,22 @@ import scipy.sparse as sp
 
 from sparsemm.data.collection import Collection
 from sparsemm.data.encode import encode_source
-from sparsemm.data.paths import coco_json
 from sparsemm.encoders.base import Encoder
-from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.base import PretrainedMixin, encoder_record
 from sparsemm.models.sr import SRConfig, SRModel
 from sparsemm.runtime import torch_threads
-from sparsemm.train.detectors import ensure_model_detectors
 from sparsemm.train.spine import train_caption_spine
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 from sparsemm.words.bias import sentence_bias
 from sparsemm.words.evaluate import top_words
 from sparsemm.words.spine import SparseWordVectors
 from sparsemm.words.vectors import WordVectors
+from sparsemm_experiments.data.paths import coco_json
 from sparsemm_experiments.eval.exclusion import git_commit
 from sparsemm_experiments.eval.retrieval import recall_at_ks, target_ranks
+from sparsemm_experiments.eval.tables import md_table
+from sparsemm_experiments.train.detectors import ensure_model_detectors
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,6 @@ import torch
 
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.tables import md_table
 from sparsemm.index import InvertedIndex
 from sparsemm.io import (
     atomic_open,
@@ -64,6 +63,7 @@ from sparsemm.runtime import torch_threads
 from sparsemm.train.checkpoint import has_checkpoint
 from sparsemm_experiments.eval.bench import BenchConfig, run_exclusion_bench
 from sparsemm_experiments.eval.exclusion import git_commit
+from sparsemm_experiments.eval.tables import md_table
 from sparsemm_experiments.models.vdr import VDRModel, explain_pair, fast_bf16_available, resparsify
 from sparsemm_experiments.presets import load_preset
 from sparsemm_experiments.train.vdr import (

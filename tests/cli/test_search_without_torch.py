@@ -100,8 +100,8 @@ def _sr_collection(tmp_path: Path) -> Path:
     beside it and a linear aligner, indexed: what `sparsemm train` + `index` give."""
     import sparsemm
     from sparsemm.data.collection import write_collection
-    from sparsemm.models.lit import AlignConfig, LinearAligner
     from sparsemm.models.sr import SRConfig, SRModel
+    from sparsemm_experiments.models.lit import AlignConfig, LinearAligner
 
     d, rng = 32, np.random.default_rng(0)
     words = ["dog", "cat", "car", "bus", "person"]

@@ -677,7 +677,7 @@ def test_an_edited_model_config_is_refused_until_up_runs_again(
     assert _up(photos, out, capsys)[0] == 0
     config = out / "model" / "config.json"
     original = json.loads(config.read_text())
-    from sparsemm.models.concepts import PHOTO_DEFAULTS
+    from sparsemm.models.imagenet_concepts import PHOTO_DEFAULTS
 
     assert original["presence_bias"] == PHOTO_DEFAULTS["presence_bias"]
     config.write_text(json.dumps({**original, "presence_bias": 6}))

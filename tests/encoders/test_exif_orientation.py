@@ -116,7 +116,8 @@ def test_embeddings_and_evidence_of_a_tagged_copy_equal_the_upright_ones(
 ) -> None:
     from sparsemm.encoders.base import get_encoder
     from sparsemm.encoders.efficientnet_lite import default_weights_path, load_state_dict
-    from sparsemm.models.concepts import EvidenceReader, ImageNetConceptModel
+    from sparsemm.models.concept_evidence import EvidenceReader
+    from sparsemm.models.concepts import ImageNetConceptModel
 
     up, t6, t8 = photo_pair
     enc = get_encoder("efficientnet")
@@ -153,13 +154,13 @@ def test_embeddings_and_evidence_of_a_tagged_copy_equal_the_upright_ones(
 
 
 def test_evidence_recorded_without_the_orientation_mark_is_read_again(tmp_path: Path) -> None:
-    from sparsemm.models.concepts import read_evidence
+    from sparsemm.models.concept_evidence import read_evidence
 
     new_source = {"classifier": "x", "orientation": "exif"}
     old_source = {"classifier": "x"}
     (tmp_path / "concepts").mkdir()
     from sparsemm.io import write_json
-    from sparsemm.models.concepts import (
+    from sparsemm.models.concept_evidence import (
         EVIDENCE_FILE,
         EVIDENCE_FORMAT,
         NORMS_DIR,

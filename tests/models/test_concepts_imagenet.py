@@ -22,14 +22,9 @@ from sparsemm.data.collection import open_collection
 from sparsemm.data.sync import read_photos, sync_folder
 from sparsemm.encoders.base import get_encoder
 from sparsemm.encoders.efficientnet_lite import default_weights_path, load_state_dict
-from sparsemm.models.concepts import (
-    NORMS_DIR,
-    ImageNetConceptModel,
-    imagenet_class_texts,
-    pooled_features,
-    record_norms,
-    top_k_rows,
-)
+from sparsemm.models.concept_evidence import NORMS_DIR, pooled_features, record_norms
+from sparsemm.models.concepts import ImageNetConceptModel, top_k_rows
+from sparsemm.models.imagenet_concepts import imagenet_class_texts
 from sparsemm.pipeline.up import minilm_info
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

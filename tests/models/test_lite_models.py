@@ -16,10 +16,10 @@ import torch
 
 from sparsemm.errors import SparsemmError
 from sparsemm.models.base import WEIGHTS_FILE
-from sparsemm.models.lit import AlignConfig, LinearAligner
 from sparsemm.models.lit_lite import AlignerLite
 from sparsemm.models.sr import SRConfig, SRModel
 from sparsemm.models.sr_lite import SRLite, topk_rows
+from sparsemm_experiments.models.lit import AlignConfig, LinearAligner
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -12,16 +12,17 @@ import pytest
 pytest.importorskip("torch")
 
 from sparsemm.errors import SparsemmError
-from sparsemm.models.concepts import (
-    CONCEPTS_VERSION,
-    FACE_UNIT_NAME,
-    ImageNetConceptModel,
+from sparsemm.models.concept_evidence import (
     PhotoEvidence,
-    class_texts_to_embed,
     evidence_entry_digest,
-    packaged_class_texts,
     photo_evidence,
     read_evidence,
+)
+from sparsemm.models.concepts import FACE_UNIT_NAME, ImageNetConceptModel
+from sparsemm.models.imagenet_concepts import (
+    CONCEPTS_VERSION,
+    class_texts_to_embed,
+    packaged_class_texts,
     with_photo_defaults,
 )
 
@@ -216,7 +217,8 @@ def test_region_codes_sit_after_the_face_unit() -> None:
 
 @pytest.mark.parametrize("size", [(1732, 1155), (600, 800), (500, 500), (4000, 500), (40, 30)])
 def test_tiles_cover_the_photo_inside_its_bounds(size: tuple[int, int]) -> None:
-    from sparsemm.models.concepts import ConceptConfig, tile_boxes
+    from sparsemm.models.concept_evidence import tile_boxes
+    from sparsemm.models.concepts import ConceptConfig
 
     cfg = ConceptConfig(class_synonyms=("a",), regions=True)
     boxes = tile_boxes(size, cfg)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from sparsemm.query.naming import concept_names, label_precision, template_terms, top_share_names
+from sparsemm.query.naming import template_terms, top_share_names
 from sparsemm.text import CaptionIndex
 
 # 8 items; every caption shares the template "a grid of photos"; dim 0 = dogs, dim 1 = cats,
@@ -43,23 +43,6 @@ TERMS = ["dog", "cat", "ball", "grid", "photo", "hot dog"]
 def test_template_words_never_name_a_dimension() -> None:
     idx = CaptionIndex(CAPTIONS, LABELS)
     assert template_terms(idx, TERMS, 0.4) == {"grid", "photo"}
-    for names in (
-        top_share_names(CODES, idx, TERMS, k=3, min_df=1),
-        concept_names(CODES, idx, TERMS, min_df=1),
-    ):
-        assert names[0][0] == "dog" and names[1][0] == "cat" and names[2] == []
-        assert not {"grid", "photo"} & {w for n in names for w in n}
-
-
-def test_label_precision_by_hand() -> None:
-    """dim 0's top 3 items are 0, 1, 2 (all mention 'dog'); top 5 adds 6 (a hot dog:
-    captions say 'hot dog', whose tokens hold 'dog', so it counts) and 4 (cat, ball: no).
-    dim 1's top 3 are 3, 4, 5 (all cats), top 5 adds 2 (dog, no). dim 2 is unused."""
-    idx = CaptionIndex(CAPTIONS, LABELS)
-    names = [["dog"], ["cat"], ["ball"]]
-    assert label_precision(CODES, idx, names, k=3) == (1.0, 1.0)
-    prec, cov = label_precision(CODES, idx, names, k=5)
-    assert np.isclose(prec, (4 / 5 + 3 / 4) / 2) and cov == 1.0  # dim 1 has 4 active items
-    # an unnamed used dim scores 0 and lowers coverage
-    prec, cov = label_precision(CODES, idx, [["ball"], [], []], k=3)
-    assert np.isclose(prec, (1 / 3 + 0.0) / 2) and cov == 0.5
+    names = top_share_names(CODES, idx, TERMS, k=3, min_df=1)
+    assert names[0][0] == "dog" and names[1][0] == "cat" and names[2] == []
+    assert not {"grid", "photo"} & {w for n in names for w in n}

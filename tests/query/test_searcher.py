@@ -14,7 +14,6 @@ from sparsemm.encoders.base import register_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.models.sr import SRModel
 from sparsemm.query.indexing import build_index
-from sparsemm.query.naming import dimension_labels
 from sparsemm.query.searcher import Searcher
 
 WORDS = ("dog", "cat", "pizza", "car", "tree", "ball")
@@ -98,15 +97,6 @@ def test_bad_input(searcher: Searcher, tmp_path: Path) -> None:
         searcher.search("   ")
     with pytest.raises(SparsemmError, match="no index"):
         Searcher(_collection(tmp_path / "other"))
-
-
-def test_dimension_labels_lift() -> None:
-    import scipy.sparse as sp
-
-    codes = sp.csr_matrix(np.array([[1, 0], [1, 0], [0, 1], [0, 1], [0, 1]], np.float32))
-    caps = [["a dog"], ["dog park"], ["a cat"], ["cat sofa"], ["cat"]]
-    labels = dimension_labels(codes, caps, top=2, min_df=1)
-    assert labels[0][0] == "dog" and labels[1][0] == "cat"
 
 
 def test_cli_index_and_search(tmp_path: Path, capsys) -> None:

@@ -74,7 +74,7 @@ def test_a_live_segment_cut_short_is_noticed_before_a_mapped_read(index_root: Pa
 def test_malformed_dimension_labels_are_refused(toy_root: Path, tmp_path: Path) -> None:
     col = tmp_path / "col"
     shutil.copytree(toy_root / "col", col)
-    from sparsemm.index.inverted import meta_digest
+    from sparsemm.index.manifest import meta_digest
 
     def bad_labels(m: dict) -> None:
         m["meta"]["labels"] = {"data": "oops", "spine": []}
@@ -93,7 +93,7 @@ def test_the_server_reloads_on_any_commit_and_health_says_when_searches_fail(
     from fastapi.testclient import TestClient
     from webtoy import WebKeywordEncoder
 
-    from sparsemm.index.inverted import meta_digest
+    from sparsemm.index.manifest import meta_digest
     from sparsemm.web.app import create_app
 
     col = tmp_path / "col"

@@ -17,7 +17,7 @@ import test_bad_images  # noqa: F401  (registers the "relpix" pixel encoder)
 from test_bad_images import png_bytes
 from webtoy import make_collection, make_sr
 
-from sparsemm.index.inverted import meta_digest
+from sparsemm.index.manifest import meta_digest
 from sparsemm.query.indexing import build_index
 
 # ------------------------------------------------------------------- text encodings, loops

@@ -251,6 +251,37 @@ def test_warm_app_builds_the_served_paths_memory(web_collection: Path) -> None:
             assert c.get("/api/search", params={"q": "dog but not cat"}).status_code == 200
 
 
+def test_warm_app_runs_one_search_before_the_first_request(
+    web_collection: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``warm`` searches once through the default path, so the first request finds the text
+    encoder and the scorer's readings loaded; a model that cannot read the warm query still
+    gets its server."""
+    from sparsemm.web import app as app_module
+
+    searched: list[str] = []
+    real = Searcher.search
+
+    def recording(self: Searcher, query: object, *a: object, **kw: object) -> object:
+        searched.append(str(query))
+        return real(self, query, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Searcher, "search", recording)
+    create_app(searcher=Searcher(web_collection, encoder=WebKeywordEncoder()), warm=True)
+    assert searched == [app_module.WARM_QUERY]
+    searched.clear()
+    create_app(searcher=Searcher(web_collection, encoder=WebKeywordEncoder()), warm=False)
+    assert searched == []
+
+    def refusing(self: Searcher, query: object, *a: object, **kw: object) -> object:
+        raise SparsemmError("'person' is not something this model can see")
+
+    monkeypatch.setattr(Searcher, "search", refusing)
+    app = create_app(searcher=Searcher(web_collection, encoder=WebKeywordEncoder()), warm=True)
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        assert c.get("/api/health").status_code == 200
+
+
 def test_create_app_needs_an_index(tmp_path: Path) -> None:
     col = make_collection(tmp_path)
     with pytest.raises(SparsemmError, match="no index"):

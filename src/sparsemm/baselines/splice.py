@@ -26,13 +26,15 @@ nearly fills it. ``method="admm"`` is ADMM on the full dictionary (Boyd et al. 2
 and a cached Cholesky factor of the ``(k, k)`` matrix ``rho I + C^T C``, ``rho`` adapted by
 residual balancing. Both are checked against scikit-learn's ``Lasso(positive=True)`` with
 ``alpha = lam / k`` (its objective is ``1/(2k) ||z - C^T w||^2 + alpha ||w||_1``).
+
+The CLIP/SigLIP concept model (:mod:`sparsemm.models.clip_concepts`) codes items with
+:class:`SpliceDecomposer`. The research runs' concept-embedding cache, query coder,
+code inspection and persistence are in :mod:`sparsemm_experiments.baselines.splice`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -45,12 +47,10 @@ import scipy.sparse as sp
 from tqdm.auto import tqdm
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import atomic_open, load_npy, read_json, save_npy, write_json
 from sparsemm.linalg import normalize_rows
 
 logger = logging.getLogger(__name__)
 
-MODEL_TYPE = "splice"
 # One k-dim product per atom and target dominates the KKT check; this many targets at once
 # keeps the (batch, n_atoms) float32 correlation block near 10 MB for 10k concepts.
 DEFAULT_BATCH = 256
@@ -85,7 +85,7 @@ def _dense(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def _check_matrix(x: np.ndarray, dim: int | None, what: str) -> np.ndarray:
+def check_matrix(x: np.ndarray, dim: int | None, what: str) -> np.ndarray:
     x = np.asarray(x)
     if x.ndim != 2:
         raise SparsemmError(f"{what}: expected a 2-D (n, d) array, got shape {x.shape}")
@@ -100,15 +100,6 @@ def _check_matrix(x: np.ndarray, dim: int | None, what: str) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------- solvers
-
-
-def lasso_objective(
-    D: np.ndarray, Z: np.ndarray, W: np.ndarray | sp.spmatrix, lam: float
-) -> np.ndarray:
-    """(n,) values of ``0.5 ||z_i - w_i D||^2 + lam ||w_i||_1`` (D (a, k), Z (n, k), W (n, a))."""
-    Wd = _dense(W).astype(np.float64)
-    r = np.asarray(Z, dtype=np.float64) - Wd @ np.asarray(D, dtype=np.float64)
-    return 0.5 * (r * r).sum(axis=1) + lam * np.abs(Wd).sum(axis=1)
 
 
 def _face_minimiser(G: np.ndarray, c: np.ndarray, P: np.ndarray) -> np.ndarray:
@@ -411,8 +402,8 @@ def nonneg_lasso(
     """
     if lam < 0:
         raise SparsemmError(f"the l1 penalty must be >= 0, got {lam}")
-    D = np.ascontiguousarray(_check_matrix(D, None, "dictionary"), dtype=np.float32)
-    Z = np.ascontiguousarray(_check_matrix(Z, D.shape[1], "targets"), dtype=np.float32)
+    D = np.ascontiguousarray(check_matrix(D, None, "dictionary"), dtype=np.float32)
+    Z = np.ascontiguousarray(check_matrix(Z, D.shape[1], "targets"), dtype=np.float32)
     if method not in ("cd", "admm"):
         raise SparsemmError(f"unknown non-negative lasso method {method!r}; use 'cd' or 'admm'")
     D64 = D.astype(np.float64) if method == "cd" else D
@@ -476,53 +467,6 @@ def load_concepts(path: str | Path, n: int | None = 10000) -> list[str]:
     return out
 
 
-def concept_fingerprint(concepts: Sequence[str], encoder_id: str, template: str) -> str:
-    """Stable short hash of (encoder, template, concept list) naming an embedding cache."""
-    h = hashlib.sha256()
-    h.update(json.dumps([encoder_id, template, list(concepts)]).encode("utf-8"))
-    return h.hexdigest()[:16]
-
-
-def embed_concepts(
-    concepts: Sequence[str],
-    encoder: Any,
-    cache_dir: str | Path | None = None,
-    template: str = "{}",
-    batch_size: int = 256,
-    progress: bool = False,
-) -> np.ndarray:
-    """(n_concepts, k) unit-length text embeddings of ``template.format(concept)``.
-
-    With ``cache_dir`` the array is stored as ``concepts-<fingerprint>.npy`` (fingerprint of
-    the encoder name and model, the template and the concept list) and reloaded next time.
-    """
-    if "{}" not in template:
-        raise SparsemmError(f"the concept template must contain '{{}}', got {template!r}")
-    enc_id = (
-        f"{getattr(encoder, 'name', type(encoder).__name__)}:{getattr(encoder, 'model_id', '')}"
-    )
-    path = None
-    if cache_dir is not None:
-        fp = concept_fingerprint(concepts, enc_id, template)
-        path = Path(cache_dir) / f"concepts-{fp}.npy"
-        if path.is_file():
-            emb = load_npy(path)
-            if emb.shape[0] == len(concepts):
-                logger.info("concept embeddings from cache %s", path)
-                return emb.astype(np.float32)
-    t0 = time.perf_counter()
-    texts = [template.format(c) for c in concepts]
-    emb = np.asarray(
-        encoder.encode_text(texts, batch_size=batch_size, normalize=True, progress=progress),
-        dtype=np.float32,
-    )
-    emb = normalize_rows(_check_matrix(emb, None, "concept embeddings"))
-    logger.info("embedded %d concepts in %.1f s", len(concepts), time.perf_counter() - t0)
-    if path is not None:
-        save_npy(path, emb)
-    return emb
-
-
 # ------------------------------------------------------------------------- decomposer
 
 
@@ -567,14 +511,14 @@ class SpliceDecomposer:
         text_embeddings: np.ndarray | None = None,
     ) -> SpliceDecomposer:
         """Compute the means and the centred dictionary; returns self."""
-        cemb = _check_matrix(concept_embeddings, None, "concept embeddings")
+        cemb = check_matrix(concept_embeddings, None, "concept embeddings")
         if cemb.shape[0] != len(self.concepts):
             raise SparsemmError(
                 f"{cemb.shape[0]} concept embeddings for {len(self.concepts)} concepts; embed "
                 "exactly the concept list the decomposer was built with"
             )
         k = cemb.shape[1]
-        img = normalize_rows(_check_matrix(image_embeddings, k, "image embeddings"))
+        img = normalize_rows(check_matrix(image_embeddings, k, "image embeddings"))
         if not len(img):
             raise SparsemmError("fit needs at least one image embedding for the image mean")
         c = normalize_rows(cemb)
@@ -583,7 +527,7 @@ class SpliceDecomposer:
         self.image_mean_ = img.mean(axis=0)
         self.image_scale_ = float(np.linalg.norm(img - self.image_mean_, axis=1).mean())
         if text_embeddings is not None and len(text_embeddings):
-            txt = normalize_rows(_check_matrix(text_embeddings, k, "text embeddings"))
+            txt = normalize_rows(check_matrix(text_embeddings, k, "text embeddings"))
             self.text_mean_ = txt.mean(axis=0)
             self.text_scale_ = float(np.linalg.norm(txt - self.text_mean_, axis=1).mean())
         else:
@@ -591,18 +535,18 @@ class SpliceDecomposer:
             self.text_scale_ = self.image_scale_
         return self
 
-    def _require_fitted(self) -> None:
+    def require_fitted(self) -> None:
         if not hasattr(self, "dictionary_"):
             raise SparsemmError("the SpLiCE decomposer is not fitted; call fit() first")
 
     @property
     def dim(self) -> int:
         """Input embedding dimension k."""
-        self._require_fitted()
+        self.require_fitted()
         return int(self.dictionary_.shape[1])
 
     def _mean(self, modality: str) -> tuple[np.ndarray, float]:
-        self._require_fitted()
+        self.require_fitted()
         if modality == "image":
             return self.image_mean_, self.image_scale_
         if modality == "text":
@@ -613,14 +557,14 @@ class SpliceDecomposer:
     def center(self, embeddings: np.ndarray, modality: str = "image") -> np.ndarray:
         """(n, k) SpLiCE targets: normalize(normalize(x) - mean of the modality)."""
         mean, _ = self._mean(modality)
-        x = normalize_rows(_check_matrix(embeddings, self.dim, f"{modality} embeddings"))
+        x = normalize_rows(check_matrix(embeddings, self.dim, f"{modality} embeddings"))
         return normalize_rows(x - mean)
 
     def transform(
         self, embeddings: np.ndarray, modality: str = "image", l1_penalty: float | None = None
     ) -> sp.csr_matrix:
         """(n, k) embeddings -> csr (n, n_concepts) non-negative sparse concept weights."""
-        self._require_fitted()
+        self.require_fitted()
         lam = self.l1_penalty if l1_penalty is None else float(l1_penalty)
         return nonneg_lasso(
             self.dictionary_,
@@ -634,11 +578,6 @@ class SpliceDecomposer:
             progress=self.progress,
         )
 
-    def fit_transform(
-        self, image_embeddings: np.ndarray, concept_embeddings: np.ndarray
-    ) -> sp.csr_matrix:
-        return self.fit(image_embeddings, concept_embeddings).transform(image_embeddings)
-
     def recompose(self, codes: sp.csr_matrix | np.ndarray, modality: str = "image") -> np.ndarray:
         """(n, k) unit embeddings rebuilt from codes: normalize(s * w C + mean).
 
@@ -647,118 +586,3 @@ class SpliceDecomposer:
         mean, scale = self._mean(modality)
         w = _dense(codes)
         return normalize_rows(scale * (w @ self.dictionary_) + mean)
-
-    def reconstruction_cosine(
-        self, embeddings: np.ndarray, codes: sp.csr_matrix, modality: str = "image"
-    ) -> dict[str, float]:
-        """Mean cosine of targets with their reconstructions, centred and uncentred."""
-        z = self.center(embeddings, modality)
-        zc = normalize_rows(np.asarray(codes @ self.dictionary_))
-        x = normalize_rows(embeddings)
-        xr = self.recompose(codes, modality)
-        return {
-            "cosine_centered": float((z * zc).sum(axis=1).mean()),
-            "cosine": float((x * xr).sum(axis=1).mean()),
-        }
-
-    def top_concepts(
-        self, codes: sp.csr_matrix, row: int = 0, n: int = 10
-    ) -> list[tuple[str, float]]:
-        """The ``n`` heaviest (concept, weight) pairs of one code row, heaviest first."""
-        codes = sp.csr_matrix(codes)
-        if not 0 <= row < codes.shape[0]:
-            raise SparsemmError(f"row {row} out of range for {codes.shape[0]} codes")
-        if codes.shape[1] != len(self.concepts):
-            raise SparsemmError(
-                f"codes have {codes.shape[1]} dims but the decomposer {len(self.concepts)} concepts"
-            )
-        lo, hi = codes.indptr[row], codes.indptr[row + 1]
-        idx, val = codes.indices[lo:hi], codes.data[lo:hi]
-        order = np.argsort(-val, kind="stable")[:n]
-        return [(self.concepts[int(idx[i])], float(val[i])) for i in order]
-
-    def explain(
-        self, embeddings: np.ndarray, n: int = 10, modality: str = "image"
-    ) -> list[list[tuple[str, float]]]:
-        """Top concepts of each embedding's code (decomposes ``embeddings`` first)."""
-        codes = self.transform(embeddings, modality)
-        return [self.top_concepts(codes, i, n) for i in range(codes.shape[0])]
-
-    # -- persistence -----------------------------------------------------------------------
-    def config(self) -> dict[str, Any]:
-        return {
-            "model_type": MODEL_TYPE,
-            "l1_penalty": self.l1_penalty,
-            "solver": self.solver,
-            "tol": self.tol,
-            "max_iter": self.max_iter,
-            "working_set": self.working_set,
-            "batch_size": self.batch_size,
-            "image_scale": getattr(self, "image_scale_", None),
-            "text_scale": getattr(self, "text_scale_", None),
-        }
-
-    def save_pretrained(self, out_dir: str | Path) -> Path:
-        """Write ``config.json``, ``concepts.json`` and ``model.safetensors`` (no pickle)."""
-        from safetensors.numpy import save as save_bytes
-
-        self._require_fitted()
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        tensors = {
-            "dictionary": np.ascontiguousarray(self.dictionary_, dtype=np.float32),
-            "concept_mean": np.ascontiguousarray(self.concept_mean_, dtype=np.float32),
-            "image_mean": np.ascontiguousarray(self.image_mean_, dtype=np.float32),
-            "text_mean": np.ascontiguousarray(self.text_mean_, dtype=np.float32),
-        }
-        with atomic_open(out / "model.safetensors", "wb") as fh:
-            fh.write(save_bytes(tensors, metadata={"model_type": MODEL_TYPE}))
-        write_json(out / "concepts.json", self.concepts)
-        write_json(out / "config.json", self.config())
-        return out
-
-    @classmethod
-    def from_pretrained(cls, model_dir: str | Path, progress: bool = False) -> SpliceDecomposer:
-        from safetensors import SafetensorError
-        from safetensors.numpy import load_file
-
-        d = Path(model_dir)
-        files = ("config.json", "concepts.json", "model.safetensors")
-        if not all((d / f).is_file() for f in files):
-            raise SparsemmError(f"{d} is not a saved SpLiCE decomposer (needs {', '.join(files)})")
-        cfg = read_json(d / "config.json")
-        if cfg.get("model_type") != MODEL_TYPE:
-            raise SparsemmError(f"{d} holds a {cfg.get('model_type')!r} model, not 'splice'")
-        try:
-            t = load_file(str(d / "model.safetensors"))
-        except (OSError, ValueError, SafetensorError) as exc:
-            raise SparsemmError(f"{d}/model.safetensors is corrupt ({exc}); re-create it") from exc
-        concepts = read_json(d / "concepts.json")
-        if t["dictionary"].shape[0] != len(concepts):
-            raise SparsemmError(f"{d}: concepts.json does not match the dictionary; re-create it")
-        obj = cls(
-            concepts,
-            l1_penalty=cfg["l1_penalty"],
-            solver=cfg["solver"],
-            tol=cfg["tol"],
-            max_iter=cfg["max_iter"],
-            working_set=cfg["working_set"],
-            batch_size=cfg["batch_size"],
-            progress=progress,
-        )
-        obj.dictionary_ = t["dictionary"]
-        obj.concept_mean_ = t["concept_mean"]
-        obj.image_mean_ = t["image_mean"]
-        obj.text_mean_ = t["text_mean"]
-        obj.image_scale_ = float(cfg["image_scale"])
-        obj.text_scale_ = float(cfg["text_scale"])
-        return obj
-
-
-def splice_query_coder(decomposer: SpliceDecomposer, modality: str = "text") -> Any:
-    """A :data:`sparsemm.query.strategies.QueryCoder`: query embeddings -> SpLiCE codes."""
-
-    def code(emb: np.ndarray, texts: Sequence[str]) -> sp.csr_matrix:
-        return decomposer.transform(emb, modality)
-
-    return code

@@ -5,10 +5,11 @@ A package adds a verb to ``sparsemm`` with an entry point in the ``sparsemm.verb
 (``name = "module:register"``, called with the verb subparsers) or a benchmark to
 ``sparsemm bench`` in the ``sparsemm.bench`` group (called with the bench subparsers) or a
 model to ``sparsemm train`` in the ``sparsemm.train`` group (called with the model
-subparsers). The wheel's own ``sparsemm_experiments`` registers ``demo``, ``bench``,
-``export``, ``collages``, ``bench paper|vdr|lexlip`` and ``train vdr|lexlip`` this way
-(see pyproject.toml). Loading one imports only its small CLI module; the work is
-imported when the command runs.
+subparsers) or a sub-command to ``sparsemm spine`` in the ``sparsemm.spine`` group (called
+with the spine subparsers). The wheel's own ``sparsemm_experiments`` registers ``demo``,
+``bench``, ``export``, ``collages``, ``bench paper|vdr|lexlip``, ``train align|vdr|lexlip`` and
+``spine eval`` this way (see pyproject.toml). Loading one imports only its small CLI
+module; the work is imported when the command runs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 VERB_GROUP = "sparsemm.verbs"
 BENCH_GROUP = "sparsemm.bench"
 TRAIN_GROUP = "sparsemm.train"
+SPINE_GROUP = "sparsemm.spine"
 
 
 def registrars(group: str) -> list[Callable[[Any], None]]:

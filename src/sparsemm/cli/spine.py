@@ -1,4 +1,5 @@
-"""``sparsemm spine``: train SPINE word vectors, inspect their dimensions, evaluate them.
+"""``sparsemm spine``: train SPINE word vectors, inspect their dimensions (``spine eval``, which
+evaluates them, comes from the ``sparsemm.spine`` entry points).
 
 A run folder (``-o OUT``) holds::
 
@@ -15,15 +16,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import logging
 from pathlib import Path
 from typing import Any
 
-from sparsemm.data.paths import default_data_dir
+from sparsemm.cli.plugins import SPINE_GROUP, registrars
 from sparsemm.errors import SparsemmError
-
-logger = logging.getLogger(__name__)
 
 DEFAULTS = {"epochs": 150, "batch_size": 512, "lr": 3e-3}
 
@@ -75,18 +72,10 @@ def register(subparsers: Any) -> None:
     ins.add_argument("-k", type=int, default=10, help="how many words / dimensions")
     ins.set_defaults(func=cmd_inspect)
 
-    ev = sub.add_parser("eval", help="raw GloVe vs SPINE: WordSim, sparsity, distance ratio")
-    ev.add_argument("run", type=Path, help="run folder written by 'spine train'")
-    ev.add_argument(
-        "--wordsim",
-        type=Path,
-        default=None,
-        help="WordSim-353 .tab file (default: <data>/wordsim/wordsim353.tab when present, "
-        "data = $SPARSEMM_DATA or ../shared/data)",
-    )
-    ev.add_argument("--top-k", type=int, default=5, help="top words per dim for DistRatio")
-    ev.add_argument("--seed", type=int, default=0, help="seed for drawing intruders")
-    ev.set_defaults(func=cmd_eval)
+    # `spine eval` (raw GloVe vs SPINE on WordSim-353 and word intrusion) is the research
+    # package's, added through the sparsemm.spine entry points.
+    for register_command in registrars(SPINE_GROUP):
+        register_command(sub)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -155,7 +144,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_sparse(run: Path) -> Any:
+def load_sparse(run: Path) -> Any:
     from sparsemm.words.spine import SparseWordVectors
 
     if not (run / "vectors").is_dir():
@@ -166,7 +155,7 @@ def _load_sparse(run: Path) -> Any:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from sparsemm.words.evaluate import top_words, word_dims
 
-    sparse = _load_sparse(args.run)
+    sparse = load_sparse(args.run)
     if args.dim is not None:
         words = top_words(sparse, args.dim, args.k)
         active = int(sparse.matrix[:, [args.dim]].count_nonzero())
@@ -179,71 +168,4 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for dim, value in dims:
         neighbours = ", ".join(w for w, _ in top_words(sparse, dim, 6))
         print(f"  dim {dim:>4} {value:.2f}  [{neighbours}]")
-    return 0
-
-
-def _fmt(x: float | None, digits: int = 3) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    from sparsemm.io import write_json
-    from sparsemm.words.evaluate import distance_ratio, sparsity_stats, wordsim_spearman
-    from sparsemm.words.vectors import load_word_vectors
-
-    run: Path = args.run
-    if args.wordsim is None:
-        default = default_data_dir() / "wordsim" / "wordsim353.tab"
-        args.wordsim = default if default.is_file() else None
-    if not (run / "input_vectors").is_dir():
-        raise SparsemmError(f"{run} has no input_vectors/; run 'sparsemm spine train -o {run}'")
-    raw = load_word_vectors(run / "input_vectors")
-    sparse = _load_sparse(run)
-    if sparse.words != raw.words:
-        raise SparsemmError(f"{run}: vectors/ and input_vectors/ list different words")
-    results: dict[str, dict[str, Any]] = {}
-    for name, vectors, matrix in (
-        ("raw", raw, raw.vectors),
-        ("spine", sparse, sparse.matrix),
-    ):
-        row: dict[str, Any] = dict(sparsity_stats(matrix))
-        row["dim"] = int(matrix.shape[1])
-        if args.wordsim is not None:
-            rho, n_pairs = wordsim_spearman(vectors, args.wordsim)
-            row.update(wordsim_spearman=rho, wordsim_pairs=n_pairs)
-        row.update(distance_ratio(matrix, raw.words, raw, top_k=args.top_k, seed=args.seed))
-        results[name] = row
-    report = {
-        "run": str(run),
-        "n_words": len(raw),
-        "wordsim": str(args.wordsim) if args.wordsim else None,
-        "distance_space": "input_vectors (raw GloVe), euclidean",
-        "top_k": args.top_k,
-        "seed": args.seed,
-        "results": results,
-    }
-    write_json(run / "eval.json", report)
-    from sparsemm.eval.tables import md_table
-
-    r, s = results["raw"], results["spine"]
-    rows: list[tuple[str, str, str]] = [("dimensions", str(r["dim"]), str(s["dim"]))]
-    if args.wordsim is not None:
-        rows.append(
-            (
-                "WordSim-353 Spearman (pairs)",
-                f"{_fmt(r['wordsim_spearman'])} ({r['wordsim_pairs']})",
-                f"{_fmt(s['wordsim_spearman'])} ({s['wordsim_pairs']})",
-            )
-        )
-    rows += [
-        ("zero share", _fmt(r["zero_share"]), _fmt(s["zero_share"])),
-        ("mean active dims", _fmt(r["mean_active_dims"], 1), _fmt(s["mean_active_dims"], 1)),
-        (
-            "distance ratio (dims used / skipped)",
-            f"{_fmt(r['dist_ratio'])} ({r['n_dims_used']}/{r['n_dims_skipped']})",
-            f"{_fmt(s['dist_ratio'])} ({s['n_dims_used']}/{s['n_dims_skipped']})",
-        ),
-    ]
-    print("\n".join(md_table([f"metric ({len(raw)} words)", "raw GloVe", "SPINE"], rows)))
-    logger.debug("eval report: %s", json.dumps(report))
     return 0

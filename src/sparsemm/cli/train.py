@@ -79,28 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     de.add_argument("--no-progress", action="store_true")
     de.set_defaults(func=run_detectors)
 
-    al = models.add_parser(
-        "align",
-        help="dense baseline: linear contrastive alignment of two frozen backbones (LiT-style)",
-        description="Train one linear head per modality into a shared unit-sphere space with "
-        "the same InfoNCE, pairs and optimiser as SR: the dense model SR is compared with when "
-        "images and texts come from different backbones.",
-    )
-    al.add_argument("collection", type=Path, help="collection folder (sparsemm encode)")
-    al.add_argument("-o", "--out", type=Path, required=True, help="model output folder")
-    al.add_argument(
-        "--split", default="train", help="items used for training (default train; 'all': every)"
-    )
-    al.add_argument("--dim", type=int, default=512, help="shared space width")
-    al.add_argument("--tau", type=float, default=0.05)
-    al.add_argument("--epochs", type=int, default=20)
-    al.add_argument("--batch-size", type=int, default=256)
-    al.add_argument("--lr", type=float, default=1e-3)
-    al.add_argument("--seed", type=int, default=0)
-    al.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    al.add_argument("--no-progress", action="store_true")
-    al.set_defaults(func=run_align)
-    for register_model in registrars(TRAIN_GROUP):  # vdr, lexlip (sparsemm_experiments)
+    # align, vdr, lexlip: sparsemm_experiments
+    for register_model in registrars(TRAIN_GROUP):
         register_model(models)
 
 
@@ -173,38 +153,5 @@ def run_sr(args: argparse.Namespace) -> int:
         f"trained SR on {n_items} items / {n_captions} captions -> {args.out} "
         f"(loss {last.get('loss', float('nan')):.4f}, nce {last.get('nce', float('nan')):.4f}; "
         f"{n_detectors} concept detectors)"
-    )
-    return 0
-
-
-def run_align(args: argparse.Namespace) -> int:
-    from sparsemm.data.collection import open_collection
-    from sparsemm.models.base import encoder_record
-    from sparsemm.models.lit import AlignConfig
-    from sparsemm.train.lit import train_aligner
-    from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection
-
-    col = open_collection(args.collection)
-    image, text, pair_item, _ = sr_pairs_from_collection(col, col.split_mask(args.split), None)
-    config = AlignConfig(
-        image_dim=image.shape[1], text_dim=text.shape[1], dim=args.dim, tau=args.tau
-    )
-    tc = SRTrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
-    aligner, hist = train_aligner(
-        image,
-        text,
-        pair_item,
-        config,
-        args.out,
-        tc,
-        resume=args.resume,
-        progress=not args.no_progress,
-    )
-    # Record the encoders, so index/search refuse the aligner on another backbone pair.
-    aligner.training_info = encoder_record(col.manifest, args.collection)
-    aligner.save_pretrained(args.out)
-    print(
-        f"trained the aligner on {len(image)} items / {len(text)} captions -> {args.out} "
-        f"(nce {hist[-1]['nce'] if hist else float('nan'):.4f})"
     )
     return 0

@@ -181,6 +181,12 @@ PRESENCE = frozenset(
     "i we you it can could see seen visible shows show showing shown contains containing "
     "has have having here".split()
 )
+# A frame around a phrase that only says its things are shown: "I can see a dog", "a dog
+# can be seen", "a dog is visible". Only the frame is dropped, so "a can of soda" keeps "can".
+PRESENCE_FRAME = re.compile(
+    r"^(?:(?:i|we|you|one)\s+(?:can|could)\s+(?:see|spot)|there\s+(?:is|are))\s+"
+    r"|\s+(?:(?:can|could)\s+be\s+seen|(?:is|are)\s+(?:visible|shown))$"
+)
 
 
 class UnknownTerm(SparsemmError):
@@ -293,7 +299,6 @@ class ConceptVocabulary:
         self._entity = self.wn.by_wnid(ENTITY)
         self._spell: _DeletionIndex | None = None
         self._stand_ins = {i for i in (self.wn.by_wnid(w) for w in STAND_INS) if i is not None}
-        self._implied_keys = {int(s) for s in (implied or {})}
         self._by_name: dict[str, list[int]] = {}
         for u, n in enumerate(self.names):
             self._by_name.setdefault(normalise(n), []).append(u)
@@ -406,7 +411,7 @@ class ConceptVocabulary:
     def read(self, term: str) -> Reading:
         """The reading of a query term; :class:`UnknownTerm` when it names nothing the
         model can see."""
-        text = normalise(term)
+        text = PRESENCE_FRAME.sub("", normalise(term))
         if re.search(r"\bor\b", text):
             return Reading(term, (self.read_union(term),))
         if text in UNSEEN:

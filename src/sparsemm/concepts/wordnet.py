@@ -58,34 +58,34 @@ _OTHER_RULES = (
     ("ier", "y"),
     ("iest", "y"),
 )
-# lexicographer files of nouns (lex_filenum 03-28), the ones a photo can show marked True
+# lexicographer files of nouns (lex_filenum 03-28)
 LEXNAMES = {
-    3: ("Tops", False),
-    4: ("act", False),
-    5: ("animal", True),
-    6: ("artifact", True),
-    7: ("attribute", False),
-    8: ("body", True),
-    9: ("cognition", False),
-    10: ("communication", False),
-    11: ("event", False),
-    12: ("feeling", False),
-    13: ("food", True),
-    14: ("group", True),
-    15: ("location", True),
-    16: ("motive", False),
-    17: ("object", True),
-    18: ("person", True),
-    19: ("phenomenon", True),
-    20: ("plant", True),
-    21: ("possession", False),
-    22: ("process", False),
-    23: ("quantity", False),
-    24: ("relation", False),
-    25: ("shape", False),
-    26: ("state", False),
-    27: ("substance", True),
-    28: ("time", False),
+    3: "Tops",
+    4: "act",
+    5: "animal",
+    6: "artifact",
+    7: "attribute",
+    8: "body",
+    9: "cognition",
+    10: "communication",
+    11: "event",
+    12: "feeling",
+    13: "food",
+    14: "group",
+    15: "location",
+    16: "motive",
+    17: "object",
+    18: "person",
+    19: "phenomenon",
+    20: "plant",
+    21: "possession",
+    22: "process",
+    23: "quantity",
+    24: "relation",
+    25: "shape",
+    26: "state",
+    27: "substance",
+    28: "time",
 }
 
 
@@ -155,13 +155,7 @@ class WordNet:
         return self._children
 
     def lexname(self, i: int) -> str:
-        return LEXNAMES.get(self.lexfiles[i], ("?", False))[0]
-
-    def depictable(self, i: int) -> bool:
-        """Whether the synset's lexicographer file holds things a photo can show (animals,
-        artifacts, food, people, plants, objects, places, phenomena, ...), not acts, times,
-        feelings or relations."""
-        return LEXNAMES.get(self.lexfiles[i], ("?", False))[1]
+        return LEXNAMES.get(self.lexfiles[i], "?")
 
     # -- lookup --------------------------------------------------------------------------
     def base_forms(self, text: str) -> list[str]:

@@ -4,5 +4,4 @@
 * :mod:`sparsemm.data.collection` - a collection folder: dense embeddings plus item metadata.
 * :mod:`sparsemm.data.encode` and :mod:`sparsemm.data.sync` - embedding items into a
   collection, and adding only new or changed photos on a re-run.
-* :mod:`sparsemm.data.paths` - where the shared development data lives.
 """

@@ -113,53 +113,12 @@ def encode_items(
                 "item needs an image"
             )
 
-    image_emb: np.ndarray | None = None
-    image_kind: str | None = None
-    skipped: list[dict[str, Any]] = []
-    keys_are_ids = bool(getattr(encoder, "keys_are_ids", False))
     with_image = sum(1 for it in items if it.get("image"))
-    if "image" in embeds and keys_are_ids:
-        image_kind = "precomputed"
-        logger.info("looking up %d items in %s", len(items), encoder.name)
-        image_emb = as_image_encoder(encoder).encode_image(
-            [it["id"] for it in items], batch_size=batch_size, normalize=True, progress=progress
-        )
-        image_emb = check_embeddings(image_emb, encoder.dim, f"{encoder.name} image embeddings")
-    elif "image" in embeds and with_image == len(items):
-        # Images first: items whose image is bad are dropped before their captions are
-        # embedded, so texts and items stay aligned.
-        image_kind = "pixels"
-        logger.info("encoding %d images with %s", len(items), encoder.name)
-        image_emb, ok, skipped = encode_images_skipping(
-            as_image_encoder(encoder),
-            [it["image"] for it in items],
-            [str(it["id"]) for it in items],
-            batch_size=batch_size,
-            progress=progress,
-            skip=on_bad_image == "skip",
-        )
-        if skipped:
-            items = [it for it, keep in zip(items, ok, strict=True) if keep]
-            image_emb = image_emb[ok]
+    items, image_emb, image_kind, skipped = _embed_images(
+        items, encoder, embeds, batch_size, progress, on_bad_image
+    )
     n = len(items)
-
-    texts: list[dict[str, Any]] = []
-    text_emb: np.ndarray | None = None
-    if "text" in modalities(tenc):
-        texts = [
-            {"item": idx, "text": caption}
-            for idx, item in enumerate(items)
-            for caption in item.get("captions") or []
-        ]
-        if texts:
-            logger.info("encoding %d texts of %d items with %s", len(texts), n, tenc.name)
-            text_emb = as_text_encoder(tenc).encode_text(
-                [t["text"] for t in texts],
-                batch_size=batch_size,
-                normalize=True,
-                progress=progress,
-            )
-            text_emb = check_embeddings(text_emb, tenc.dim, f"{tenc.name} text embeddings")
+    texts, text_emb = _embed_captions(items, tenc, batch_size, progress)
 
     if image_emb is None and text_emb is not None:
         if with_image:
@@ -202,6 +161,73 @@ def encode_items(
         text_encoder=encoder_info(text_encoder) if text_encoder is not None else None,
         skipped=skipped,
     )
+
+
+def _embed_images(
+    items: list[Item],
+    encoder: Encoder,
+    embeds: tuple[str, ...],
+    batch_size: int,
+    progress: bool,
+    on_bad_image: str,
+) -> tuple[list[Item], np.ndarray | None, str | None, list[dict[str, Any]]]:
+    """(items kept, their image embeddings, image kind, skipped rows): looked up by id in a
+    precomputed encoder, or embedded from the pixels when every item has an image (items
+    whose image cannot be read left out under ``on_bad_image="skip"``); no embeddings
+    otherwise (the caller makes caption views). ``embeds``: ``modalities(encoder)``."""
+    image_emb: np.ndarray | None = None
+    image_kind: str | None = None
+    skipped: list[dict[str, Any]] = []
+    keys_are_ids = bool(getattr(encoder, "keys_are_ids", False))
+    if "image" in embeds and keys_are_ids:
+        image_kind = "precomputed"
+        logger.info("looking up %d items in %s", len(items), encoder.name)
+        image_emb = as_image_encoder(encoder).encode_image(
+            [it["id"] for it in items], batch_size=batch_size, normalize=True, progress=progress
+        )
+        image_emb = check_embeddings(image_emb, encoder.dim, f"{encoder.name} image embeddings")
+    elif "image" in embeds and all(it.get("image") for it in items):
+        # Images first: items whose image is bad are dropped before their captions are
+        # embedded, so texts and items stay aligned.
+        image_kind = "pixels"
+        logger.info("encoding %d images with %s", len(items), encoder.name)
+        image_emb, ok, skipped = encode_images_skipping(
+            as_image_encoder(encoder),
+            [it["image"] for it in items],
+            [str(it["id"]) for it in items],
+            batch_size=batch_size,
+            progress=progress,
+            skip=on_bad_image == "skip",
+        )
+        if skipped:
+            items = [it for it, keep in zip(items, ok, strict=True) if keep]
+            image_emb = image_emb[ok]
+    return items, image_emb, image_kind, skipped
+
+
+def _embed_captions(
+    items: list[Item], tenc: Encoder, batch_size: int, progress: bool
+) -> tuple[list[dict[str, Any]], np.ndarray | None]:
+    """(caption rows ``{"item", "text"}``, their embeddings by ``tenc``, or None when it
+    embeds no text or there is no caption)."""
+    texts: list[dict[str, Any]] = []
+    text_emb: np.ndarray | None = None
+    if "text" in modalities(tenc):
+        texts = [
+            {"item": idx, "text": caption}
+            for idx, item in enumerate(items)
+            for caption in item.get("captions") or []
+        ]
+        if texts:
+            logger.info("encoding %d texts of %d items with %s", len(texts), len(items), tenc.name)
+            text_emb = as_text_encoder(tenc).encode_text(
+                [t["text"] for t in texts],
+                batch_size=batch_size,
+                normalize=True,
+                progress=progress,
+            )
+            text_emb = check_embeddings(text_emb, tenc.dim, f"{tenc.name} text embeddings")
+    return texts, text_emb
 
 
 def encode_images_skipping(

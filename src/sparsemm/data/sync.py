@@ -433,28 +433,13 @@ def _sync(
         logger.info("%s is up to date with %s (%d images)", out, source, len(order))
         return report
 
-    old_emb = old.image_embeddings() if old is not None else None
-    emb = np.zeros((len(order), int(image_encoder.dim)), dtype=np.float32)
-    todo_set = set(todo)
-    for pos, it in enumerate(order):
-        if pos not in todo_set and old_emb is not None:
-            emb[pos] = old_emb[old_items[was[it["id"]]][0]]
-    ok = np.ones(len(order), dtype=bool)
-    recorder = NormRecordingEncoder(image_encoder)
-    if todo:
-        new_emb, good, skipped = encode_images_skipping(
-            recorder,
-            [order[p]["image"] for p in todo],
-            [order[p]["id"] for p in todo],
-            batch_size=batch_size,
-            progress=progress,
-        )
-        for row in skipped:  # the file version that failed, so a re-run can skip it
-            row["stamp"] = incoming[row["id"]].get("stamp")
-        report.skipped += skipped
-        emb[todo] = new_emb
-        ok[todo] = good
-        report.norms = recorder.norms
+    old_rows = {n: old_items[o][0] for n, o in was.items()}
+    emb, ok, skipped, report.norms = _embed_images(
+        order, todo, old, old_rows, image_encoder, batch_size, progress
+    )
+    for row in skipped:  # the file version that failed, so a re-run can skip it
+        row["stamp"] = incoming[row["id"]].get("stamp")
+    report.skipped += skipped
     bad = {s["id"] for s in report.skipped}
     report.added = [i for i in report.added if i not in bad]
     # A changed image that can no longer be read is gone from the collection too.
@@ -465,7 +450,6 @@ def _sync(
     if not kept:
         raise SparsemmError(f"none of the images under {source} could be read")
 
-    old_rows = {n: old_items[o][0] for n, o in was.items()}
     texts, text_emb = _texts(
         kept, old, old_rows, set(report.added + report.changed), text_encoder, text_info
     )
@@ -487,6 +471,41 @@ def _sync(
         keep=CARRIED if report.grew_only else ("concepts",),
     )
     return report
+
+
+def _embed_images(
+    order: list[Item],
+    todo: list[int],
+    old: Collection | None,
+    old_rows: dict[str, int],
+    image_encoder: Any,
+    batch_size: int,
+    progress: bool,
+) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]], dict[str, float]]:
+    """(embeddings (len(order), dim) float32, readable (len(order),) bool, skipped rows, the
+    new embeddings' pooled norms by image key): the items at positions ``todo`` embedded
+    now, leaving out files that cannot be read; every other item's embedding copied from
+    ``old`` (its row there is ``old_rows[id]``)."""
+    old_emb = old.image_embeddings() if old is not None else None
+    emb = np.zeros((len(order), int(image_encoder.dim)), dtype=np.float32)
+    todo_set = set(todo)
+    for pos, it in enumerate(order):
+        if pos not in todo_set and old_emb is not None:
+            emb[pos] = old_emb[old_rows[it["id"]]]
+    ok = np.ones(len(order), dtype=bool)
+    recorder = NormRecordingEncoder(image_encoder)
+    skipped: list[dict[str, Any]] = []
+    if todo:
+        new_emb, good, skipped = encode_images_skipping(
+            recorder,
+            [order[p]["image"] for p in todo],
+            [order[p]["id"] for p in todo],
+            batch_size=batch_size,
+            progress=progress,
+        )
+        emb[todo] = new_emb
+        ok[todo] = good
+    return emb, ok, skipped, recorder.norms
 
 
 def _texts(

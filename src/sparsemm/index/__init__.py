@@ -9,7 +9,8 @@ the ``qdrant`` extra) implement it, and ``open_store`` opens either by name.
 from __future__ import annotations
 
 from sparsemm.index.backends import BACKENDS, open_store
-from sparsemm.index.inverted import Exclusion, InvertedIndex, SearchResult
+from sparsemm.index.inputs import Exclusion, SearchResult
+from sparsemm.index.inverted import InvertedIndex
 from sparsemm.index.store import Store
 
 __all__ = [

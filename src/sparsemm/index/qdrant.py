@@ -45,7 +45,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
-from sparsemm.index.inverted import (
+from sparsemm.index.inputs import (
     Exclusion,
     QueryLike,
     SearchResult,

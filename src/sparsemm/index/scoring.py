@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 from sparsemm.errors import SparsemmError
-from sparsemm.index.inverted import (
+from sparsemm.index.inputs import (
     Exclusion,
     Plan,
     QueryLike,

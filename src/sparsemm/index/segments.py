@@ -444,7 +444,7 @@ def read_segment_file(path: Path, read: Callable[[Path], Any]) -> Any:
 
     A concurrent merge or rebuild may delete a segment between a reader's manifest read and
     its file reads; the readers in ``sparsemm.io`` report that as SparsemmError, but
-    ``_read_index`` retries only on FileNotFoundError.
+    ``manifest.read_index`` retries only on FileNotFoundError.
     """
     try:
         return read(path)
@@ -466,25 +466,80 @@ def load_segment(
         raise FileNotFoundError(folder)
     digests = meta.get("sha256")
     layout = segment_layout(folder, digests)
-    # each file's version before it is verified and read: a change after this is seen by
-    # Segment.changed_files (and the new content hashed)
+    versions = _file_versions(folder, layout)
+    verify_segment_files(root, folder, digests)
+    arrs = _read_arrays(folder, layout, in_memory)
+    ids = read_segment_file(folder / "ids.json", read_json)
+    count, nnz = int(meta["count"]), int(meta["nnz"])
+    ok, bsize, stats = _check_arrays(arrs, ids, layout, count, nnz, dim)
+    if not ok:
+        raise SparsemmError(
+            f"index {root}: segment {folder.name} does not match the manifest (corrupt or "
+            "modified); rebuild the index"
+        )
+    if layout >= 2:
+        blocks = arrs["post_blocks"]
+        arrs["post_indptr"] = np.append(blocks[:, 0], blocks[-1, -1])
+    for name in ("post_vals", "row_vals") if layout < 3 else ("row_vals",):
+        if not all_finite(arrs[name]):
+            raise SparsemmError(
+                f"index {root}: {folder.name}/{name}.npy holds NaN or inf values (damaged or "
+                "modified); rebuild the index with `sparsemm index`"
+            )
+    return Segment(
+        name=folder.name,
+        start=start,
+        count=count,
+        nnz=nnz,
+        layout=layout,
+        block_size=bsize,
+        ids=ids,
+        list_stats=stats,
+        files=tuple(
+            (
+                str(folder / fname),
+                *versions[fname],
+                str(digests[fname]) if isinstance(digests, dict) else None,
+            )
+            for fname in SEG_FILES[layout]
+        ),
+        in_memory=in_memory,
+        **arrs,
+    )
+
+
+def _file_versions(folder: Path, layout: int) -> dict[str, tuple[int, int, int]]:
+    """(inode, size, mtime) of each file of a segment, taken before it is verified and read:
+    a change after this is seen by Segment.changed_files (and the new content hashed)."""
     versions = {}
     for fname in SEG_FILES[layout]:
         st = read_segment_file(folder / fname, os.stat)
         versions[fname] = (st.st_ino, st.st_size, st.st_mtime_ns)
-    verify_segment_files(root, folder, digests)
+    return versions
+
+
+def _read_arrays(folder: Path, layout: int, in_memory: bool) -> dict[str, np.ndarray]:
+    """The arrays of a segment by name: plain read-only ndarray views of the memory maps,
+    or (``in_memory``) read-only arrays read into memory."""
     arrs = {}
-    rows_t: Any
-    dims_t: Any
     for name in ARRAYS[layout]:
-        # plain read-only ndarray view of the memory map, or an array read into memory
         arrs[name] = np.asarray(
             read_segment_file(folder / f"{name}.npy", lambda p: load_npy(p, mmap=not in_memory))
         )
         if in_memory:
             arrs[name].flags.writeable = False
-    ids = read_segment_file(folder / "ids.json", read_json)
-    count, nnz = int(meta["count"]), int(meta["nnz"])
+    return arrs
+
+
+def _check_arrays(
+    arrs: dict[str, np.ndarray], ids: Any, layout: int, count: int, nnz: int, dim: int
+) -> tuple[bool, int, np.ndarray | None]:
+    """(ok, rows per block, list stats): whether a segment's arrays and ids hold the shapes,
+    types and layout its ``layout``, manifest counts and ``dim`` call for. Renames them to
+    the Segment's fields on the way: a v3 segment's impacts become ``post_vals`` and its
+    ``list_stats`` are taken out; a valid v1 segment gets its one row block."""
+    rows_t: Any
+    dims_t: Any
     if layout >= 2:
         nb = max(1, -(-count // ROW_BLOCK))
         bsize = ROW_BLOCK
@@ -535,40 +590,7 @@ def load_segment(
         dim,
         nnz,
     )
-    if not ok:
-        raise SparsemmError(
-            f"index {root}: segment {folder.name} does not match the manifest (corrupt or "
-            "modified); rebuild the index"
-        )
-    if layout >= 2:
-        blocks = arrs["post_blocks"]
-        arrs["post_indptr"] = np.append(blocks[:, 0], blocks[-1, -1])
-    for name in ("post_vals", "row_vals") if layout < 3 else ("row_vals",):
-        if not all_finite(arrs[name]):
-            raise SparsemmError(
-                f"index {root}: {folder.name}/{name}.npy holds NaN or inf values (damaged or "
-                "modified); rebuild the index with `sparsemm index`"
-            )
-    return Segment(
-        name=folder.name,
-        start=start,
-        count=count,
-        nnz=nnz,
-        layout=layout,
-        block_size=bsize,
-        ids=ids,
-        list_stats=stats,
-        files=tuple(
-            (
-                str(folder / fname),
-                *versions[fname],
-                str(digests[fname]) if isinstance(digests, dict) else None,
-            )
-            for fname in SEG_FILES[layout]
-        ),
-        in_memory=in_memory,
-        **arrs,
-    )
+    return ok, bsize, stats
 
 
 def valid_stats(stats: np.ndarray, dim: int) -> bool:

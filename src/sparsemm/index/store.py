@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # the inverted index implements this interface: no import at 
     import numpy as np
     import scipy.sparse as sp
 
-    from sparsemm.index.inverted import Exclusion, QueryLike, SearchResult
+    from sparsemm.index.inputs import Exclusion, QueryLike, SearchResult
 
 
 class Store(ABC):

@@ -1,10 +1,11 @@
 """The linear aligner's inference side in numpy: a search projects into the aligned space
 without importing torch.
 
-:class:`~sparsemm.models.lit.LinearAligner` is trained with torch; at query time it is two
-matrix products and a row normalisation, ``normalize(x W^T)``. :class:`AlignerLite` reads
-the same ``config.json`` + ``model.safetensors`` through ``safetensors.numpy`` and computes
-that. The config and the aligned text encoder live here too, so neither needs torch.
+The aligner (``sparsemm_experiments.models.lit.LinearAligner``, ``sparsemm train align``) is
+trained with torch; at query time it is two matrix products and a row normalisation,
+``normalize(x W^T)``. :class:`AlignerLite` reads the same ``config.json`` +
+``model.safetensors`` through ``safetensors.numpy`` and computes that. The config and the
+aligned text encoder live here too, so neither needs torch.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def check_features(x: np.ndarray, width: int, what: str) -> np.ndarray:
 
 
 class AlignerLite(PretrainedMixin, ArrayModule):
-    """A :class:`~sparsemm.models.lit.LinearAligner`'s two heads as numpy arrays."""
+    """A linear aligner's two heads (``sparsemm train align``) as numpy arrays."""
 
     config_class: ClassVar[type] = AlignConfig
     model_type: ClassVar[str] = "linear_align"

@@ -95,7 +95,7 @@ def ensure_model(
     target = out / MODEL
     if target.is_dir() and any(target.iterdir()) and not (target / CONFIG_FILE).is_file():
         raise SparsemmError(f"{target} exists and is not a sparsemm model; choose another -o")
-    from sparsemm.models.concepts import (
+    from sparsemm.models.imagenet_concepts import (
         CONCEPTS_VERSION,
         cached_imagenet_concepts,
         default_cache_dir,
@@ -105,7 +105,7 @@ def ensure_model(
         try:
             current = load_code_model(target)
             if getattr(current, "version", CONCEPTS_VERSION) >= CONCEPTS_VERSION:
-                from sparsemm.models.concepts import with_photo_defaults
+                from sparsemm.models.imagenet_concepts import with_photo_defaults
 
                 m = current.model  # type: ignore[attr-defined]
                 if with_photo_defaults(m) is m:
@@ -465,18 +465,8 @@ def _up(
     col_dir = out / COLLECTION
     say(f"{len(items)} photos in {photos} -> {out}")
 
-    if force_train and model is not None:
-        raise SparsemmError("--train trains a model on the captions; it does not go with --model")
-    if force_train and no_train:
-        raise SparsemmError("--train and --no-train contradict each other; give one")
     clip = encoder_name != "efficientnet"
-    if clip and (force_train or model is not None):
-        raise SparsemmError(
-            f"--encoder {encoder_name} serves its own concept model; --train and --model go "
-            "with the offline encoder (drop --encoder)"
-        )
-    if vocabulary is not None and not clip:
-        raise SparsemmError("--vocabulary adds concepts to a clip / siglip model (--encoder)")
+    _check_options(force_train, no_train, model, encoder_name, vocabulary)
     n_captioned = sum(1 for it in items if it.get("captions"))
     if force_train and n_captioned < 2:  # before minutes of encoding, not after
         raise SparsemmError(
@@ -487,16 +477,8 @@ def _up(
         not clip and model is None and not no_train and will_train(out, n_captioned, force_train)
     )
     if clip:
-        from sparsemm.data.encode import encoder_info
-        from sparsemm.encoders.hf import WeightsUnavailable
-
-        kwargs = {"model": encoder_model} if encoder_model else {}
-        try:
-            encoder = get_encoder(encoder_name, **kwargs)
-        except WeightsUnavailable as exc:  # `up` takes the folder as --encoder-model
-            raise SparsemmError(exc.line("--encoder-model")) from None
+        encoder, text_info = _clip_encoder(encoder_name, encoder_model)
         text_encoder: Any = encoder  # one model embeds images, captions and queries
-        text_info = encoder_info(encoder)
         model_dir = out / MODEL
     else:
         # the concept model is not needed (nor built) when SR is trained
@@ -514,33 +496,10 @@ def _up(
         progress=progress,
     )
     if report.norms:
-        from sparsemm.models.concepts import record_norms
+        from sparsemm.models.concept_evidence import record_norms
 
         record_norms(report.collection.root, report.norms)
-    say(
-        f"collection: {len(report.collection.items)} photos ({len(report.added)} new, "
-        f"{len(report.changed)} changed, {report.unchanged} unchanged)"
-    )
-    if report.folded:
-        say(
-            f"{report.folded} duplicate file(s) (same bytes as another photo, or a link to one) "
-            "folded: each photo is shown once, with its other paths"
-        )
-    if report.renamed:
-        shown = ", ".join(f"{o} -> {n}" for o, n in report.renamed[:5])
-        say(f"{len(report.renamed)} photo(s) kept under another of their paths: {shown}")
-    if report.joined:
-        shown = ", ".join(report.joined[:5]) + (" ..." if len(report.joined) > 5 else "")
-        say(f"{len(report.joined)} photo(s) now a copy of another photo, shown with it: {shown}")
-    if report.removed:
-        shown = ", ".join(report.removed[:5]) + (" ..." if len(report.removed) > 5 else "")
-        say(f"removed {len(report.removed)} photo(s) no longer in the folder: {shown}")
-    if report.skipped:
-        first = report.skipped[0]
-        say(
-            f"warning: skipped {len(report.skipped)} unreadable image(s), e.g. {first['id']}: "
-            f"{first['error']} (listed in {col_dir}/skipped.jsonl)"
-        )
+    _say_synced(report, col_dir, say)
     spine_dir = None
     if clip:
         model_dir = clip_model(out, report.collection, encoder, vocabulary, progress, say)
@@ -574,3 +533,67 @@ def _up(
         concepts_per_item=per_item,
         seconds=time.perf_counter() - t0,
     )
+
+
+def _clip_encoder(encoder_name: str, encoder_model: str | None) -> tuple[Any, dict[str, Any]]:
+    """The CLIP / SigLIP encoder ``--encoder`` names (``encoder_model``: its weights), and its
+    manifest entry."""
+    from sparsemm.data.encode import encoder_info
+    from sparsemm.encoders.base import get_encoder
+    from sparsemm.encoders.hf import WeightsUnavailable
+
+    kwargs = {"model": encoder_model} if encoder_model else {}
+    try:
+        encoder = get_encoder(encoder_name, **kwargs)
+    except WeightsUnavailable as exc:  # `up` takes the folder as --encoder-model
+        raise SparsemmError(exc.line("--encoder-model")) from None
+    return encoder, encoder_info(encoder)
+
+
+def _check_options(
+    force_train: bool,
+    no_train: bool,
+    model: Path | None,
+    encoder_name: str,
+    vocabulary: Path | None,
+) -> None:
+    """SparsemmError for options of :func:`up` that do not go together."""
+    if force_train and model is not None:
+        raise SparsemmError("--train trains a model on the captions; it does not go with --model")
+    if force_train and no_train:
+        raise SparsemmError("--train and --no-train contradict each other; give one")
+    if encoder_name != "efficientnet" and (force_train or model is not None):
+        raise SparsemmError(
+            f"--encoder {encoder_name} serves its own concept model; --train and --model go "
+            "with the offline encoder (drop --encoder)"
+        )
+    if vocabulary is not None and encoder_name == "efficientnet":
+        raise SparsemmError("--vocabulary adds concepts to a clip / siglip model (--encoder)")
+
+
+def _say_synced(report: Any, col_dir: Path, say: Callable[[str], None]) -> None:
+    """Tell what syncing the folder into the collection did (``report``: its SyncReport)."""
+    say(
+        f"collection: {len(report.collection.items)} photos ({len(report.added)} new, "
+        f"{len(report.changed)} changed, {report.unchanged} unchanged)"
+    )
+    if report.folded:
+        say(
+            f"{report.folded} duplicate file(s) (same bytes as another photo, or a link to one) "
+            "folded: each photo is shown once, with its other paths"
+        )
+    if report.renamed:
+        shown = ", ".join(f"{o} -> {n}" for o, n in report.renamed[:5])
+        say(f"{len(report.renamed)} photo(s) kept under another of their paths: {shown}")
+    if report.joined:
+        shown = ", ".join(report.joined[:5]) + (" ..." if len(report.joined) > 5 else "")
+        say(f"{len(report.joined)} photo(s) now a copy of another photo, shown with it: {shown}")
+    if report.removed:
+        shown = ", ".join(report.removed[:5]) + (" ..." if len(report.removed) > 5 else "")
+        say(f"removed {len(report.removed)} photo(s) no longer in the folder: {shown}")
+    if report.skipped:
+        first = report.skipped[0]
+        say(
+            f"warning: skipped {len(report.skipped)} unreadable image(s), e.g. {first['id']}: "
+            f"{first['error']} (listed in {col_dir}/skipped.jsonl)"
+        )

@@ -147,7 +147,7 @@ class ConceptCodeModel:
         self._scorer: Any = None
 
     def encode_items(self, collection: Collection, progress: bool = False) -> sp.csr_matrix:
-        from sparsemm.models.concepts import photo_evidence, pooled_features
+        from sparsemm.models.concept_evidence import photo_evidence, pooled_features
 
         if self.version >= 2:
             evidence = photo_evidence(collection, self._evidence_reader(), progress=progress)
@@ -155,7 +155,7 @@ class ConceptCodeModel:
         return self.model.encode_pooled(pooled_features(collection, progress=progress), self.top_k)
 
     def _evidence_reader(self) -> Any:
-        from sparsemm.models.concepts import EvidenceReader
+        from sparsemm.models.concept_evidence import EvidenceReader
 
         if self._reader is None:
             self._reader = EvidenceReader(self.model)
@@ -167,7 +167,7 @@ class ConceptCodeModel:
         head (version 1)."""
         image_encoder = as_image_encoder(image_encoder, QUERY_IMAGE_HINT)
         if self.version >= 2:
-            from sparsemm.models.concepts import EvidenceReader
+            from sparsemm.models.concept_evidence import EvidenceReader
 
             if self._reader is None:
                 self._reader = EvidenceReader(self.model, backbone=image_encoder)

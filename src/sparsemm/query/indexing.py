@@ -44,7 +44,7 @@ def build_index(
     manifest's ``meta["labels"]``, so codes and labels are committed together in one atomic
     step; a crash leaves the previous index (and its labels) readable. A model that records
     its training collection's encoders must match the collection's (SparsemmError otherwise).
-    ``dense_model`` names a :class:`~sparsemm.models.lit.LinearAligner` that puts images and
+    ``dense_model`` names a linear aligner (``sparsemm train align``) that puts images and
     query texts in one dense space, for the dense strategies when the collection has two
     unaligned backbones.
     """

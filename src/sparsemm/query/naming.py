@@ -1,4 +1,4 @@
-"""Names for concept dimensions, and how well names fit (label precision@k).
+"""Names for concept dimensions.
 
 The served naming (:func:`top_share_names`, used by ``sparsemm index``): dimension j is named
 by the vocabulary terms t that most of its ``k`` highest-valued items *mention*, beyond
@@ -19,10 +19,11 @@ held-out measurement of ``benchmarks/naming.py`` (docs/results.md).
 Template words that most captions share ("collage", "grid", "photo" on the Fashion-MNIST
 collages) describe no dimension: a term mentioned by more than ``max_share`` of the items,
 and carried by no item as a label, never names one. A frequent label ("person" on COCO) is a
-concept and stays. :func:`concept_names` is the mutual-information ranking alone (measured,
-lost); :func:`label_precision` is the measure. :func:`dimension_word_scores` scores every
-caption word of a dimension the same way (the demo report's word clouds, the lift labels of
-``benchmarks/naming.py``), and :func:`name_dimensions` is what ``sparsemm index`` stores.
+concept and stays. :func:`name_dimensions` is what ``sparsemm index`` stores.
+
+The measure (label precision@k), the mutual-information ranking alone (measured, lost) and
+the caption-word scores of the demo report's word clouds are research code
+(:mod:`sparsemm_experiments.naming`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.data.collection import Collection
-from sparsemm.text import CaptionIndex, tokenize
+from sparsemm.text import CaptionIndex
 
 
 def mentions(index: CaptionIndex, term: str) -> np.ndarray:
@@ -62,38 +63,6 @@ def mention_matrix(index: CaptionIndex, terms: Sequence[str]) -> sp.csr_matrix:
     return sp.csr_matrix((data, (rows, col_ids)), shape=(index.n_items, len(terms)))
 
 
-def concept_names(
-    codes: sp.csr_matrix,
-    index: CaptionIndex,
-    terms: Sequence[str],
-    top: int = 6,
-    min_df: int = 5,
-    max_share: float = 0.4,
-) -> list[list[str]]:
-    """Per dimension, up to ``top`` names, best first (scores: module docstring). Terms
-    mentioned by fewer than ``min_df`` items or by more than ``max_share`` of them score 0;
-    a dimension no item activates has no name."""
-    n, d = codes.shape
-    terms = list(terms)
-    if not terms or n == 0:
-        return [[] for _ in range(d)]
-    m = mention_matrix(index, terms)
-    df = np.asarray(m.sum(axis=0)).ravel()
-    template = template_terms(index, terms, max_share)
-    x = abs(sp.csr_matrix(codes))
-    mass = np.asarray(x.sum(axis=0)).ravel()
-    joint = (x.T @ m).toarray()  # (d, V) activation-weighted mentions
-    p_tj = joint / np.maximum(mass, 1e-12)[:, None]
-    score = information_terms(p_tj, df, n)
-    score[:, (df < min_df) | np.array([t in template for t in terms])] = 0.0
-    score[mass <= 0] = 0.0
-    out = []
-    for j in range(d):
-        best = np.argsort(-score[j], kind="stable")[:top]
-        out.append([terms[b] for b in best if score[j, b] > 0.0])
-    return out
-
-
 def top_share_names(
     codes: sp.csr_matrix,
     index: CaptionIndex,
@@ -105,8 +74,10 @@ def top_share_names(
     base_rate: float = 0.5,
 ) -> list[list[str]]:
     """Per dimension, up to ``top`` names ranked by the share of its ``k`` highest-valued
-    items that mention them (ties: the mutual-information score of :func:`concept_names`);
-    the same term filters."""
+    items that mention them (ties: the term's activation-weighted mutual information with the
+    dimension, :func:`information_terms`); terms mentioned by fewer than ``min_df`` items,
+    or by more than ``max_share`` of them and carried by no item as a label, never name
+    one."""
     n, d = codes.shape
     terms = list(terms)
     if not terms or n == 0:
@@ -135,40 +106,6 @@ def top_share_names(
     return out
 
 
-def label_precision(
-    codes: sp.csr_matrix, index: CaptionIndex, names: Sequence[Sequence[str]], k: int = 50
-) -> tuple[float, float]:
-    """(precision, coverage) of dimension names.
-
-    For each *used* dimension (some item has a non-zero value on it), precision@k is the
-    share of its ``k`` highest-valued items (fewer if fewer are active) that mention its
-    first name (:class:`~sparsemm.text.CaptionIndex` rules); a dimension without a name
-    scores 0. Returns the mean over used dimensions, and the share of them with a name.
-    """
-    csc = sp.csc_matrix(codes)
-    precs, named = [], []
-    cache: dict[str, np.ndarray] = {}
-    for j in range(csc.shape[1]):
-        lo, hi = csc.indptr[j], csc.indptr[j + 1]
-        rows, vals = csc.indices[lo:hi], np.abs(csc.data[lo:hi])
-        keep = vals > 0
-        rows, vals = rows[keep], vals[keep]
-        if not len(rows):
-            continue
-        top = rows[np.lexsort((rows, -vals))[:k]]
-        name = names[j][0] if j < len(names) and names[j] else None
-        named.append(name is not None)
-        if name is None:
-            precs.append(0.0)
-            continue
-        if name not in cache:
-            cache[name] = mentions(index, name)
-        precs.append(float(cache[name][top].mean()))
-    if not precs:
-        return 0.0, 0.0
-    return float(np.mean(precs)), float(np.mean(named))
-
-
 def information_terms(p: np.ndarray, df: np.ndarray, n: int) -> np.ndarray:
     """p * log(p / (df / n)): a term's share p among a dimension's (activation-weighted)
     items against its share df / n of all items, the term's part in the mutual information
@@ -176,53 +113,6 @@ def information_terms(p: np.ndarray, df: np.ndarray, n: int) -> np.ndarray:
     dimension's items, so a rare term seen once does not win. ``p`` (..., V), ``df`` (V,)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         return p * np.log(np.maximum(p / np.maximum(df / max(n, 1), 1e-12), 1e-12))
-
-
-def dimension_word_scores(
-    codes: sp.csr_matrix, captions: list[list[str]], min_df: int = 5
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """How characteristic each caption word is of each dimension's items.
-
-    codes (n, d) non-negative; captions[i] the captions of item i. With
-    p(w | j) = sum_i x_ij [w in item i] / sum_i x_ij (activation-weighted share of j's items
-    mentioning w) and lift(w, j) = p(w | j) / (df(w) / n), a word scores
-    p(w | j) * log lift(w, j), its term in the mutual information of word and dimension: over-
-    represented (lift > 1) *and* common among j's items, so a rare word seen once does not win.
-    Words seen in fewer than ``min_df`` items score 0. Returns (words (V,), score (d, V),
-    mass (d,)), mass being each dimension's total activation.
-    """
-    n, d = codes.shape
-    vocab: dict[str, int] = {}
-    rows, cols = [], []
-    for i, caps in enumerate(captions):
-        for w in {t for c in caps for t in tokenize(c)}:
-            rows.append(i)
-            cols.append(vocab.setdefault(w, len(vocab)))
-    mass = np.asarray(abs(codes).sum(axis=0)).ravel()  # (d,)
-    if not vocab:
-        return np.array([], dtype=str), np.zeros((d, 0)), mass
-    words = np.array(sorted(vocab, key=vocab.__getitem__))
-    mention = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(n, len(vocab)))
-    df = np.asarray(mention.sum(axis=0)).ravel()
-    joint = (abs(codes).T @ mention).toarray()  # (d, V) activation-weighted mentions
-    p_wj = joint / np.maximum(mass, 1e-12)[:, None]
-    score = information_terms(p_wj, df, n)
-    score[:, df < min_df] = 0.0
-    score[mass <= 0] = 0.0
-    return words, score, mass
-
-
-def dimension_labels(
-    codes: sp.csr_matrix, captions: list[list[str]], top: int = 6, min_df: int = 5
-) -> list[list[str]]:
-    """Per dimension, the ``top`` caption words most characteristic of the items active on
-    it (scores: :func:`dimension_word_scores`)."""
-    words, score, _ = dimension_word_scores(codes, captions, min_df)
-    out: list[list[str]] = []
-    for j in range(codes.shape[1]):
-        best: Any = np.argsort(-score[j], kind="stable")[:top] if len(words) else []
-        out.append([str(words[b]) for b in best if score[j, b] > 0.0])
-    return out
 
 
 def name_dimensions(col: Collection, codes: sp.csr_matrix, model: Any) -> list[list[str]]:

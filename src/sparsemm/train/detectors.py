@@ -473,28 +473,3 @@ def _calibrate(
     return fit_calibration(
         codes, captions, labels if any(labels) else None, det, term_codes, caption_codes
     )
-
-
-def ensure_model_detectors(
-    model: Any,
-    model_dir: str | Path,
-    collection: Any,
-    split: str = "train",
-    config: DetectorConfig | None = None,
-    progress: bool = False,
-) -> ConceptDetectors:
-    """The model's detectors: those in ``model_dir`` when they were fitted on its current
-    weights, else fitted now (:func:`fit_model_detectors`); a pipeline stage's cache."""
-    from sparsemm.models.detectors import has_detectors
-
-    if has_detectors(model_dir):
-        try:
-            det = ConceptDetectors.for_model(model_dir)
-            if det.wnids is not None or not (config or DetectorConfig()).hierarchy:
-                return det
-            logger.info("refitting the concept detectors: fitted before the concept hierarchy")
-        except SparsemmError as exc:
-            logger.info("refitting the concept detectors: %s", exc)
-    det = fit_model_detectors(model, model_dir, collection, split, config, progress)
-    logger.info("fitted %d concept detectors on the %s split", len(det), split)
-    return det

@@ -1,13 +1,13 @@
 """The resumable epoch loop over (image, caption) pairs of SR and the aligner.
 
-What the trainers share (:func:`sparsemm.train.sr.fit_sr`, :func:`sparsemm.train.lit.
-train_aligner`): Adam over all parameters, one permutation of the pairs per epoch seeded by
-``(seed, epoch)``, batches of ``batch_size`` pairs (a last batch of one pair is skipped:
-InfoNCE needs a negative), the per-epoch mean of each loss term as a history record, and a
-checkpoint every ``checkpoint_every`` epochs and after the last, holding the epoch, the
-history and the run's settings and data fingerprint. Resuming replays exactly what an
-uninterrupted run would have done; a checkpoint of other settings or data is refused.
-What differs, the loss of one batch, is the caller's ``batch_loss``.
+What the trainers share (:func:`sparsemm.train.sr.fit_sr`, and the aligner's
+``sparsemm_experiments.train.lit.train_aligner``): Adam over all parameters, one permutation
+of the pairs per epoch seeded by ``(seed, epoch)``, batches of ``batch_size`` pairs (a last
+batch of one pair is skipped: InfoNCE needs a negative), the per-epoch mean of each loss
+term as a history record, and a checkpoint every ``checkpoint_every`` epochs and after the
+last, holding the epoch, the history and the run's settings and data fingerprint. Resuming
+replays exactly what an uninterrupted run would have done; a checkpoint of other settings or
+data is refused. What differs, the loss of one batch, is the caller's ``batch_loss``.
 
 A run that diverges stops at the first batch whose loss is NaN or inf (and before a
 checkpoint of non-finite weights): :func:`stop_if_diverged` raises one SparsemmError naming

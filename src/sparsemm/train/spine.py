@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,7 +20,12 @@ from sparsemm.errors import SparsemmError
 from sparsemm.io import check_output_dir, write_json
 from sparsemm.models.spine import SPINE, SpineConfig, build_sparse_vectors
 from sparsemm.text import STOP_WORDS, is_token, tokenize
-from sparsemm.train.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from sparsemm.train.checkpoint import (
+    checkpoint_due,
+    has_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from sparsemm.train.loop import stop_if_diverged
 from sparsemm.words.spine import SparseWordVectors
 from sparsemm.words.vectors import WordVectors
@@ -109,29 +115,9 @@ def train_spine(
         torch.manual_seed(seed)
         model = SPINE(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    start_epoch = 0
-    history: list[dict[str, float]] = []
-    if resume and has_checkpoint(out):
-        state = load_checkpoint(out, model, optimizer)
-        saved = state.get("run_args", {})
-        diff = sorted(k for k in run_args if saved.get(k) != run_args[k])
-        if diff:
-            raise SparsemmError(
-                f"cannot resume {out}: {', '.join(diff)} differ(s) from the interrupted run; "
-                "use the same settings and data, or start in a new folder"
-            )
-        start_epoch = int(state["epoch"])
-        history = list(state["history"])
-        if start_epoch > epochs:
-            raise SparsemmError(
-                f"the checkpoint in {out} is at epoch {start_epoch}, beyond epochs={epochs}"
-            )
-        logger.info("resuming SPINE training from epoch %d of %d", start_epoch, epochs)
-    elif resume:
-        logger.info("no checkpoint in %s; starting SPINE training from scratch", out)
+    start_epoch, history = _resume(out, model, optimizer, run_args, epochs) if resume else (0, [])
 
     data = torch.from_numpy(np.array(word_vectors.vectors, dtype=np.float32))
-    n = data.shape[0]
     t0 = time.perf_counter()
     bar = tqdm(
         range(start_epoch, epochs),
@@ -144,32 +130,11 @@ def train_spine(
     model.train()
     for epoch in bar:
         gen = _epoch_generator(seed, epoch)
-        perm = torch.randperm(n, generator=gen)
-        sums = {"loss": 0.0, "recon": 0.0, "asl": 0.0, "psl": 0.0, "zero_share": 0.0}
-        for start in range(0, n, batch_size):
-            x = data[perm[start : start + batch_size]]
-            noise = torch.randn(x.shape, generator=gen) * config.noise_std
-            z, x_hat = model(x + noise)
-            parts = spine_loss(x, z, x_hat, config)
-            stop_if_diverged(
-                parts["loss"],
-                "SPINE",
-                f"epoch {epoch + 1}",
-                f"--lr {lr}",
-                out,
-                "" if has_checkpoint(out) else None,
-            )
-            optimizer.zero_grad(set_to_none=True)
-            parts["loss"].backward()
-            optimizer.step()
-            w = x.shape[0] / n
-            for k, v in parts.items():
-                sums[k] += float(v.detach()) * w
-            sums["zero_share"] += float((z.detach() == 0).float().mean()) * w
+        sums = _epoch(model, optimizer, data, gen, batch_size, epoch, lr, out)
         history.append({"epoch": epoch + 1, **sums})
         bar.set_postfix(loss=f"{sums['loss']:.4f}", zeros=f"{sums['zero_share']:.3f}")
         logger.debug("epoch %d: %s", epoch + 1, sums)
-        if (epoch + 1) % checkpoint_every == 0 or epoch + 1 == epochs:
+        if checkpoint_due(epoch + 1, checkpoint_every, epochs):
             save_checkpoint(
                 out,
                 model,
@@ -177,6 +142,20 @@ def train_spine(
                 {"epoch": epoch + 1, "history": history, "run_args": run_args},
             )
     bar.close()
+    _save_run(out, model, epochs, run_args, t0, history)
+    return model
+
+
+def _save_run(
+    out: Path,
+    model: SPINE,
+    epochs: int,
+    run_args: dict[str, Any],
+    t0: float,
+    history: list[dict[str, float]],
+) -> None:
+    """Save the trained ``model`` into ``out`` with its ``train_log.json`` (the settings,
+    the seconds since ``t0`` and the per-epoch ``history``)."""
     model.eval()
     model.save_pretrained(out)
     write_json(
@@ -199,7 +178,71 @@ def train_spine(
             last["psl"],
             last["zero_share"],
         )
-    return model
+
+
+def _resume(
+    out: Path, model: SPINE, optimizer: torch.optim.Optimizer, run_args: dict[str, Any], epochs: int
+) -> tuple[int, list[dict[str, float]]]:
+    """The epoch and history to go on from: the checkpoint in ``out`` (model and optimizer
+    restored; refused when made with other ``run_args``), else (0, [])."""
+    if not has_checkpoint(out):
+        logger.info("no checkpoint in %s; starting SPINE training from scratch", out)
+        return 0, []
+    state = load_checkpoint(out, model, optimizer)
+    saved = state.get("run_args", {})
+    diff = sorted(k for k in run_args if saved.get(k) != run_args[k])
+    if diff:
+        raise SparsemmError(
+            f"cannot resume {out}: {', '.join(diff)} differ(s) from the interrupted run; "
+            "use the same settings and data, or start in a new folder"
+        )
+    start_epoch = int(state["epoch"])
+    if start_epoch > epochs:
+        raise SparsemmError(
+            f"the checkpoint in {out} is at epoch {start_epoch}, beyond epochs={epochs}"
+        )
+    logger.info("resuming SPINE training from epoch %d of %d", start_epoch, epochs)
+    return start_epoch, list(state["history"])
+
+
+def _epoch(
+    model: SPINE,
+    optimizer: torch.optim.Optimizer,
+    data: torch.Tensor,
+    gen: torch.Generator,
+    batch_size: int,
+    epoch: int,
+    lr: float,
+    out: Path,
+) -> dict[str, float]:
+    """Epoch ``epoch`` (0-based) over ``data`` (n, d) in the order and with the noise ``gen``
+    draws; the losses and the share of exact zeros in the codes, averaged over the words.
+    ``lr`` and ``out`` are named in the error of a diverged run."""
+    config = model.config
+    n = data.shape[0]
+    perm = torch.randperm(n, generator=gen)
+    sums = {"loss": 0.0, "recon": 0.0, "asl": 0.0, "psl": 0.0, "zero_share": 0.0}
+    for start in range(0, n, batch_size):
+        x = data[perm[start : start + batch_size]]
+        noise = torch.randn(x.shape, generator=gen) * config.noise_std
+        z, x_hat = model(x + noise)
+        parts = spine_loss(x, z, x_hat, config)
+        stop_if_diverged(
+            parts["loss"],
+            "SPINE",
+            f"epoch {epoch + 1}",
+            f"--lr {lr}",
+            out,
+            "" if has_checkpoint(out) else None,
+        )
+        optimizer.zero_grad(set_to_none=True)
+        parts["loss"].backward()
+        optimizer.step()
+        w = x.shape[0] / n
+        for k, v in parts.items():
+            sums[k] += float(v.detach()) * w
+        sums["zero_share"] += float((z.detach() == 0).float().mean()) * w
+    return sums
 
 
 def training_vocabulary(

@@ -133,18 +133,7 @@ def create_app(
         if collection_dir is None:
             raise SparsemmError("create_app needs a collection folder or a Searcher")
         searcher = Searcher(collection_dir, encoder=encoder, in_memory=True)
-    # Segments read into memory, not mapped: a segment file cut short in place while
-    # clients search would end a mapped read (and the server) with SIGBUS.
-    searcher.index.hold_in_memory()
-    if batch_texts:
-        searcher.batch_text_encoding()
-    if warm:
-        _ = searcher.context
-        _ = searcher.text_context
-        if isinstance(searcher.store, InvertedIndex):
-            # what the served path builds in memory on its first query (dense rows, one-byte
-            # impacts: 0.2-0.4 s at a million items), built now instead
-            searcher.store.warm(quantized=True, pages=False)
+    _prepare(searcher, warm, batch_texts)
     service = SearchService(searcher, workers=workers)
     if settle_heap:
         service.settle_heap()
@@ -159,26 +148,80 @@ def create_app(
         responses=ERROR_RESPONSES,
     )
     app.state.service = service
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    _add_error_handlers(app)
+    _add_api_routes(app, service)
+    _add_file_routes(app, service)
+    if cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["content-type"],
+        )
+    app.add_middleware(
+        Guard,
+        allowed_hosts=list(allowed_hosts),
+        max_body=MAX_BODY_BYTES,
+        path_limits={UPLOAD_PATH: MAX_UPLOAD_BYTES},
+    )
+    return app
 
-    def openapi() -> dict[str, Any]:
-        # FastAPI documents a 422 for invalid parameters; this API answers them with 400.
-        if app.openapi_schema is None:
-            schema = get_openapi(
-                title=app.title,
-                version=app.version,
-                description=app.description,
-                routes=app.routes,
-            )
-            for operations in schema.get("paths", {}).values():
-                for op in operations.values():
-                    op.get("responses", {}).pop("422", None)
-            components = schema.get("components", {}).get("schemas", {})
-            for name in ("HTTPValidationError", "ValidationError"):
-                components.pop(name, None)
-            app.openapi_schema = schema
-        return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+def _prepare(searcher: Searcher, warm: bool, batch_texts: bool) -> None:
+    """Hold ``searcher``'s index in memory; ``batch_texts``, ``warm``: see :func:`create_app`."""
+    # Segments read into memory, not mapped: a segment file cut short in place while
+    # clients search would end a mapped read (and the server) with SIGBUS.
+    searcher.index.hold_in_memory()
+    if batch_texts:
+        searcher.batch_text_encoding()
+    if warm:
+        _ = searcher.context
+        _ = searcher.text_context
+        if isinstance(searcher.store, InvertedIndex):
+            # what the served path builds in memory on its first query (dense rows, one-byte
+            # impacts: 0.2-0.4 s at a million items), built now instead
+            searcher.store.warm(quantized=True, pages=False)
+        _warm_search(searcher)
+
+
+# A query whose search loads what any later one needs (the text encoder, the default
+# scorer's vocabulary and term readings, its unit lists), so that the first user's request
+# does not wait for them.
+WARM_QUERY = "a person but not a dog"
+
+
+def _warm_search(searcher: Searcher) -> None:
+    """One search through the default served path, its answer dropped. A model that cannot
+    read the warm query's words warms less and says nothing: the server still starts."""
+    try:
+        searcher.search(WARM_QUERY, k=1)
+    except SparsemmError as exc:
+        log.debug("warm search skipped: %s", exc)
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI schema, made once. FastAPI documents a 422 for invalid parameters; this
+    API answers them with 400."""
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title,
+            version=app.version,
+            description=app.description,
+            routes=app.routes,
+        )
+        for operations in schema.get("paths", {}).values():
+            for op in operations.values():
+                op.get("responses", {}).pop("422", None)
+        components = schema.get("components", {}).get("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            components.pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as JSON ``{"error": message}`` with its status (module docstring)."""
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -203,8 +246,14 @@ def create_app(
             {"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers
         )
 
-    def prefix(request: Request) -> str:
-        return str(request.scope.get("root_path", "")).rstrip("/")
+
+def _prefix(request: Request) -> str:
+    """The path the app is mounted under (``root_path``), for the URLs in answers."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def _add_api_routes(app: FastAPI, service: SearchService) -> None:
+    """The JSON API: health, search (text or an uploaded image), explain, dimensions."""
 
     @app.get("/api/health")
     def health() -> HealthOut:
@@ -212,11 +261,11 @@ def create_app(
 
     @app.get("/api/search")
     def search_get(request: Request, params: Annotated[SearchRequest, QueryParam()]) -> SearchOut:
-        return service.search(params, prefix(request))
+        return service.search(params, _prefix(request))
 
     @app.post("/api/search")
     def search_post(request: Request, body: SearchRequest) -> SearchOut:
-        return service.search(body, prefix(request))
+        return service.search(body, _prefix(request))
 
     @app.get("/api/items/{item_id:path}/explain")
     def explain(
@@ -234,7 +283,7 @@ def create_app(
             query = Query.empty()  # an uploaded image's hit: the item's own concepts only
         else:
             query = build_query(q, include or [], exclude or [])
-        return service.explain(item_id, query, prefix(request), like=like)
+        return service.explain(item_id, query, _prefix(request), like=like)
 
     @app.get("/api/dims/{dim}")
     def dim(
@@ -242,18 +291,7 @@ def create_app(
         dim: int,
         n: Annotated[int, QueryParam(ge=1, le=MAX_DIM_ITEMS)] = 12,
     ) -> DimOut:
-        return service.dim(dim, n, prefix(request))
-
-    @app.get("/images/{item_id:path}", include_in_schema=False)
-    def image(item_id: str) -> FileResponse:
-        path = service.images.get(item_id)
-        if path is None:
-            raise HTTPException(404, "no such image")
-        return FileResponse(
-            path,
-            media_type=IMAGE_TYPES[path.suffix.lower()],
-            headers={"cache-control": "private, max-age=3600"},
-        )
+        return service.dim(dim, n, _prefix(request))
 
     @app.post(UPLOAD_PATH)
     async def search_image(
@@ -272,7 +310,22 @@ def create_app(
         data = await run_in_threadpool(upload_bytes, data, request.headers.get("content-type", ""))
         # decoded off the event loop, at most DECODE_SLOTS at once (the rest get 503)
         image = await run_in_threadpool(decode_upload, data)
-        return await run_in_threadpool(service.search, params, prefix(request), image)
+        return await run_in_threadpool(service.search, params, _prefix(request), image)
+
+
+def _add_file_routes(app: FastAPI, service: SearchService) -> None:
+    """The search page, its static files and the collection's images and thumbnails."""
+
+    @app.get("/images/{item_id:path}", include_in_schema=False)
+    def image(item_id: str) -> FileResponse:
+        path = service.images.get(item_id)
+        if path is None:
+            raise HTTPException(404, "no such image")
+        return FileResponse(
+            path,
+            media_type=IMAGE_TYPES[path.suffix.lower()],
+            headers={"cache-control": "private, max-age=3600"},
+        )
 
     @app.get("/thumbs/{item_id:path}", include_in_schema=False)
     def thumb(item_id: str) -> Response:
@@ -289,18 +342,3 @@ def create_app(
         return FileResponse(STATIC_DIR / "index.html", headers={"cache-control": "no-cache"})
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-
-    if cors_origins:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=list(cors_origins),
-            allow_methods=["GET", "POST"],
-            allow_headers=["content-type"],
-        )
-    app.add_middleware(
-        Guard,
-        allowed_hosts=list(allowed_hosts),
-        max_body=MAX_BODY_BYTES,
-        path_limits={UPLOAD_PATH: MAX_UPLOAD_BYTES},
-    )
-    return app

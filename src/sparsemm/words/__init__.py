@@ -4,5 +4,5 @@
 * :mod:`sparsemm.words.spine` - SPINE's sparse interpretable word vectors (the model is
   :mod:`sparsemm.models.spine`, its training :mod:`sparsemm.train.spine`).
 * :mod:`sparsemm.words.bias` - the SR sentence bias (captions tokenised by :mod:`sparsemm.text`).
-* :mod:`sparsemm.words.evaluate` - word similarity, sparsity and word-intrusion checks.
+* :mod:`sparsemm.words.evaluate` - sparsity, a dimension's top words, a word's top dimensions.
 """

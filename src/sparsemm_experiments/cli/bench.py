@@ -36,6 +36,7 @@ def _strategy_name(name: str) -> str:
     """A --methods value: a registered strategy (the registry is imported only when the
     option is given, so building the parser stays fast)."""
     from sparsemm.query.strategies import STRATEGIES
+    from sparsemm_experiments.baselines import cbe, strategies  # noqa: F401  (register them)
 
     if name not in STRATEGIES:
         raise argparse.ArgumentTypeError(
@@ -142,7 +143,7 @@ def _train_sr(col: Any, split: str, vectors: Any, out: Path, quick: bool, seed: 
     tc = SRTrainConfig(epochs=2 if quick else 20, seed=seed)
     log.info("no --sr given: training SR on the %s split into %s", split, out)
     model, _ = train_sr(image, text, pair_item, bias, cfg, out, tc, resume=True, progress=False)
-    from sparsemm.train.detectors import ensure_model_detectors
+    from sparsemm_experiments.train.detectors import ensure_model_detectors
 
     try:  # what `sparsemm train sr` saves with a model, and the served default reads
         ensure_model_detectors(model, out, col, split)
@@ -198,9 +199,9 @@ def _collection_model(
     a model trained here uses the SPINE ``vectors`` for its bias when given."""
     from sparsemm.data.collection import open_collection
     from sparsemm.data.encode import encode_source
-    from sparsemm.data.paths import coco_json
     from sparsemm.encoders.base import get_encoder
     from sparsemm.models.sr import SRModel
+    from sparsemm_experiments.data.paths import coco_json
 
     out: Path = args.out
     if args.collection is not None:

@@ -86,7 +86,7 @@ def register_bench(benches: argparse._SubParsersAction) -> None:
 def _coco_collection(args: argparse.Namespace) -> Any:
     from sparsemm.data.collection import open_collection
     from sparsemm.data.encode import encode_source
-    from sparsemm.data.paths import coco_json, default_data_dir
+    from sparsemm_experiments.data.paths import coco_json, default_data_dir
     from sparsemm_experiments.lexlip_runs import packaged_minilm
 
     if args.collection is not None:

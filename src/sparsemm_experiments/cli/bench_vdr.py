@@ -99,7 +99,7 @@ def _text_encoder(name: str, model_id: Any) -> Any:
 
 def _quick_proxy(args: argparse.Namespace) -> Any:
     from sparsemm.data.encode import encode_source
-    from sparsemm.data.paths import coco_json, default_data_dir
+    from sparsemm_experiments.data.paths import coco_json, default_data_dir
 
     src = coco_json(args.data or default_data_dir())
     return encode_source(
@@ -151,8 +151,8 @@ def _proxy_spec(col: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _collage_spec(col: Any, args: argparse.Namespace) -> dict[str, Any]:
-    from sparsemm.models.lit import AlignConfig, AlignedTextEncoder, LinearAligner
     from sparsemm_experiments.data.patches import collage_patches
+    from sparsemm_experiments.models.lit import AlignConfig, AlignedTextEncoder, LinearAligner
     from sparsemm_experiments.train.vdr import adapter_ridge_init
     from sparsemm_experiments.vdr_runs import COLLAGE_EXAMPLES
 
@@ -164,8 +164,8 @@ def _collage_spec(col: Any, args: argparse.Namespace) -> dict[str, Any]:
     if args.collages_align is not None:
         aligner = LinearAligner.from_pretrained(args.collages_align)
     else:
-        from sparsemm.train.lit import train_aligner
         from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection
+        from sparsemm_experiments.train.lit import train_aligner
 
         image, text, pair_item, _ = sr_pairs_from_collection(col, col.split_mask("train"), None)
         aligner, _ = train_aligner(

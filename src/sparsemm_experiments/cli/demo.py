@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sparsemm.data.paths import default_data_dir
+from sparsemm_experiments.data.paths import default_data_dir
 
 
 def register(sub: argparse._SubParsersAction) -> None:

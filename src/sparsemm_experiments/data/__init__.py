@@ -1,2 +1,3 @@
 """Data of the research runs: the offline demo collection of Fashion-MNIST collages
-(:mod:`.fashion`) and VDR's patch features (:mod:`.patches`)."""
+(:mod:`.fashion`), VDR's patch features (:mod:`.patches`) and where the shared development
+data lives (:mod:`.paths`)."""

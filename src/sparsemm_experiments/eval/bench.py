@@ -15,7 +15,7 @@ Protocol (docs/negation.md, the label-pair protocol; SR paper Sec. 5, Tables 1-2
    :func:`tune_strategies`).
 3. Test: each strategy runs with its chosen parameters on the evaluation split, with the
    whole tune split as reference set. Per query: MRR/NDCG/AP @1,3,10, violation@10,
-   inclusion@10 (:func:`~sparsemm.eval.metrics.evaluate_rankings`); means for the subsets
+   inclusion@10 (:func:`~.metrics.evaluate_rankings`); means for the subsets
    "all" and "hard" with paired t-tests against the dense baselines, written by
    :func:`~sparsemm_experiments.eval.exclusion.write_report`.
 4. Standard retrieval (SR paper Table 2 analogue): image-to-text and text-to-image AP@1/5/10
@@ -40,8 +40,6 @@ import scipy.sparse as sp
 
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.metrics import evaluate_rankings
-from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query.parse import Query
@@ -54,6 +52,11 @@ from sparsemm.query.strategies import (
     get_spec,
 )
 from sparsemm.query.two_stage import rank_query
+
+# register the baselines (slq, paper, cbe, ...) whether or not an install recorded the
+# sparsemm.strategies entry points
+from sparsemm_experiments.baselines import cbe as _cbe  # noqa: F401
+from sparsemm_experiments.baselines import strategies as _baselines  # noqa: F401
 from sparsemm_experiments.eval.exclusion import (
     ExclusionQuery,
     build_exclusion_queries,
@@ -62,7 +65,9 @@ from sparsemm_experiments.eval.exclusion import (
     render_report,
     write_report,
 )
+from sparsemm_experiments.eval.metrics import evaluate_rankings
 from sparsemm_experiments.eval.retrieval import multi_target_ap
+from sparsemm_experiments.eval.tables import md_table
 
 logger = logging.getLogger(__name__)
 
@@ -427,7 +432,7 @@ def run_exclusion_bench(
     collection's dense embedding (VDR, LexLIP, SpLiCE...) pass ``item_codes`` instead: the
     codes of every collection item, row i = item i. ``dense_items`` (n_items, k) replaces the
     collection's image embeddings for the dense strategies, e.g. with an aligned projection
-    when the image and text backbones differ (:mod:`sparsemm.models.lit`); it must live in
+    when the image and text backbones differ (:mod:`.models.lit`); it must live in
     the same space as ``text_encoder``'s output, and ``dense_texts`` then gives the captions
     in that space for the retrieval table: every caption's vector (n_texts, k), or a
     function ``rows -> (len(rows), k)`` called once with the caption rows of the evaluation

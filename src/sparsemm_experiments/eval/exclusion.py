@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.metrics import higher_is_better, parse_metric_name
-from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, jsonable, read_json, write_json
+from sparsemm_experiments.eval.metrics import higher_is_better, parse_metric_name
+from sparsemm_experiments.eval.tables import md_table
 
 logger = logging.getLogger(__name__)
 

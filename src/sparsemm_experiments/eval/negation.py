@@ -40,11 +40,9 @@ import scipy.sparse as sp
 
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.metrics import evaluate_rankings
-from sparsemm.eval.tables import md_table
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.detectors import ConceptDetectors
-from sparsemm.query.parse import Query, parse_query, strip_filler_words
+from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.strategies import (
     STRATEGIES,
     ExclusionContext,
@@ -53,13 +51,21 @@ from sparsemm.query.strategies import (
     TextEncoder,
     get_spec,
 )
+from sparsemm.query.text_parser import strip_filler_words
 from sparsemm.query.two_stage import DEFAULT_STRATEGY, rank_query
 from sparsemm.text import term_tokens
+
+# register the baselines (slq, paper, cbe, ...) whether or not an install recorded the
+# sparsemm.strategies entry points
+from sparsemm_experiments.baselines import cbe as _cbe  # noqa: F401
+from sparsemm_experiments.baselines import strategies as _baselines  # noqa: F401
 from sparsemm_experiments.eval.exclusion import (
     build_exclusion_queries,
     query_matrices,
     write_report,
 )
+from sparsemm_experiments.eval.metrics import evaluate_rankings
+from sparsemm_experiments.eval.tables import md_table
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from sparsemm.eval.metrics import evaluate_rankings
 from sparsemm.linalg import Matrix, normalize_rows
+from sparsemm_experiments.eval.metrics import evaluate_rankings
 
 
 def score_block(queries: Matrix, items: Matrix) -> np.ndarray:
@@ -66,7 +66,7 @@ def multi_target_ap(
 ) -> dict[str, float]:
     """Mean AP@k over queries with several relevant items (image-to-text: 5 captions each).
 
-    AP@k as defined once in :mod:`sparsemm.eval.metrics`.
+    AP@k as defined once in :mod:`sparsemm_experiments.eval.metrics`.
     """
     rankings = top_k_rows(queries, items, max(ks))
     rel = [set(np.asarray(r).tolist()) for r in relevant]

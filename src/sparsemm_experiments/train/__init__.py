@@ -1,1 +1,2 @@
-"""Training of VDR (:mod:`.vdr`) and LexLIP (:mod:`.lexlip`)."""
+"""Training of VDR (:mod:`.vdr`), LexLIP (:mod:`.lexlip`) and the linear aligner (:mod:`.lit`);
+the runs' cache of a model's concept detectors (:mod:`.detectors`)."""

@@ -22,9 +22,6 @@ from sparsemm.text import TERM_TEMPLATE, CaptionIndex, term_text
 logger = logging.getLogger(__name__)
 
 
-SLQ_TEMPLATE = "a photo of a {a} without a {b}"
-
-
 # texts' dense embeddings (n, k) + the texts -> sparse codes (n, d)
 QueryCoder = Callable[[np.ndarray, Sequence[str]], sp.csr_matrix]
 

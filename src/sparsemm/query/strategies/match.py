@@ -100,11 +100,6 @@ class Match(Strategy):
         for t in terms:
             self.reading(t)
 
-    def check(self, include: Sequence[str], exclude: Sequence[str]) -> None:
-        """Raise UnknownTerm for the first term the model cannot read."""
-        for t in (*include, *exclude):
-            self.reading(t)
-
     # -- scores ----------------------------------------------------------------------------
     def probability(self, include: Sequence[str], exclude: Sequence[str]) -> np.ndarray:
         """(n_items,) P(match | item)."""

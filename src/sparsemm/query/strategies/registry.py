@@ -1,4 +1,10 @@
-"""Strategies by name: :func:`register_strategy` (beside each class), :func:`get_strategy`."""
+"""Strategies by name: :func:`register_strategy` (beside each class), :func:`get_strategy`.
+
+A strategy of another package registers the same way, in a module that the package names in
+the ``sparsemm.strategies`` entry points (``name = "module"``): :func:`load_entry_points`
+imports those modules, so their strategies are listed and run by name like the library's
+(``sparsemm_experiments`` adds ``cbe`` this way).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any
 
 from sparsemm.errors import SparsemmError
@@ -46,6 +53,7 @@ class StrategySpec:
 
 STRATEGIES: dict[str, StrategySpec] = {}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+STRATEGY_GROUP = "sparsemm.strategies"
 
 
 def register_strategy(
@@ -91,3 +99,14 @@ def reorder_strategies(names: Sequence[str]) -> None:
     ordered = {n: STRATEGIES[n] for n in [*first, *rest]}
     STRATEGIES.clear()
     STRATEGIES.update(ordered)
+
+
+def load_entry_points() -> None:
+    """Import the modules the ``sparsemm.strategies`` entry points name; each registers its
+    strategies when imported. One that cannot be imported (a dependency missing) is skipped
+    with a debug log line, and its strategies are not offered."""
+    for ep in sorted(entry_points(group=STRATEGY_GROUP), key=lambda e: e.name):
+        try:
+            ep.load()
+        except ImportError as exc:
+            logger.debug("skipping the %s entry point %r: %s", STRATEGY_GROUP, ep.name, exc)

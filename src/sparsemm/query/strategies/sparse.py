@@ -1,5 +1,9 @@
-"""Sparse-code strategies: code similarity, code arithmetic, the SR paper's two-step, the
-hard filter and the soft penalty on an excluded term's dimensions.
+"""The hard filter on an excluded term's dimensions (``filter``), and the machinery of the
+strategies that pick a term's dimensions from its top items (:class:`TermDims`).
+
+Code similarity and arithmetic, the SR paper's two-step and the soft penalty, the baselines
+that use the same machinery, are research code (``sparsemm_experiments.baselines.strategies``,
+registered through the ``sparsemm.strategies`` entry points).
 """
 
 from __future__ import annotations
@@ -23,30 +27,9 @@ from sparsemm.query.strategies.registry import register_strategy
 logger = logging.getLogger(__name__)
 
 
-class CodeA(Strategy):
-    """cos(code(A), x) over the sparse codes: A alone."""
-
-    requires = ("codes", "text_encoder", "query_coder")
-    kind = "sparse"
-
-    def scores(self, a: str, b: str) -> np.ndarray:
-        return self.ctx.code_scores(self.ctx.term_code(a))
-
-
-class CodeArith(Strategy):
-    """cos(code(A)/|code(A)| - w code(B)/|code(B)|, x) over the sparse codes."""
-
-    requires = ("codes", "text_encoder", "query_coder")
-    kind = "sparse"
-    params: ClassVar[dict[str, Any]] = {"w": 0.5}
-
-    def scores(self, a: str, b: str) -> np.ndarray:
-        qa, qb = normalize_rows(self.ctx.term_code(a)), normalize_rows(self.ctx.term_code(b))
-        return np.asarray(self.ctx.codes_unit @ (qa - self.p["w"] * qb), dtype=np.float64)
-
-
-class _TermDims(Strategy):
-    """Shared machinery: a term's top-K items and the dimension sets built from them."""
+class TermDims(Strategy):
+    """Shared machinery: a term's top-K items and the dimension sets built from them (the
+    hard filter here; the paper's two-step and the soft penalty of the research package)."""
 
     requires = ("codes", "text_encoder", "query_coder")
     kind = "sparse"
@@ -120,29 +103,7 @@ class _TermDims(Strategy):
         return w
 
 
-class PaperTwoStep(_TermDims):
-    """SR paper Sec. 4.3: D = D_A minus D_B; rank by mass on D (see module docstring)."""
-
-    params: ClassVar[dict[str, Any]] = {"top_k": 50, "share": 0.5, "pool": "topk"}
-
-    def scores(self, a: str, b: str) -> np.ndarray:
-        k, share = self.p["top_k"], self.p["share"]
-        da, db = self.item_dims(a, k, share), self.item_dims(b, k, share)
-        mass = self.ctx.mass_on(np.setdiff1d(da, db))
-        sim = self.ctx.code_scores(self.ctx.term_code(a))
-        # Lexicographic (mass on D, then A's similarity): sim is a cosine in [-1, 1].
-        score = mass * 4.0 + (sim + 1.0) / 2.0
-        if self.p["pool"] == "topk":
-            out = np.full(self.ctx.n_items, -np.inf)
-            pool = self.top_items(a, k)
-            out[pool] = score[pool]
-            return out
-        if self.p["pool"] != "all":
-            raise SparsemmError(f"pool must be 'topk' or 'all', got {self.p['pool']!r}")
-        return score
-
-
-class HardFilter(_TermDims):
+class HardFilter(TermDims):
     """cos(code(A), x), dropping items with a value > threshold on any of B's dims."""
 
     params: ClassVar[dict[str, Any]] = {
@@ -161,38 +122,6 @@ class HardFilter(_TermDims):
         return s
 
 
-class SoftPenalty(_TermDims):
-    """cos(code(A), x) - lam * sum_j b_j x_j over B's dims (weights from ``b_weights``)."""
-
-    params: ClassVar[dict[str, Any]] = {
-        "dims": "specific",
-        "share": 0.5,
-        "top_k": 50,
-        "ratio": 2.0,
-        "lam": 1.0,
-    }
-
-    def scores(self, a: str, b: str) -> np.ndarray:
-        s = self.ctx.code_scores(self.ctx.term_code(a))
-        w = self.b_weights(a, b)
-        w = w / max(float(np.linalg.norm(w)), 1e-12)
-        pen = np.asarray(self.ctx.codes_unit @ w, dtype=np.float64).ravel()
-        return s - self.p["lam"] * pen
-
-
-register_strategy("code_a", CodeA, "sparse: cos(code(A), x), B ignored (reference)")
-register_strategy(
-    "paper",
-    PaperTwoStep,
-    "sparse: SR paper two-step, re-rank A's top-K by mass on D_A minus D_B",
-    grid={"top_k": [10, 25, 50, 100], "share": [0.3, 0.5, 0.7, 0.9], "pool": ["topk", "all"]},
-)
-register_strategy(
-    "code_arith",
-    CodeArith,
-    "sparse: cos(code(A) - w code(B), x)",
-    grid={"w": [0.25, 0.5, 0.75, 1.0, 1.5]},
-)
 register_strategy(
     "filter",
     HardFilter,
@@ -201,15 +130,5 @@ register_strategy(
         "dims": ["query", "items", "specific", "bias"],
         "share": [0.1, 0.3, 0.5],
         "threshold": [0.05, 0.1, 0.2, 0.3],
-    },
-)
-register_strategy(
-    "penalty",
-    SoftPenalty,
-    "sparse: cos(code(A), x) - lam * (x on B's dims)",
-    grid={
-        "dims": ["specific", "query", "bias"],
-        "ratio": [1.0, 2.0, 4.0],
-        "lam": [0.25, 0.5, 1.0, 2.0],
     },
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparsemm.eval.tables import md_table
+from sparsemm_experiments.eval.tables import md_table
 
 
 def test_md_table_lines_by_hand() -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sparsemm.errors import SparsemmError
-from sparsemm.eval.metrics import (
+from sparsemm_experiments.eval.metrics import (
     METRIC_FUNCTIONS,
     ap_at_k,
     evaluate_rankings,

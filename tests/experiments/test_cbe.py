@@ -13,7 +13,7 @@ from sparsemm.query.strategies import (
     ReferenceSet,
     get_strategy,
 )
-from sparsemm.query.strategies.cbe import ContentBasedExclusion, top_mean
+from sparsemm_experiments.baselines.cbe import ContentBasedExclusion, top_mean
 
 WORDS = ["dog", "cat", "car", "tree"]
 

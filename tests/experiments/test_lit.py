@@ -10,9 +10,9 @@ import torch
 
 from sparsemm.cli.main import main
 from sparsemm.errors import SparsemmError
-from sparsemm.models.lit import AlignConfig, AlignedTextEncoder, LinearAligner
-from sparsemm.train.lit import train_aligner
 from sparsemm.train.sr import SRTrainConfig
+from sparsemm_experiments.models.lit import AlignConfig, AlignedTextEncoder, LinearAligner
+from sparsemm_experiments.train.lit import train_aligner
 
 
 def _pairs(seed: int = 0):
@@ -64,7 +64,7 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
 
 def _interrupting_run(img, txt, pi, out: Path, tc: SRTrainConfig) -> None:
     """Train until the epoch-2 checkpoint lands, then stop as a Ctrl-C would."""
-    import sparsemm.train.lit as lit
+    import sparsemm_experiments.train.lit as lit
 
     real = lit.save_checkpoint
 
@@ -114,6 +114,7 @@ def test_bad_inputs(tmp_path: Path) -> None:
         )
 
 
+@pytest.mark.usefixtures("declared_entry_points")
 def test_cli_train_align(tmp_path: Path, capsys) -> None:
     from sparsemm.data.collection import write_collection
 

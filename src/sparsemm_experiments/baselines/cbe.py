@@ -21,6 +21,10 @@ public, so this module implements the following rule (our reading, stated exactl
    largest cosines between x and the members of ``N_B`` (``neighbours=1``: nearest B image).
 4. Score: ``s_A(x) - w * sim_B(x)``; with ``threshold`` set, items with
    ``sim_B(x) >= threshold`` are dropped outright (hard exclusion).
+
+Registered as ``cbe`` when imported; the ``sparsemm.strategies`` entry points import it with
+:mod:`sparsemm.query.strategies`, so ``sparsemm search --strategy cbe`` and the benchmarks
+find it by name.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Training loop for the linear alignment baseline (:mod:`sparsemm.models.lit`).
+"""Training loop for the linear alignment baseline (:mod:`sparsemm_experiments.models.lit`).
 
 Same pairs, batches, optimiser and InfoNCE as SR (:mod:`sparsemm.train.sr`), so the dense and
 sparse models of a comparison have seen exactly the same data. Resumable (checkpoint per
@@ -14,11 +14,11 @@ import numpy as np
 import torch
 
 from sparsemm.io import write_json
-from sparsemm.models.lit import AlignConfig, LinearAligner
 from sparsemm.train.checkpoint import save_checkpoint
 from sparsemm.train.loop import fit_epochs, pair_tensors
 from sparsemm.train.losses import info_nce
 from sparsemm.train.sr import SRTrainConfig, data_fingerprint
+from sparsemm_experiments.models.lit import AlignConfig, LinearAligner
 
 
 def train_aligner(
