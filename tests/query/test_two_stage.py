@@ -262,3 +262,30 @@ def test_scan_equals_brute_force(tmp_path: Path) -> None:
         assert res.rows.tolist() == want[0].tolist()
         assert np.array_equal(res.scores, want[1])
         assert served_rank(index, full, q, k=10, offset=2).mode == "scan"
+
+
+def test_a_strategy_over_some_rows_scores_them_as_the_full_context_does(
+    searcher: Searcher, tmp_path: Path
+) -> None:
+    """Strategy.over: the same strategy and parameters over a context of just the given rows
+    (ExclusionContext.sub), sharing the text caches, so a served path's rescoring and a
+    ranking over every item agree; the match scorer given to served_match ranks as one it
+    builds, and refuses parameters it was not built with."""
+    q = parse_query("dog but not cat")
+    full = build_strategy(searcher.context, "hybrid", beta=0.5)
+    rows = np.array([0, 2, 3], dtype=np.int64)
+    sub = full.over(searcher.context.items_codes[rows])
+    assert type(sub) is type(full) and sub.p == full.p
+    assert sub.ctx._emb is searcher.context._emb and sub.ctx.readings is searcher.context.readings
+    want = two_stage.score_query(searcher.context, q, full)[rows]
+    assert np.array_equal(two_stage.score_query(sub.ctx, q, sub), want)
+    _codes, index, full, rng = _random_world(tmp_path / "w", seed=0)
+    text = full.sub(sp.csr_matrix((0, D), dtype=np.float32))
+    match = build_strategy(text, "match")
+    for q in _queries(rng, 10):
+        given = two_stage.served_match(index, match, q, k=5, candidates=16)
+        built = two_stage.served_match(index, text, q, k=5, candidates=16)
+        assert given.rows.tolist() == built.rows.tolist()
+        assert np.array_equal(given.scores, built.scores)
+    with pytest.raises(SparsemmError, match="parameters"):
+        two_stage.served_match(index, match, q, k=3, resolution=0.1)
