@@ -252,7 +252,7 @@ def test_warm_app_builds_the_served_paths_memory(web_collection: Path) -> None:
 
 
 def test_warm_app_runs_one_search_before_the_first_request(
-    web_collection: Path, monkeypatch: pytest.MonkeyPatch
+    web_collection: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """``warm`` searches once through the default path, so the first request finds the text
     encoder and the scorer's readings loaded; a model that cannot read the warm query still
@@ -272,6 +272,21 @@ def test_warm_app_runs_one_search_before_the_first_request(
     searched.clear()
     create_app(searcher=Searcher(web_collection, encoder=WebKeywordEncoder()), warm=False)
     assert searched == []
+
+    # with a store of texts seen before, the text model itself is built too, so the first
+    # never-seen word does not wait for it
+    from sparsemm.encoders.text_store import StoredTextEncoder, TextEmbeddingStore
+
+    def stored() -> StoredTextEncoder:
+        enc = WebKeywordEncoder()
+        store = TextEmbeddingStore(tmp_path / "texts", {"name": "k", "dim": enc.dim})
+        return StoredTextEncoder(lambda: enc, store, "k", enc.dim)
+
+    monkeypatch.setattr(Searcher, "search", lambda self, *a, **kw: [])  # texts all stored
+    for warm in (True, False):
+        encoder = stored()
+        create_app(searcher=Searcher(web_collection, encoder=encoder), warm=warm)
+        assert encoder.loaded == warm
 
     def refusing(self: Searcher, query: object, *a: object, **kw: object) -> object:
         raise SparsemmError("'person' is not something this model can see")

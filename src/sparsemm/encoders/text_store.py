@@ -308,6 +308,11 @@ class StoredTextEncoder:
         """Whether the real encoder has been built."""
         return self._base is not None
 
+    def load_text_model(self) -> None:
+        """Build the real encoder now, not at the first text the store does not hold (a
+        server about to meet never-seen words)."""
+        _ = self.base
+
     def __getattr__(self, name: str) -> Any:
         # "base" arrives here when building the encoder raised AttributeError: no recursion
         if name.startswith("_") or name == "base":

@@ -185,9 +185,8 @@ def _prepare(searcher: Searcher, warm: bool, batch_texts: bool) -> None:
         _warm_search(searcher)
 
 
-# A query whose search loads what any later one needs (the text encoder, the default
-# scorer's vocabulary and term readings, its unit lists), so that the first user's request
-# does not wait for them.
+# A query whose search loads what any later one needs (the default scorer's term readings,
+# its unit lists), so that the first user's request does not wait for them.
 WARM_QUERY = "a person but not a dog"
 
 
@@ -198,6 +197,14 @@ def _warm_search(searcher: Searcher) -> None:
         searcher.search(WARM_QUERY, k=1)
     except SparsemmError as exc:
         log.debug("warm search skipped: %s", exc)
+    # the warm query's texts may come from the store of texts seen before: the text model
+    # itself is built now too, for the first never-seen word
+    load = getattr(searcher.encoder, "load_text_model", None)
+    try:
+        if load is not None:
+            load()
+    except SparsemmError as exc:  # texts seen before are still answered from the store
+        log.warning("the text model could not be loaded: %s", exc)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
