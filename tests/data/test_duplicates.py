@@ -15,6 +15,7 @@ from PIL import Image
 import sparsemm.data.sync as sync
 from sparsemm.data.collection import open_collection
 from sparsemm.data.sync import SyncReport, read_photos, sync_folder
+from sparsemm.errors import SparsemmError
 
 INFO = {"name": "minilm", "dim": 4}
 
@@ -185,3 +186,26 @@ def test_a_killed_run_loses_nothing(
     assert sorted(items) == ["c.jpg", "copy/b.jpg", "e.bmp", "f.bmp"]
     assert items["c.jpg"]["also"] == ["d.jpg"] and "also" not in items["copy/b.jpg"]
     assert report.renamed == [("a.jpg", "copy/b.jpg")] and report.removed == []
+
+
+def test_a_rerun_whose_new_files_are_all_broken_skips_them(tmp_path: Path, folder: Path) -> None:
+    """New files that cannot be read are skipped on a re-run even when no new file can be
+    read (the collection keeps its photos, and a new copy still joins its photo); only a
+    folder with nothing readable at all is an error."""
+    col = tmp_path / "col"
+    run(folder, col, _Colours())
+    (folder / "trunc.jpg").write_bytes((folder / "c.jpg").read_bytes()[:100])
+    (folder / "zero.jpg").write_bytes(b"")
+    (folder / "text.jpg").write_text("not a picture")
+    shutil.copyfile(folder / "c.jpg", folder / "c-copy.jpg")
+    run(folder, col, _Colours())
+    items = by_id(col)
+    assert sorted(items) == ["a.jpg", "c.jpg", "e.bmp", "f.bmp"]
+    assert items["c.jpg"]["also"] == ["c-copy.jpg"]
+    skipped = {s["id"] for s in open_collection(col).skipped()}
+    assert {"trunc.jpg", "text.jpg"} <= skipped
+    only_bad = tmp_path / "bad"
+    only_bad.mkdir()
+    (only_bad / "text.jpg").write_text("not a picture")
+    with pytest.raises(SparsemmError, match="none of the 1 images could be embedded"):
+        run(only_bad, tmp_path / "col2", _Colours())

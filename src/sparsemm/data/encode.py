@@ -237,6 +237,7 @@ def encode_images_skipping(
     batch_size: int = 32,
     progress: bool = True,
     skip: bool = True,
+    require_one: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
     """Embed ``images`` batch by batch, leaving out the ones that cannot be embedded.
 
@@ -244,7 +245,8 @@ def encode_images_skipping(
     "image", "error"}``); rows of skipped images are zero. A batch whose encoding raises
     SparsemmError (an unreadable file) is redone image by image, so one bad file costs
     one batch, not the run; an image embedded as NaN/inf is skipped too. With ``skip=False``
-    the first bad image raises. Raises SparsemmError when no image could be embedded.
+    the first bad image raises. Raises SparsemmError when no image could be embedded, unless
+    ``require_one`` is False (a re-run whose collection keeps other photos).
     """
     n, dim = len(images), int(encoder.dim)
     emb = np.zeros((n, dim), dtype=np.float32)
@@ -294,7 +296,7 @@ def encode_images_skipping(
         errors[row] = f"the {encoder.name} encoder gave NaN or inf for this image"
         emb[row] = 0.0
     skipped = [{"id": ids[i], "image": str(images[i]), "error": errors[i]} for i in sorted(errors)]
-    if skipped and not ok.any():
+    if skipped and not ok.any() and require_one:
         raise SparsemmError(
             f"none of the {n} images could be embedded (first error: {skipped[0]['error']}); "
             "check the source"

@@ -502,6 +502,8 @@ def _embed_images(
             [order[p]["id"] for p in todo],
             batch_size=batch_size,
             progress=progress,
+            # new files that all fail are skipped when the collection keeps other photos
+            require_one=len(todo) == len(order),
         )
         emb[todo] = new_emb
         ok[todo] = good
