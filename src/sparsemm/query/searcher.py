@@ -20,14 +20,13 @@ from typing import Any
 import numpy as np
 
 from sparsemm.errors import SparsemmError
-from sparsemm.query.handle import IndexedCollection
 from sparsemm.query.hits import Answer, Concept, ExcludedCheck, Hit, explained_hits, explainer
 from sparsemm.query.index_engine import filter_search
 from sparsemm.query.like import like_term, without_excluded_self
 from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.request import MATCH_THRESHOLD, QueryRequest, min_score_refusal
-from sparsemm.query.scorers import refuse_self_exclusion
 from sparsemm.query.strategies import Match, Strategy, StrategySpec, available_strategies, get_spec
+from sparsemm.query.term_checks import TermChecks
 from sparsemm.query.two_stage import (
     ServedResult,
     count_matches,
@@ -35,141 +34,12 @@ from sparsemm.query.two_stage import (
     served_match,
     served_rank,
 )
-from sparsemm.text import singular, tokenize
-
-CHECK_BATCH = 16  # query terms embedded per encoder call when checking them
 
 
-class Searcher(IndexedCollection):
+class Searcher(TermChecks):
     """Answer queries over one indexed collection (see the module docstring)."""
 
     last_served: ServedResult | None = None  # how the last search was served (index path)
-
-    # -- terms: can the model read them? --------------------------------------------------
-    def unknown_words(self, query: Query | str) -> list[str]:
-        """Words of ``query``'s terms that this searcher has never seen, in query order: in
-        none of the model's detector vocabulary or dimension names, the words of the
-        collection's captions and labels, or the text encoder's whole-word vocabulary (when
-        it has one: MiniLM's WordPiece words). Such a word ("xqzvbl", a typo) is still
-        encoded, as subword pieces, and searched or excluded by what the pieces mean; the
-        CLI, the web API and the page name it so the result is not trusted in silence.
-        Stop words are never reported; a query with no vocabulary to check against reports
-        nothing."""
-        q = parse_query(query) if isinstance(query, str) else query
-        words = [w for t in (*q.include, *q.exclude) for w in tokenize(t)]
-        missing = [w for w in dict.fromkeys(words) if not self._knows(w, cheap=True)]
-        return [w for w in missing if not self._knows(w, cheap=False)]
-
-    def _knows(self, word: str, cheap: bool) -> bool:
-        forms = {word, singular(word)}
-        if cheap:
-            detectors = self.model.detectors
-            if detectors is not None and any(f in detectors for f in forms):
-                return True
-            vocab = getattr(self.encoder, "word_vocabulary", None)
-            words = vocab() if callable(vocab) else None
-            return bool(words and forms & words)
-        if self.seen_words is None:  # captions, labels and dimension names, read once
-            seen: set[str] = set()
-            names = self.model.dim_names() or []  # ImageNet classes, VDR tokens
-            for it in [*self.collection.items, {"labels": names}]:
-                for text in [*(it.get("captions") or []), *(it.get("labels") or [])]:
-                    toks = tokenize(str(text))
-                    seen.update(toks)
-                    seen.update(singular(t) for t in toks)
-            self.seen_words = frozenset(seen)
-        return bool(forms & self.seen_words)
-
-    def check_terms(self, query: Query, strategy: str) -> None:
-        """Raise SparsemmError naming a query term that means nothing to the model: its query
-        code (sparse strategies) or text embedding (dense ones) is all zeros, or it holds no
-        letter or digit (emoji, symbols), so searching for it would return nothing (or noise)
-        and excluding it would silently exclude nothing.
-
-        ``strategy`` is a registered strategy name or a kind ("sparse" / "dense"). The
-        messages are those of the web API (:mod:`sparsemm.web.app`).
-        """
-        if strategy == "match":
-            self._check_match(query, self.match_strategy())
-            return
-        kind = strategy if strategy in ("sparse", "dense") else get_spec(strategy).kind
-        ctx = self.text_context
-        # Embed (and code) the terms in batches first: one at a time, the 32 terms of a full
-        # query were 66 encoder calls (seconds); batches of CHECK_BATCH stay on the light
-        # MiniLM path. Same vectors, cached for the search that follows.
-        unique = list(dict.fromkeys([*query.include, *query.exclude]))
-        for i in range(0, len(unique), CHECK_BATCH):
-            ctx.prefetch(unique[i : i + CHECK_BATCH], codes=kind == "sparse")
-        for side, terms in (("search for", query.include), ("exclude", query.exclude)):
-            for term in terms:
-                # A term without a letter or digit (emoji, symbols) names no concept, though
-                # a subword encoder embeds it (as [UNK] or byte pieces) to a non-zero vector.
-                wordless = not any(ch.isalnum() for ch in term)
-                vec = ctx.term_code(term) if kind == "sparse" else ctx.term_embedding(term)
-                if wordless or not np.any(vec):
-                    raise SparsemmError(
-                        f"{term!r} matches no concept of this collection's model, so it "
-                        f"cannot {side} anything; check the spelling or try another word"
-                    )
-
-    def _check_match(self, query: Query, strat: Match) -> None:
-        """Raise SparsemmError for a term the match scorer ``strat`` (over the text context)
-        cannot read: no letter or digit, nothing the model can see (UnknownTerm, with the
-        closest concepts it knows), or a phrase whose code is empty. Readings are cached for
-        the search that follows."""
-        ctx = strat.ctx
-        readings = []
-        for side, terms in (("search for", query.include), ("exclude", query.exclude)):
-            for term in terms:
-                if not any(ch.isalnum() for ch in term):
-                    raise SparsemmError(
-                        f"{term!r} matches no concept of this collection's model, so it "
-                        f"cannot {side} anything; check the spelling or try another word"
-                    )
-                readings.append((side, term, strat.reading(term)))
-        # every text the search will embed or code, in batches: the terms, the include
-        # text (ties) and the words of the detectors a term is read through
-        texts = [*query.include, *query.exclude]
-        if query.include:
-            texts.append(strat.tie_text(query.include))
-        for _, _, reading in readings:
-            texts.extend(strat.scorer.texts(reading))
-        unique = list(dict.fromkeys(texts))
-        for i in range(0, len(unique), CHECK_BATCH):
-            ctx.prefetch(unique[i : i + CHECK_BATCH], codes=ctx.query_coder is not None)
-        for side, term, reading in readings:
-            if reading.kind == "similarity" and not np.any(ctx.term_code(term)):
-                raise SparsemmError(
-                    f"{term!r} matches no concept of this collection's model, so it "
-                    f"cannot {side} anything; check the spelling or try another word"
-                )
-        refuse_self_exclusion(readings, strat.scorer.vocabulary)
-
-    def notes(self, query: str | Query, strategy: str | None = None) -> list[str]:
-        """What the served scorer says about how it read the query's terms ("'woman' is
-        searched as 'person': ..."): empty for other strategies or unknown terms."""
-        q = parse_query(query) if isinstance(query, str) else query
-        return self._read_terms(q, strategy or self.default_strategy)[0]
-
-    def _read_terms(self, q: Query, strategy: str) -> tuple[list[str], list[str]]:
-        """(:meth:`notes`, :meth:`unknown_words` less the words of terms the match scorer read
-        as concepts: through the hierarchy, not as subword pieces, "selfie" read as a face),
-        reading each term once."""
-        unknown = self.unknown_words(q)
-        if strategy != "match":
-            return [], unknown
-        notes: list[str] = []
-        read: set[str] = set()
-        strat = self.match_strategy()
-        for t in (*q.include, *q.exclude):
-            try:
-                reading = strat.reading(t)
-            except SparsemmError:
-                continue
-            notes += [n for n in reading.notes if n not in notes]
-            if reading.kind == "concepts":
-                read.update(tokenize(t))
-        return notes, [w for w in unknown if w not in read]
 
     # -- search ----------------------------------------------------------------------------
     def count_matches(
