@@ -46,3 +46,10 @@ def test_the_size_check_finds_long_modules_and_functions(tmp_path: Path) -> None
     modules, functions = too_long(tmp_path)
     assert modules == [f"long_module.py: {MAX_MODULE_LINES + 1} lines"]
     assert functions == [f"long_function.py:1 f: {MAX_FUNCTION_LINES + 2} lines"]
+
+
+def test_the_searcher_stays_short() -> None:
+    """``query/searcher.py`` answers queries and delegates the rest (term checks, the
+    collection handle, hits, the served path): at most 300 lines."""
+    lines = (SRC / "query" / "searcher.py").read_text(encoding="utf-8").count("\n")
+    assert lines <= 300, f"query/searcher.py has {lines} lines"
