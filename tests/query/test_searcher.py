@@ -294,3 +294,49 @@ def test_an_answer_round_trips_through_json(searcher: Searcher) -> None:
     served = dict(data, k=5, offset=0, like=None)
     served["hits"] = [dict(h, image="/img/x", thumb=None, violations=[]) for h in data["hits"]]
     assert Answer.from_json(served).to_json() == data
+
+
+def test_an_empty_answer_says_why(searcher: Searcher, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the match scorer finds nothing, the answer says why, read over every item: a
+    wanted thing no item shows, wanted things only found apart, or every item with them
+    also showing what is left out; a search that finds items says none of this."""
+    from sparsemm.query.parse import parse_query
+    from sparsemm.query.request import build_request
+    from sparsemm.query.strategies import get_spec
+
+    ids = list(searcher.collection.ids)
+    shows = {"cup": {"d1"}, "table": {"d2", "d3"}, "plate": {"d1"}, "spoon": set()}
+
+    class Scorer:  # P(term | item) where the item shows it (a plate surely), else 0
+        def term_probability(self, term: str, excluded: bool = False) -> np.ndarray:
+            sure = 1.0 if term == "plate" else 0.9
+            return np.array([sure if i in shows[term] else 0.0 for i in ids])
+
+        def probability(self, include: tuple[str, ...], exclude: tuple[str, ...]) -> np.ndarray:
+            p = np.ones(len(ids))
+            for t in include:
+                p = p * self.term_probability(t)
+            for t in exclude:
+                p = p * (1.0 - self.term_probability(t))
+            return p
+
+    monkeypatch.setattr(searcher, "match_strategy", lambda ctx=None, **kw: Scorer())
+    note = searcher.empty_note
+    assert note(parse_query("a spoon and a cup")) == (
+        "no item shows 'spoon': its match is 0% for every item"
+    )
+    assert note(parse_query("a cup and a table")) == (
+        "no item shows these together ('cup' in 1 item, 'table' in 2 items); "
+        "search them one at a time"
+    )
+    assert note(parse_query("a cup but no plate")) == (
+        "every item showing what is wanted also shows what is left out"
+    )
+    assert note(parse_query("a cup and a plate")) is None
+    assert note(parse_query("no cups")) is None
+    # the answer of the match scorer carries the note when it has no hits
+    monkeypatch.setattr(searcher, "strategy_spec", lambda name=None: get_spec("match"))
+    monkeypatch.setattr(searcher, "_read_terms", lambda q, name: ([], []))
+    monkeypatch.setattr(searcher, "_ranked", lambda *a, **kw: ([], None))
+    answer = searcher.answer(build_request("a cup and a table", k=5))
+    assert answer.hits == [] and answer.notes == [note(parse_query("a cup and a table"))]

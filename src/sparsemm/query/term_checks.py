@@ -149,3 +149,23 @@ class TermChecks(IndexedCollection):
             if reading.kind == "concepts":
                 read.update(tokenize(t))
         return notes, [w for w in unknown if w not in read]
+
+    def empty_note(self, q: Query) -> str | None:
+        """Why the match scorer found no item for ``q``, read over every item: a wanted thing
+        no item shows, wanted things found only apart, or every item with them also showing
+        a thing to leave out. None when the query has nothing wanted or items do match."""
+        if not q.include:
+            return None
+        strat = self.match_strategy(self.context)
+        shown = {t: int((strat.term_probability(t) > 0).sum()) for t in q.include}
+        if not all(shown.values()):
+            none = next(t for t, n in shown.items() if n == 0)
+            return f"no item shows {none!r}: its match is 0% for every item"
+        together = strat.probability(q.include, ())
+        if len(q.include) > 1 and not together.any():
+            apart = ", ".join(f"{t!r} in {n} item{'s' * (n != 1)}" for t, n in shown.items())
+            return f"no item shows these together ({apart}); search them one at a time"
+        if q.exclude and not strat.probability(q.include, q.exclude).any():
+            return "every item showing what is wanted also shows what is left out"
+        return None
+
