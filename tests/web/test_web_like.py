@@ -159,7 +159,8 @@ def test_cli_like(web_collection: Path, capsys: pytest.CaptureFixture[str]) -> N
         main(["search", str(web_collection), "--like", "db1", "no ball", "extra"])
     capsys.readouterr()
     assert main(["search", "--like", "nope", str(web_collection)]) != 0
-    assert "no item 'nope'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no item 'nope'" in err and "no picture file at that path" in err
     assert main(["search", "--like", "d1", str(web_collection), "cat"]) != 0
     assert "only takes terms to leave out" in capsys.readouterr().err  # the API's message
 

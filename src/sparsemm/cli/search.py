@@ -203,7 +203,9 @@ def forward(args: argparse.Namespace) -> dict | None:
             min_score=args.min_score, like=args.like,
         )  # fmt: skip
     except NotOnServer:  # worded as the local search words it (Searcher.row_of)
-        raise SparsemmError(f"no item {args.like!r} in {args.collection}; check the id") from None
+        from sparsemm.query.handle import no_item
+
+        raise SparsemmError(no_item(args.like, args.collection)) from None
 
 
 def like_header(like: str) -> str:

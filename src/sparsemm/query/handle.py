@@ -519,5 +519,13 @@ class IndexedCollection:
         if row is None:  # a file name given with its own bytes (caf\xe9.png)
             row = self._rows.get(text_name(str(item_id)))
         if row is None:
-            raise SparsemmError(f"no item {item_id!r} in {self.collection.root}; check the id")
+            raise SparsemmError(no_item(item_id, self.collection.root))
         return row
+
+
+def no_item(item_id: str, collection: str | Path) -> str:
+    """The one-line error for a "more like this" that names neither an item nor a file."""
+    return (
+        f"no item {item_id!r} in {collection}, and no picture file at that path; "
+        "give an item id (as search prints it) or the path of a picture"
+    )

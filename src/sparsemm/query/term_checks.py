@@ -168,4 +168,3 @@ class TermChecks(IndexedCollection):
         if q.exclude and not strat.probability(q.include, q.exclude).any():
             return "every item showing what is wanted also shows what is left out"
         return None
-
