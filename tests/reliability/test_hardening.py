@@ -181,6 +181,8 @@ def test_deep_json_in_a_manifest_is_one_error(index_root: Path) -> None:
 
 def test_a_query_of_common_words_only_is_refused(toy_collection: Path, cli: Any) -> None:
     cli("search", str(toy_collection), "it is", "--no-server").one_line_error("only common words")
+    emoji = cli("search", str(toy_collection), "\U0001f436 but not \U0001f431", "--no-server")
+    emoji.one_line_error("no words, only symbols or emoji")
 
 
 def test_paths_can_end_with_nul(toy_collection: Path, cli: Any) -> None:

@@ -155,8 +155,10 @@ def build_query(q: str = "", include: Sequence[str] = (), exclude: Sequence[str]
     terms = [*query.include, *query.exclude]
     if terms and not any(tokenize(t) for t in terms):
         shown = ", ".join(repr(t) for t in terms[:4])
+        symbols = not any(c.isalnum() for t in terms for c in t)
+        kind = "no words, only symbols or emoji" if symbols else "only common words"
         raise SparsemmError(
-            f"the query holds only common words ({shown}), which name nothing to find; "
+            f"the query holds {kind} ({shown}), which name nothing to find; "
             "say what to search for, e.g. 'dog but not cat'"
         )
     n_inc, n_exc = len(query.include), len(query.exclude)
