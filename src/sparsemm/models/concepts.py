@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 MODEL_TYPE = "imagenet_concepts"
 FACE_UNIT_NAME = "person (face)"
 IMPLIED_FILE = "imagenet_implied.json"  # in sparsemm/concepts/data
+# ImageNet classes filed under a WordNet sense other than what the class shows: class 968
 # "cup" is n07930864, a mixed drink, while its photos are cups (placed at cup.n.01).
 CLASS_SENSES = {"n07930864": "n03147509"}
 

@@ -38,7 +38,6 @@ PHOTO_DEFAULTS: dict[str, Any] = {
     "exclude_presence_bias": 1.481,
     "broader_share": 0.208,
 }
-# ImageNet classes filed under a WordNet sense other than what the class shows: class 968
 
 
 def imagenet_class_texts() -> tuple[list[str], list[str]]:
