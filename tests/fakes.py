@@ -494,3 +494,122 @@ def toy_word_vectors(dim: int = 16, per_cluster: int = 20, seed: int = 0) -> Wor
             words.append(name if i == 0 else name + chr(ord("a") + i))
             rows.append(centers[c] + 0.3 * rng.normal(0.0, 1.0, dim))
     return WordVectors(words, np.asarray(rows, dtype=np.float32))
+
+
+# -- toy corpora shared by test files of the library and of the research package ----------
+
+# A collection of labelled, captioned items: labels from CAPTION_LABELS, captions that
+# mention most of them in a CAPTION_FILLER place.
+CAPTION_LABELS = ["dog", "cat", "car", "tree", "person", "ball", "bench", "kite"]
+CAPTION_FILLER = ["park", "street", "grass", "sky"]
+
+
+def labelled_caption_collection(
+    path: Path, encoder: Any, n_train: int = 60, n_test: int = 40
+) -> Any:
+    """Items with 1-3 labels; three captions each mention most labels (some are left
+    unmentioned); an item's image view is the mean of its captions' ``encoder`` embeddings
+    (the caption proxy). Written under ``encoder``'s name."""
+    from sparsemm.data.collection import write_collection
+
+    rng = np.random.default_rng(0)
+    items: list[dict[str, Any]] = []
+    texts: list[dict[str, Any]] = []
+    for i in range(n_train + n_test):
+        size = int(rng.integers(1, 4))
+        labels = sorted(rng.choice(CAPTION_LABELS, size=size, replace=False).tolist())
+        caps = []
+        for _ in range(3):
+            said = [w for w in labels if rng.random() < 0.8] or labels[:1]
+            caps.append(f"a {' and a '.join(said)} in the {rng.choice(CAPTION_FILLER)}")
+        split = "train" if i < n_train else "test"
+        items.append({"id": str(i), "labels": labels, "captions": caps, "split": split})
+        texts += [{"item": i, "text": c} for c in caps]
+    text_emb = encoder.encode_text([t["text"] for t in texts])
+    owner = np.array([t["item"] for t in texts])
+    views = np.stack([text_emb[owner == i].mean(axis=0) for i in range(len(items))])
+    views /= np.linalg.norm(views, axis=1, keepdims=True)
+    return write_collection(
+        path,
+        items,
+        {"name": encoder.name, "dim": int(encoder.dim)},
+        image_emb=views,
+        text_emb=text_emb,
+        texts=texts,
+    )
+
+
+# SpLiCE's concept vocabulary for the decomposer tests, and random unit embeddings of it.
+SPLICE_CONCEPTS = ["dog", "cat", "car", "tree", "person", "ball", "bench", "kite"]
+
+
+def splice_concept_embeddings(k: int = 16, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    e = rng.normal(size=(len(SPLICE_CONCEPTS), k)).astype(np.float32)
+    return e / np.linalg.norm(e, axis=1, keepdims=True)
+
+
+# Items as keyword weights (dims: dog, cat, car, tree), for the exclusion strategies' worked
+# examples: the codes are the keyword weights and a query's code its keyword one-hot.
+TOY_WORDS = ["dog", "cat", "car", "tree"]
+TOY_ITEMS = np.array(
+    [
+        [1.0, 0.0, 0.0, 0.0],  # 0: dog
+        [1.0, 0.8, 0.0, 0.0],  # 1: dog + cat
+        [0.0, 1.0, 0.0, 0.0],  # 2: cat
+        [0.0, 0.0, 1.0, 0.0],  # 3: car
+        [0.9, 0.0, 0.0, 0.5],  # 4: dog + tree
+        [0.0, 1.0, 0.0, 0.4],  # 5: cat + tree
+    ],
+    dtype=np.float32,
+)
+
+
+def identity_coder(emb: np.ndarray, texts: Sequence[str]) -> Any:
+    """Query codes = the keyword one-hot itself (codes share the keyword dimensions)."""
+    import scipy.sparse as sp
+
+    return sp.csr_matrix(np.maximum(emb, 0.0))
+
+
+def toy_context() -> Any:
+    """An ExclusionContext over TOY_ITEMS (dense and codes) with the keyword text encoder."""
+    import scipy.sparse as sp
+
+    from sparsemm.query.strategies import ExclusionContext
+
+    return ExclusionContext(
+        items_dense=TOY_ITEMS,
+        items_codes=sp.csr_matrix(TOY_ITEMS),
+        text_encoder=term_word_encoder(TOY_WORDS)(),
+        query_coder=identity_coder,
+    )
+
+
+# Dimension naming: 8 items whose captions share the template "a grid of photos"; dim 0 =
+# dogs, dim 1 = cats, dim 2 = nothing active.
+NAMING_CAPTIONS = [
+    ["a grid of photos with a dog"],
+    ["a grid of photos with two dogs"],
+    ["a grid of photos with a dog and a ball"],
+    ["a grid of photos with a cat"],
+    ["a grid of photos with a cat and a ball"],
+    ["a grid of photos with cats"],
+    ["a grid of photos with a hot dog"],
+    ["a grid of photos with a ball"],
+]
+NAMING_LABELS = [["dog"], ["dog"], ["dog", "ball"], ["cat"], ["cat", "ball"], ["cat"], [], ["ball"]]
+NAMING_CODES = np.array(
+    [
+        [0.9, 0.0, 0.0],
+        [0.8, 0.0, 0.0],
+        [0.7, 0.1, 0.0],
+        [0.0, 0.9, 0.0],
+        [0.1, 0.8, 0.0],
+        [0.0, 0.7, 0.0],
+        [0.6, 0.0, 0.0],  # a hot dog item, high on the dog dim: a naming trap
+        [0.0, 0.0, 0.0],
+    ],
+    np.float32,
+)
+NAMING_TERMS = ["dog", "cat", "ball", "grid", "photo", "hot dog"]

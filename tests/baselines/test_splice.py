@@ -7,6 +7,7 @@ import pytest
 import scipy.sparse as sp
 from sklearn.linear_model import Lasso
 
+from fakes import SPLICE_CONCEPTS, splice_concept_embeddings
 from sparsemm.baselines.splice import SpliceDecomposer, load_concepts, nonneg_lasso
 from sparsemm.errors import SparsemmError
 from testdata import SHARED_DATA
@@ -86,13 +87,10 @@ def test_large_penalty_gives_zero_codes_and_bad_inputs_raise() -> None:
 
 # ------------------------------------------------------------------------- decomposer
 
-CONCEPTS = ["dog", "cat", "car", "tree", "person", "ball", "bench", "kite"]
+CONCEPTS = SPLICE_CONCEPTS
 
 
-def _concept_embeddings(k: int = 16, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    e = rng.normal(size=(len(CONCEPTS), k)).astype(np.float32)
-    return e / np.linalg.norm(e, axis=1, keepdims=True)
+_concept_embeddings = splice_concept_embeddings
 
 
 def test_decomposer_centres_and_recovers_a_concept() -> None:

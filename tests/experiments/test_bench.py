@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from fakes import term_word_encoder
-from sparsemm.data.collection import write_collection
+from fakes import CAPTION_FILLER, CAPTION_LABELS, labelled_caption_collection, term_word_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.models.sr import SRConfig
 from sparsemm.query.strategies import available_strategies, sr_query_coder
@@ -25,8 +24,7 @@ from sparsemm_experiments.eval.bench import (
     run_exclusion_bench,
 )
 
-WORDS = ["dog", "cat", "car", "tree", "person", "ball", "bench", "kite"]
-FILLER = ["park", "street", "grass", "sky"]
+WORDS, FILLER = CAPTION_LABELS, CAPTION_FILLER
 DIM = len(WORDS) + len(FILLER)
 
 
@@ -36,37 +34,7 @@ KeywordEncoder = term_word_encoder(
 
 
 def _collection(path, n_train: int = 60, n_test: int = 40):
-    """Items with 1-3 labels; captions mention most labels (some are left unmentioned)."""
-    rng = np.random.default_rng(0)
-    enc = KeywordEncoder()
-    items, texts = [], []
-    for i in range(n_train + n_test):
-        labels = sorted(rng.choice(WORDS, size=int(rng.integers(1, 4)), replace=False).tolist())
-        caps = []
-        for _ in range(3):
-            said = [w for w in labels if rng.random() < 0.8] or labels[:1]
-            caps.append(f"a {' and a '.join(said)} in the {rng.choice(FILLER)}")
-        items.append(
-            {
-                "id": str(i),
-                "labels": labels,
-                "captions": caps,
-                "split": "train" if i < n_train else "test",
-            }
-        )
-        texts += [{"item": i, "text": c} for c in caps]
-    text_emb = enc.encode_text([t["text"] for t in texts])
-    owner = np.array([t["item"] for t in texts])
-    views = np.stack([text_emb[owner == i].mean(axis=0) for i in range(len(items))])
-    views /= np.linalg.norm(views, axis=1, keepdims=True)
-    return write_collection(
-        path,
-        items,
-        {"name": "keyword-bench-test", "dim": DIM},
-        image_emb=views,
-        text_emb=text_emb,
-        texts=texts,
-    )
+    return labelled_caption_collection(path, KeywordEncoder(), n_train, n_test)
 
 
 def _vectors(latent: int) -> SparseWordVectors:

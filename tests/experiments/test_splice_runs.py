@@ -8,7 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from fakes import term_word_encoder
+from fakes import (
+    CAPTION_FILLER,
+    CAPTION_LABELS,
+    SPLICE_CONCEPTS,
+    labelled_caption_collection,
+    splice_concept_embeddings,
+    term_word_encoder,
+)
 from sparsemm.baselines.splice import SpliceDecomposer
 from sparsemm.data.collection import write_collection
 from sparsemm.errors import SparsemmError
@@ -22,13 +29,10 @@ from sparsemm_experiments.baselines.splice import (
     top_concepts,
 )
 
-CONCEPTS = ["dog", "cat", "car", "tree", "person", "ball", "bench", "kite"]
+CONCEPTS = SPLICE_CONCEPTS
 
 
-def _concept_embeddings(k: int = 16, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    e = rng.normal(size=(len(CONCEPTS), k)).astype(np.float32)
-    return e / np.linalg.norm(e, axis=1, keepdims=True)
+_concept_embeddings = splice_concept_embeddings
 
 
 def test_top_concepts_explain_and_reconstruction() -> None:
@@ -107,8 +111,7 @@ def test_concept_embeddings_are_cached_by_fingerprint(tmp_path) -> None:
 
 # ----------------------------------------------------------------- run on a collection
 
-WORDS = ["dog", "cat", "car", "tree", "person", "ball", "bench", "kite"]
-FILLER = ["park", "street", "grass", "sky"]
+WORDS, FILLER = CAPTION_LABELS, CAPTION_FILLER
 DIM = len(WORDS) + len(FILLER)
 
 
@@ -118,30 +121,7 @@ KeywordEncoder = term_word_encoder(
 
 
 def _collection(path, n_train: int = 60, n_test: int = 40):
-    rng = np.random.default_rng(0)
-    enc = KeywordEncoder()
-    items, texts = [], []
-    for i in range(n_train + n_test):
-        labels = sorted(rng.choice(WORDS, size=int(rng.integers(1, 4)), replace=False).tolist())
-        caps = []
-        for _ in range(3):
-            said = [w for w in labels if rng.random() < 0.8] or labels[:1]
-            caps.append(f"a {' and a '.join(said)} in the {rng.choice(FILLER)}")
-        split = "train" if i < n_train else "test"
-        items.append({"id": str(i), "labels": labels, "captions": caps, "split": split})
-        texts += [{"item": i, "text": c} for c in caps]
-    text_emb = enc.encode_text([t["text"] for t in texts])
-    owner = np.array([t["item"] for t in texts])
-    views = np.stack([text_emb[owner == i].mean(axis=0) for i in range(len(items))])
-    views /= np.linalg.norm(views, axis=1, keepdims=True)
-    return write_collection(
-        path,
-        items,
-        {"name": "keyword-splice-test", "dim": DIM},
-        image_emb=views,
-        text_emb=text_emb,
-        texts=texts,
-    )
+    return labelled_caption_collection(path, KeywordEncoder(), n_train, n_test)
 
 
 def test_run_splice_bench_end_to_end(tmp_path) -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from fakes import term_word_encoder
+from fakes import TOY_ITEMS, TOY_WORDS, identity_coder, term_word_encoder, toy_context
 from sparsemm.errors import SparsemmError
 from sparsemm.models.sr import SRConfig, SRModel
 from sparsemm.query.strategies import (
@@ -25,39 +25,13 @@ from sparsemm.query.strategies import (
     top_rows,
 )
 
-WORDS = ["dog", "cat", "car", "tree"]
-
-
+WORDS, ITEMS = TOY_WORDS, TOY_ITEMS
 KeywordEncoder = term_word_encoder(WORDS)
-
-
-def identity_coder(emb: np.ndarray, texts) -> sp.csr_matrix:
-    """Query codes = the keyword one-hot itself (codes share the keyword dimensions)."""
-    return sp.csr_matrix(np.maximum(emb, 0.0))
-
-
-# Items as keyword weights (dims: dog, cat, car, tree); worked examples below use these.
-ITEMS = np.array(
-    [
-        [1.0, 0.0, 0.0, 0.0],  # 0: dog
-        [1.0, 0.8, 0.0, 0.0],  # 1: dog + cat
-        [0.0, 1.0, 0.0, 0.0],  # 2: cat
-        [0.0, 0.0, 1.0, 0.0],  # 3: car
-        [0.9, 0.0, 0.0, 0.5],  # 4: dog + tree
-        [0.0, 1.0, 0.0, 0.4],  # 5: cat + tree
-    ],
-    dtype=np.float32,
-)
 
 
 @pytest.fixture
 def ctx() -> ExclusionContext:
-    return ExclusionContext(
-        items_dense=ITEMS,
-        items_codes=sp.csr_matrix(ITEMS),
-        text_encoder=KeywordEncoder(),
-        query_coder=identity_coder,
-    )
+    return toy_context()
 
 
 def test_filter_drops_items_carrying_b(ctx) -> None:
