@@ -144,7 +144,8 @@ def four_captions(x: str, y: str, z: str, true_type: str, phrasing: int) -> list
     """The four captions of one verification row, one per type, from phrasing ``phrasing``
     of each template: the ``true_type`` one true (x and z present, y absent), the others
     made false by putting the absent y where a present object belongs or negating a present
-    one."""
+    one. Each caption also names the objects it wants and leaves out (``include``,
+    ``exclude``)."""
     written = []
     for t in TYPES:
         tpl = TEMPLATES[t][phrasing]
@@ -158,7 +159,21 @@ def four_captions(x: str, y: str, z: str, true_type: str, phrasing: int) -> list
             a, b, c = x, z, z
         else:  # two objects, false: one absent
             a, b, c = x, y, y
-        written.append({"type": t, "text": tpl.format(x=a, y=b, z=c), "true": t == true_type})
+        wanted, left_out = {
+            "affirmation": ([a], []),
+            "negation": ([], [b]),
+            "exclusion": ([a], [b]),
+            "two objects": ([a, c], []),
+        }[t]
+        written.append(
+            {
+                "type": t,
+                "text": tpl.format(x=a, y=b, z=c),
+                "true": t == true_type,
+                "include": wanted,
+                "exclude": left_out,
+            }
+        )
     return written
 
 

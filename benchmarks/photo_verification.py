@@ -106,18 +106,11 @@ def verification_rows(
 
 def caption_queries(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every distinct caption as a query entry of the real-photos format (its include and
-    exclude labels from the row, so ``leave_one_out`` can judge it)."""
+    exclude labels as ``four_captions`` wrote them, so ``leave_one_out`` can judge it)."""
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
-        x, z = r["present"]
-        y = r["absent"]
         for c in r["captions"]:
-            inc, exc = {
-                "affirmation": ([x], []) if c["true"] else ([y], []),
-                "negation": ([], [y]) if c["true"] else ([], [x]),
-                "exclusion": ([x], [y]) if c["true"] else ([x], [z]),
-                "two objects": ([x, z], []) if c["true"] else ([x, y], []),
-            }[c["type"]]
+            inc, exc = c["include"], c["exclude"]
             out.setdefault(
                 c["text"],
                 {"id": c["text"], "text": c["text"], "include": inc, "exclude": exc},
