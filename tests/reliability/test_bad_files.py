@@ -25,7 +25,7 @@ import pytest
 from reltools import child_env, cli_subprocess, collection_version, index_version
 
 import sparsemm.io as io_mod
-from sparsemm.data.collection import open_collection, write_collection
+from sparsemm.data.collection import collection_root, open_collection, write_collection
 from sparsemm.errors import SparsemmError
 from sparsemm.index import InvertedIndex
 from sparsemm.io import WriteError, exclusive_lock, lock_path
@@ -154,15 +154,16 @@ def test_collection_format_versions(col: Path, version: Any, message: str) -> No
         open_collection(col)
 
 
-def test_a_folder_that_holds_a_collection_names_it(tmp_path: Path) -> None:
-    """`sparsemm up` writes PHOTOS/.sparsemm/collection: the photo folder and the output
-    folder are not collections, and the error names the one inside them."""
+def test_a_folder_that_holds_a_collection_opens_it(tmp_path: Path) -> None:
+    """`sparsemm up` writes PHOTOS/.sparsemm/collection (or OUT/collection with -o): the photo
+    folder and the output folder open the collection inside them, so `sparsemm search PHOTOS`
+    works; a folder with none says how to make one."""
     photos = tmp_path / "photos"
     inner = photos / ".sparsemm" / "collection"
     write_collection(inner, **collection_version(1, 30))
-    for given in (photos, photos / ".sparsemm"):
-        with pytest.raises(SparsemmError, match=f"did you mean {re.escape(str(inner))}"):
-            open_collection(given)
+    for given in (photos, photos / ".sparsemm", inner):
+        assert collection_root(given) == inner
+        assert open_collection(given).root == inner
     with pytest.raises(SparsemmError, match="create one with `sparsemm up PHOTOS`"):
         open_collection(tmp_path)
 

@@ -209,13 +209,20 @@ def check_manifest(manifest: Any, where: str, fmt: str, version: int, min_versio
         )
 
 
-def _hint(folder: Path) -> str:
-    """What to do about a folder that is not a collection: name the collection inside it
-    when it is `sparsemm up`'s output folder or a photo folder `sparsemm up` ran on."""
-    for inner in (folder / "collection", folder / ".sparsemm" / "collection"):
-        if (inner / "manifest.json").is_file():
-            return f"did you mean {inner}?"
-    return "create one with `sparsemm up PHOTOS` or `sparsemm encode`"
+def collection_root(path: str | Path) -> Path:
+    """The collection folder ``path`` names: ``path`` itself when it holds a collection, else
+    the collection inside `sparsemm up`'s output folder (``path/collection``) or inside a photo
+    folder `sparsemm up` ran on (``path/.sparsemm/collection``), so ``sparsemm search PHOTOS``
+    searches what ``sparsemm up PHOTOS`` built. A folder with none of them is returned as it
+    is (opening it then says it is not a collection)."""
+    root = find_dir(Path(path))
+    if (root / "manifest.json").is_file():
+        return root
+    for inner in (root / "collection", root / ".sparsemm" / "collection"):
+        found = find_dir(inner)
+        if (found / "manifest.json").is_file():
+            return found
+    return root
 
 
 def open_collection(path: str | Path, verify: bool = True) -> Collection:
@@ -226,10 +233,11 @@ def open_collection(path: str | Path, verify: bool = True) -> Collection:
     :func:`sparsemm.io.find_dir`). With ``verify`` (default) the item and text tables are
     checked against the manifest's checksums now and the arrays when they are loaded.
     """
-    root = find_dir(Path(path))
+    root = collection_root(path)
     if not (root / "manifest.json").is_file():
         raise SparsemmError(
-            f"{root} is not a sparsemm collection (no manifest.json); {_hint(root)}"
+            f"{root} is not a sparsemm collection (no manifest.json); create one with "
+            "`sparsemm up PHOTOS` or `sparsemm encode`"
         )
     manifest = read_json(root / "manifest.json")
     check_manifest(manifest, f"{root}/manifest.json", FORMAT, VERSION, MIN_VERSION)

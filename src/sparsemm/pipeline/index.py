@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparsemm.data.collection import collection_root
 from sparsemm.errors import SparsemmError
 
 
@@ -26,7 +27,7 @@ class IndexReport:
 
 def qdrant_name(collection: str | Path, name: str | None = None) -> str:
     """The Qdrant collection of a collection folder: ``name``, else the folder's name."""
-    return str(name or Path(collection).resolve().name)
+    return str(name or collection_root(collection).resolve().name)
 
 
 def index(
@@ -52,6 +53,7 @@ def index(
     ``collection_name`` at ``url`` (created, or resumed into unless ``overwrite``)."""
     from sparsemm.query.indexing import build_index
 
+    collection = collection_root(collection)  # a photo folder names the collection `up` made
     if top_k is not None and top_k < 1:
         raise SparsemmError(
             f"--top-k must be a positive number of non-zeros per code, got {top_k}; "

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sparsemm.data.collection import collection_root
 from sparsemm.errors import SparsemmError
 from sparsemm.io import resolve_path
 from sparsemm.query.request import MAX_K, MAX_OFFSET, MAX_TERMS
@@ -61,8 +62,9 @@ def runtime_dir() -> Path:
 
 
 def record_path(collection: str | Path) -> Path:
-    """The record file of a server of ``collection`` (by its resolved absolute path)."""
-    key = str(Path(collection).expanduser().resolve())
+    """The record file of a server of ``collection`` (by the resolved absolute path of the
+    collection folder it names: a photo folder and its collection share one record)."""
+    key = str(collection_root(Path(collection).expanduser()).resolve())
     digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:20]
     return runtime_dir() / "servers" / f"{digest}.json"
 
@@ -232,7 +234,7 @@ def _answer(url: str, request: urllib.request.Request, timeout: float) -> dict[s
 def item_images(collection: str | Path, ids: set[str]) -> dict[str, str | None]:
     """The absolute image path of each of the items ``ids`` (None: no image), read from the
     collection's ``items.jsonl`` as ``sparsemm search`` prints them (-f, --json)."""
-    root = Path(collection)
+    root = collection_root(collection)
     out: dict[str, str | None] = {}
     with open(root / "items.jsonl", encoding="utf-8", errors="surrogateescape") as fh:
         for line in fh:
