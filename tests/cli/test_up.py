@@ -497,7 +497,8 @@ def test_the_serve_hint_quotes_a_folder_with_a_space(
     _photo(photos / "a.png", 0)
     code, text, _ = _up(photos, out, capsys)
     assert code == 0
-    assert f"serve it with: sparsemm serve '{out / 'collection'}'" in text
+    assert f"serve it with: sparsemm serve '{out}'" in text
+    assert f"search it with: sparsemm search '{out}' " in text
 
 
 def test_sub_folder_names_are_not_labels_of_photos(

@@ -83,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--no-serve",
         action="store_true",
-        help="stop after indexing (serve later with `sparsemm serve OUT/collection`)",
+        help="stop after indexing (serve later with `sparsemm serve PHOTOS`)",
     )
     p.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -116,7 +116,12 @@ def run(args: argparse.Namespace) -> int:
     _say(f"ready in {report.seconds:.1f} s")
     col_dir = report.collection_dir
     if args.no_serve:
-        _say(f"serve it with: sparsemm serve {shlex.quote(str(col_dir))}")
+        # the folder the user named: search and serve find the collection inside it
+        named = shlex.quote(str(args.out if args.out is not None else args.photos))
+        _say(
+            f'search it with: sparsemm search {named} "a dog"; '
+            f"serve it with: sparsemm serve {named}"
+        )
         return 0
     check_port_free(args.host, args.port)
     shown = f"[{args.host}]" if ":" in args.host else args.host
