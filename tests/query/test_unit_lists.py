@@ -206,6 +206,63 @@ def test_a_served_match_reads_each_term_once(setup, monkeypatch) -> None:
     assert sorted(read) == ["cat", "dog"]
 
 
+def test_units_probabilities_in_one_product_are_each_units_calibrated_detector(setup) -> None:
+    """P(u | x) = sigmoid(a (w_u . x/|x| + b_u) + g cos(q_u, x) + c), (a, g, c) of a label or
+    of a caption word, for many units in one product."""
+    det, _codes, _index, full, _text, _lists, _ = setup
+    scorer = detector_scorer(det)
+    units = list(range(len(det)))
+    got = scorer.units_probability(units, full)
+    x = np.asarray(full.codes_unit.todense(), dtype=np.float64)
+    cal = det.calibration.astype(np.float64)
+    for u in units:
+        a, g, c = cal[5:8] if det.label_terms[u] else cal[0:3]
+        w = det.weights[:, u].astype(np.float64) * det.config.scale
+        q = np.asarray(scorer.term_code(u, full), dtype=np.float64)
+        cos = x @ (q / np.linalg.norm(q))
+        want = _sigmoid(a * (x @ w + det.bias[u]) + g * cos + c)
+        np.testing.assert_allclose(got[:, u], want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(scorer.unit_probability(u, full), got[:, u])
+
+
+def test_a_broad_concept_is_rescored_once_a_round_and_scanned_past_the_pool(
+    setup, monkeypatch
+) -> None:
+    """A concept read through many units ("an animal", "objects") adds each round's new
+    rows in one exact rescore, not one per unit; a pool grown past the largest one without
+    proving the top k gives way to the scan, with the same answer as ranking every item."""
+    import sparsemm.query.two_stage as two_stage
+
+    det0, codes, index, _full, _text, _lists, _ = setup
+    det = _sharp(det0)
+    full = sr_context(codes, det)
+    text = sr_context(sp.csr_matrix((0, D), dtype=np.float32), det)
+    lists = build_unit_lists(detector_scorer(det), text, codes, index, length=40)
+    calls = []
+    real = two_stage._rescore
+
+    def counted(source, strat, query, rows):
+        calls.append(len(rows))
+        return real(source, strat, query, rows)
+
+    monkeypatch.setattr(two_stage, "_rescore", counted)
+    for q in ("an animal but no car", "objects, no bus", "an organism"):
+        query = parse_query(q)
+        assert len(get_strategy("match", text).reading(query.include[0]).concepts[0].units) > 1
+        want_rows, _ = rank_query(full, query, "match", k=10)
+        calls.clear()
+        got = served_match(index, text, query, k=10, candidates=4, unit_lists=lists)
+        np.testing.assert_array_equal(got.rows, want_rows, err_msg=q)
+        if got.mode == "unit lists":
+            assert len(calls) <= got.rounds, q
+        calls.clear()
+        capped = served_match(
+            index, text, query, k=10, candidates=4, max_candidates=8, unit_lists=lists
+        )
+        assert capped.mode == "scan" and capped.certified, q
+        np.testing.assert_array_equal(capped.rows, want_rows, err_msg=q)
+
+
 def test_lists_round_trip_and_refuse_damage(setup) -> None:
     det, codes, index, _full, _text, lists, tmp = setup
     root = tmp / "col"

@@ -599,11 +599,14 @@ def _served_units(
     while True:
         rounds += 1
         bound = -np.inf
+        found = []
         for u, w in units:
             rows, b = lists.top(u, n)
             if b > -np.inf:
                 bound = max(bound, w * b)
-            cand, scores = _add_rows(source, strat, query, cand, scores, rows)
+            found.append(rows)
+        # one exact rescore of the round's new rows (a broad concept has tens of units)
+        cand, scores = _add_rows(source, strat, query, cand, scores, np.concatenate(found))
         tie_bound = 0.0 if no_tie else 1.0
         if tie is not None:
             rows, tb = tie.top(source, m, fetch, cap)
@@ -621,6 +624,8 @@ def _served_units(
             return ServedResult(
                 cand[top], scores[top], len(cand), True, rounds, "unit lists", searches
             )
+        if len(cand) > cap:
+            return None  # rescored past the largest pool and still unproven: the caller scans
         tie_blocks = kth > strat.key_bound(bound, 0.0) + 1e-7  # P's bound would do
         if n < lists.length and not tie_blocks:
             n = min(n * 4, lists.length)

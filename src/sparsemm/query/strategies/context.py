@@ -352,8 +352,12 @@ class ExclusionContext:
 
     def code_scores(self, query: np.ndarray) -> np.ndarray:
         """(n,) cosine of a dense (d,) query code with every item code."""
-        q = np.asarray(query, dtype=np.float32)
-        nrm = float(np.linalg.norm(q))
-        if nrm == 0.0:
-            return np.zeros(self.n_items)
-        return np.asarray(self.codes_unit @ (q / nrm), dtype=np.float64).ravel()
+        return self.codes_scores(np.asarray(query)[:, None])[:, 0]
+
+    def codes_scores(self, queries: np.ndarray) -> np.ndarray:
+        """(n, m) cosine of each of the dense query codes (the columns of a (d, m) array)
+        with every item code, in one product (a zero code scores 0)."""
+        q = np.asarray(queries, dtype=np.float32)
+        nrm = np.linalg.norm(q, axis=0)
+        unit = q / np.where(nrm == 0.0, 1.0, nrm).astype(np.float32)
+        return np.asarray(self.codes_unit @ unit, dtype=np.float64)
