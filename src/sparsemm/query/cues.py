@@ -184,6 +184,21 @@ LINKING_VERBS = frozenset(
 )  # fmt: skip
 
 ARTICLES = frozenset({"a", "an", "the", "some", "any"})
+# What a person types before what they want ("show me a cat", "I'm looking for a dog",
+# "there are dogs"): dropped from the start of an include term that has words after it.
+REQUESTS = tuple(
+    tuple(r.split())
+    for r in (
+        "can you please show me", "can you please find me", "can you please find",
+        "can you show me", "can you find me", "can you find", "could you show me",
+        "could you find me", "could you find", "please show me", "please find me",
+        "please find", "please show", "i'm looking for", "i am looking for", "im looking for",
+        "we're looking for", "i want to see", "i'd like to see", "i would like to see",
+        "i want", "i need", "looking for", "search for", "look for", "show me", "find me",
+        "give me", "get me", "show", "find", "please", "i can see", "we can see",
+        "you can see",
+    )
+)  # fmt: skip
 MEDIA = frozenset(
     {
         "photo", "photos", "picture", "pictures", "image", "images", "photograph",

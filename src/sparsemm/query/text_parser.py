@@ -75,8 +75,15 @@ def normalize_term(s: str) -> str:
 
 
 def strip_filler_words(words: list[str]) -> list[str]:
-    """Strip leading articles and "<photo|image|...> of" from a list of words."""
+    """Strip a leading request ("show me", "I'm looking for", "there are"), articles and
+    "<photo|image|...> of" from a list of words; a request is kept when nothing follows it
+    ("a show dog" keeps its show: only a leading request goes)."""
     i = 0
+    for request in cues.REQUESTS:
+        n = len(request)
+        if tuple(words[:n]) == request:
+            i = n if len(words) > n else 0  # "show me" alone is not a request for "me"
+            break
     while i < len(words):
         if words[i] in cues.ARTICLES:
             i += 1
