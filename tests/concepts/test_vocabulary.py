@@ -47,6 +47,8 @@ def test_a_word_covers_what_lies_below_it(vocab: ConceptVocabulary) -> None:
     assert units(vocab, "cat") == {"tabby"}  # a domestic cat; the big cats are felines
     assert vocab.read("cheetah").concepts[0].how == "exact"
     assert vocab.read("bus").concepts[0].how == "narrower"
+    # a mug is a cup to people (WordNet files it beside the cup, sparsemm adds the edge)
+    assert units(vocab, "cups") == {"coffee mug"}
 
 
 def test_people_and_faces_are_the_face_unit(vocab: ConceptVocabulary) -> None:

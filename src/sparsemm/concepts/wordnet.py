@@ -27,8 +27,13 @@ from sparsemm.errors import SparsemmError
 DATA_FILE = "wordnet-nouns.json.gz"
 FORMAT = "sparsemm.wordnet-nouns"
 # Is-a edges sparsemm adds to WordNet 3.0, where everyday usage and WordNet disagree:
-# WordNet files buses and trains under "public transport", a conveyance, not a vehicle.
-EXTRA_PARENTS = {"n04019101": ("n04524313",)}  # public transport -> vehicle
+# WordNet files buses and trains under "public transport", a conveyance, not a vehicle, and
+# a mug (ImageNet's "coffee mug") beside the cup under "drinking vessel", where people (and
+# COCO's "cup" category) call a mug a cup.
+EXTRA_PARENTS = {
+    "n04019101": ("n04524313",),  # public transport -> vehicle
+    "n03797390": ("n03147509",),  # mug -> cup
+}
 
 # WordNet's noun detachment rules (morphy): suffix -> replacement, tried in this order
 _NOUN_RULES = (
