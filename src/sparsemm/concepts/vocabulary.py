@@ -296,6 +296,9 @@ class ConceptVocabulary:
                     if w >= 1.0:
                         idx.under.setdefault(g, {})[u] = 1.0
         self._under = idx.under
+        # senses the implied table names: read even when not physical ("sport", an activity
+        # its equipment and players show)
+        self._implied_senses = frozenset(int(x) for x in (implied or {}))
         self._entity = self.wn.by_wnid(ENTITY)
         self._spell: _DeletionIndex | None = None
         self._stand_ins = {i for i in (self.wn.by_wnid(w) for w in STAND_INS) if i is not None}
@@ -326,14 +329,15 @@ class ConceptVocabulary:
         )
 
     def _senses(self, word: str) -> list[int]:
-        """The word's physical noun senses (and "entity", above them all), most frequent
-        first; never an instance ("Day" the writer is not a reading of "day")."""
+        """The word's physical noun senses (and "entity", above them all, and the senses the
+        implied table names), most frequent first; never an instance ("Day" the writer is
+        not a reading of "day")."""
         key = normalise(word)
         key = OVERRIDES.get(key, key)
         return [
             s
             for s in self.wn.lookup(key)
-            if (self.physical(s) or s == self._entity)
+            if (self.physical(s) or s == self._entity or s in self._implied_senses)
             and not self.wn.instance(s)
             and (key, self.wn.wnid(s)) not in BLOCKED
         ]
