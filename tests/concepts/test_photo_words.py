@@ -91,6 +91,10 @@ def test_selfies_people_and_counts_say_what_the_model_cannot_tell(
     selfie = vocab.read("a selfie")
     assert names(vocab, "selfie") == {FACE_UNIT_NAME}
     assert "cannot tell a selfie" in selfie.notes[0]
+    assert names(vocab, "a portrait") == {FACE_UNIT_NAME}
+    assert "cannot tell a portrait" in vocab.read("portraits").notes[0]
+    assert names(vocab, "wildlife") == names(vocab, "animals")
+    assert "cannot tell a wild animal" in vocab.read("wildlife").notes[0]
     for term, who in (("a child", "children"), ("a woman", "women"), ("man", "men")):
         r = vocab.read(term)
         assert r.concepts[0].label == "person" and f"cannot tell {who}" in r.notes[0]

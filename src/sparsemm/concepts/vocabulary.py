@@ -80,6 +80,9 @@ OVERRIDES: dict[str, str] = {
     "open air": "outdoors",
     "selfie": "face",
     "selfies": "face",
+    "portrait": "face",
+    "portraits": "face",
+    "wildlife": "animal",  # WordNet: the animals collectively, a group noun
     "ocean": "sea",  # WordNet's ocean is a sibling of the sea, which photos show alike
     "oceans": "sea",
 }
@@ -87,6 +90,10 @@ OVERRIDES: dict[str, str] = {
 WORD_NOTES: dict[str, str] = {
     "selfie": "'selfie' is searched as a face ('person (face)'): this model cannot tell a "
     "selfie from any other photo with a face in it",
+    "portrait": "'portrait' is searched as a face ('person (face)'): this model cannot tell a "
+    "portrait from any other photo with a face in it",
+    "wildlife": "'wildlife' is searched as animals: this model cannot tell a wild animal from "
+    "a kept one of its kind",
     "pet": "'pet' is searched as the animals people keep (dogs, cats, hamsters, guinea pigs, "
     "rabbits, goldfish, parrots): this model cannot tell a pet from any other such animal",
     "landmark": "'landmark' is searched as the buildings and structures ImageNet knows that "
