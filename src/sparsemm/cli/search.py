@@ -26,7 +26,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "with an exclusion strategy. --explain prints, per result, the concept dimensions "
         "that matched and the excluded concepts that were checked.",
     )
-    p.add_argument("collection", type=Path, nargs="?")
+    p.add_argument(
+        "collection",
+        type=Path,
+        nargs="?",
+        help="the photo folder `sparsemm up` ran on (or its -o folder), or a collection folder",
+    )
     p.add_argument(
         "query",
         nargs="?",

@@ -24,7 +24,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "authentication, so binding another address exposes the collection's captions and "
         "images to that network.",
     )
-    p.add_argument("collection", type=Path, help="an indexed collection folder")
+    p.add_argument(
+        "collection",
+        type=Path,
+        help="the photo folder `sparsemm up` ran on (or its -o folder), or an indexed "
+        "collection folder",
+    )
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     p.add_argument(
