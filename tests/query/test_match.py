@@ -209,6 +209,36 @@ def test_a_term_to_leave_out_can_be_read_cautiously() -> None:
     np.testing.assert_allclose(p_out, odds / (1 + odds), rtol=1e-6)
 
 
+def test_within_a_percent_an_item_that_may_show_a_left_out_thing_comes_after() -> None:
+    """SR: items whose P(match) falls in the same 1% step are ordered by the include text's
+    code similarity times prod (1 - P(b)), not by the similarity alone: of two items in a
+    step, the one more likely to show the left-out thing comes after one a little less
+    similar to the wanted text. With nothing left out the tie is the similarity."""
+    d = 12
+    det = sr_detectors(d)
+    ctx = sr_context(sr_codes(3000, d, seed=5), det)
+    m = get_strategy("match", ctx)
+    assert isinstance(m, Match)
+    include, exclude = ["dog"], ["cat"]
+    p = m.probability(include, exclude)
+    sim = np.clip(m.similarity("dog"), 0.0, 1.0)
+    p_cat = m.term_probability("cat", excluded=True)
+    np.testing.assert_allclose(m.tie(include), sim)
+    np.testing.assert_allclose(m.tie(include, exclude), sim * (1.0 - p_cat))
+    key = m.score_query(include, exclude)
+    step = np.floor(p / 0.01 + 1e-9)
+    flipped = 0
+    for s in np.unique(step[p > 0]):
+        rows = np.flatnonzero(step == s)
+        order = rows[np.argsort(-key[rows], kind="stable")]
+        want = rows[np.argsort(-(sim * (1.0 - p_cat))[rows], kind="stable")]
+        np.testing.assert_array_equal(order, want)
+        # pairs the similarity alone would order the other way
+        a, b = order[:-1], order[1:]
+        flipped += int((sim[a] < sim[b]).sum())
+    assert flipped > 0  # the left-out thing's probability decided some ties
+
+
 def test_detectors_round_trip_their_senses_and_calibration(tmp_path: Path) -> None:
     det = sr_detectors(6)
     det.save(tmp_path)

@@ -465,8 +465,8 @@ def _served_codes(
     (a :class:`~sparsemm.query.scorers.TermBound`): pools grown fourfold until the k-th
     rescored key beats the key bound of an item outside them, else a scan."""
     want = offset + k
-    # the tie-break is the include text's code similarity: when that text is the bounded
-    # term itself, its lists bound the tie too
+    # the tie-break is at most the include text's code similarity (times prod (1 - P(b))):
+    # when that text is the bounded term itself, its lists bound the tie too
     cosine = bound.cosine if len(query.include) == 1 else None
 
     def key_of(list_bounds: list[float]) -> float:
@@ -574,18 +574,18 @@ def _served_units(
     P(match) <= max_u weight_u ub_u(n), so when the k-th rescored key beats that key bound
     the result is exact.
 
-    The rank key is P at 1% plus half a step times the include text's code similarity (the
-    tie-break), and the top k of a common concept all sit in the top step (P >= 0.99 for
-    thousands of items): no list short enough to rescore ends below that step, so the tie
-    is bounded too. Once P's bound alone would certify the result with a tie of 0, the
-    index is searched for the include text's code (the positive part of the unit query
-    code, cut to ``proxy_dims`` dims as for ``hybrid``): an item outside its first ``m``
-    rows has a code similarity of at most its m-th score plus the cut's residual, the
-    quantised search's err and a float32 margin, and an item outside both the unit lists
-    and that list has a key of at most key_bound(P bound, tie bound). Each pool grows
-    fourfold while it is what stands in the way: the unit lists' up to their length, the
-    tie list's within the rows its search fetched, then by one larger search. None when
-    neither can prove the top k (the caller scans)."""
+    The rank key is P at 1% plus half a step times the tie-break (the include text's code
+    similarity times prod (1 - P(b)), at most that similarity), and the top k of a common
+    concept all sit in the top step (P >= 0.99 for thousands of items): no list short enough
+    to rescore ends below that step, so the tie is bounded too. Once P's bound alone would
+    certify the result with a tie of 0, the index is searched for the include text's code
+    (the positive part of the unit query code, cut to ``proxy_dims`` dims as for
+    ``hybrid``): an item outside its first ``m`` rows has a code similarity of at most its
+    m-th score plus the cut's residual, the quantised search's err and a float32 margin, and
+    an item outside both the unit lists and that list has a key of at most key_bound(P
+    bound, tie bound). Each pool grows fourfold while it is what stands in the way: the unit
+    lists' up to their length, the tie list's within the rows its search fetched, then by
+    one larger search. None when neither can prove the top k (the caller scans)."""
     want = offset + k
     n = max(candidates, want)
     m = n  # the tie list's pool

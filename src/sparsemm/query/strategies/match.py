@@ -12,10 +12,12 @@ people") is P = prod (1 - P(b | x)).
 
 Scores are probabilities, comparable across queries: a page can say "92% match", keep only
 items above a threshold and count them. The ranking is by the match probability at a
-resolution of ``resolution`` (1%: what is shown), and code similarity of the include text
-only breaks ties within it. With something included, an item with P(match) = 0 (the photo
-model saw none of it) is not a match and is left out. A "more like this" picture stands in
-for the included terms with its code similarity (the share of its concepts an item has).
+resolution of ``resolution`` (1%: what is shown). Within a step, ties are broken by the
+code similarity of the include text times prod (1 - P(b | x)): an item that may show a
+left-out thing comes after one that does not. With something included, an item with
+P(match) = 0 (the photo model saw none of it) is not a match and is left out. A "more like
+this" picture stands in for the included terms with its code similarity (the share of its
+concepts an item has).
 """
 
 from __future__ import annotations
@@ -115,12 +117,19 @@ class Match(Strategy):
         """The text whose code similarity breaks ties."""
         return " and ".join(include)
 
-    def tie(self, include: Sequence[str]) -> np.ndarray:
-        """(n_items,) in [0, 1]: the include text's code similarity (0 when nothing is
-        included or the model has no query coder)."""
+    def tie(self, include: Sequence[str], exclude: Sequence[str] = ()) -> np.ndarray:
+        """(n_items,) in [0, 1]: the include text's code similarity times the probability
+        that none of the excluded terms is there, prod (1 - P(b | x)): the product P(match)
+        is, with the similarity standing in for the included terms. Within one percent
+        step, an item that may show a left-out thing ranks below one that does not. At
+        most the similarity, which bounds it on the served path. 0 when nothing is
+        included or the model has no query coder."""
         if not include or self.ctx.query_coder is None:
             return np.zeros(self.ctx.n_items)
-        return np.clip(self.similarity(self.tie_text(include)), 0.0, 1.0)
+        out = np.clip(self.similarity(self.tie_text(include)), 0.0, 1.0)
+        for b in exclude:
+            out = out * (1.0 - self.term_probability(b, excluded=True))
+        return out
 
     def rank_key(self, p: np.ndarray, tie: np.ndarray) -> np.ndarray:
         """P at the ranking resolution, ties broken by ``tie`` (never by more than half a
@@ -131,7 +140,7 @@ class Match(Strategy):
 
     def score_query(self, include: Sequence[str], exclude: Sequence[str]) -> np.ndarray:
         p = self.probability(include, exclude)
-        key = self.rank_key(p, self.tie(include))
+        key = self.rank_key(p, self.tie(include, exclude))
         if include:
             key = np.where(p > 0.0, key, -np.inf)
         return key
