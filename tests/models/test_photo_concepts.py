@@ -21,6 +21,7 @@ from sparsemm.models.concept_evidence import (
 from sparsemm.models.concepts import FACE_UNIT_NAME, ImageNetConceptModel
 from sparsemm.models.imagenet_concepts import (
     CONCEPTS_VERSION,
+    PHOTO_DEFAULTS,
     class_texts_to_embed,
     packaged_class_texts,
     with_photo_defaults,
@@ -266,3 +267,71 @@ def test_a_region_raises_the_evidence_and_the_bound_holds() -> None:
         row = sp.csr_matrix(codes[i])
         s = [float((row @ w).sum()) for w in bound.weights]
         assert bound.value(s) >= p[i] - 1e-12
+
+
+@pytest.mark.parametrize("size", [(1732, 1155), (600, 800), (500, 500), (4000, 500), (40, 30)])
+def test_a_finer_grid_of_tiles_covers_the_photo_too(size: tuple[int, int]) -> None:
+    from sparsemm.models.concept_evidence import tile_boxes
+    from sparsemm.models.concepts import ConceptConfig
+
+    plain = ConceptConfig(class_synonyms=("a",), regions=True)
+    cfg = ConceptConfig(class_synonyms=("a",), regions=True, small_tile_fraction=0.4)
+    boxes = tile_boxes(size, cfg)
+    coarse = tile_boxes(size, plain)
+    assert boxes[: len(coarse)] == coarse  # the tiles read before, then the finer ones
+    small = boxes[len(coarse) :]
+    assert small and len(boxes) <= model(regions=True, small_tile_fraction=0.4).max_tile_count
+    w, h = size
+    covered = np.zeros((h, w), bool)
+    for x1, y1, x2, y2 in small:
+        assert 0 <= x1 < x2 <= w and 0 <= y1 < y2 <= h
+        assert x2 - x1 == y2 - y1 == max(1, round(min(size) * 0.4))
+        covered[y1:y2, x1:x2] = True
+    if max(size) <= 1.5 * min(size):  # not a panorama: the finer tiles leave no gap either
+        assert covered.all()
+    if size == (1732, 1155):  # a 3:2 photo: 6 tiles, then a 4 x 3 grid
+        assert len(coarse) == 6 and len(small) == 12
+
+
+def test_evidence_read_without_the_finer_tiles_is_read_again() -> None:
+    from sparsemm.models.concept_evidence import evidence_source
+
+    m = model(regions=True)
+    finer = model(regions=True, small_tile_fraction=0.4)
+    src, src_finer = evidence_source(m), evidence_source(finer)
+    assert "small_tiles" not in src and src_finer["small_tiles"] == [0.4, 4]
+    assert src != src_finer  # read_evidence drops what was read with the other tiles
+
+
+def test_the_photo_defaults_read_the_finer_tiles_and_an_older_model_does_not() -> None:
+    from sparsemm.models.concepts import ConceptConfig
+
+    assert PHOTO_DEFAULTS["small_tile_fraction"] == 0.4
+    # a model saved before the finer tiles existed keeps reading the tiles it read
+    old = ConceptConfig(class_synonyms=("a",), regions=True)
+    assert old.small_tile_fraction == 0.0
+    with pytest.raises(ValueError, match="small_tile_fraction"):
+        ConceptConfig(class_synonyms=("a",), regions=True, small_tile_fraction=0.7)
+
+
+def test_the_code_bound_counts_every_tile() -> None:
+    from sparsemm.query.scorers import UnitScorer
+
+    m = model(regions=True, small_tile_fraction=0.4)
+    assert m.max_tile_count == 2 * 3 + 16
+    scorer = UnitScorer(m, m.vocabulary())
+    # every tile's classes sum to 1, so the region block's norm is at most sqrt(#tiles)
+    assert scorer.code_norm == pytest.approx(np.sqrt(2.0 + 22))
+
+
+def test_the_tiles_keep_more_classes_than_the_whole_photo() -> None:
+    from sparsemm.models.concept_evidence import EVIDENCE_REGION_TOP, evidence_source
+
+    m = model(item_top_k=1, min_prob=0.01, regions=True, region_top_k=2)
+    ev = [PhotoEvidence(((0, 0.9), (1, 0.05)), (), ((0, 0.8), (2, 0.1), (1, 0.02)))]
+    codes = m.codes_from_evidence(ev).toarray()[0]
+    np.testing.assert_allclose(codes[:3], [0.9, 0, 0], atol=1e-6)  # the photo: its top 1
+    off = m.region_offset
+    np.testing.assert_allclose(codes[off : off + 3], [0.8, 0, 0.1], atol=1e-6)  # tiles: top 2
+    assert evidence_source(m)["region_top"] == EVIDENCE_REGION_TOP > 20
+    assert PHOTO_DEFAULTS["region_top_k"] == EVIDENCE_REGION_TOP

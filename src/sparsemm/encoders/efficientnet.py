@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from sparsemm.encoders.efficientnet_lite import EfficientNetLite
 
 logger = logging.getLogger(__name__)
+SQUARES_BATCH = 6  # square crops per forward pass (see pooled_squares)
 
 DEFAULT_MODEL_ID = "efficientnet-lite0"
 
@@ -206,7 +207,8 @@ class EfficientNetEncoder:
 
     def pooled_squares(self, images: Sequence[PILImage], side: int | None = None) -> np.ndarray:
         """Un-normalised pooled features ``(n, 1280)`` of square crops (PIL images), each
-        resized to ``side`` x ``side``: one forward pass for all of them."""
+        resized to ``side`` x ``side``: one forward pass per ``SQUARES_BATCH`` of them (on
+        a CPU a batch of 18 takes half again as long as three of 6)."""
         import torch
 
         from sparsemm.encoders.efficientnet_lite import INPUT_MEAN, INPUT_STD
@@ -214,10 +216,16 @@ class EfficientNetEncoder:
         side = int(side or self.image_size)
         if not len(images):
             return np.zeros((0, self.dim), dtype=np.float32)
-        arr = np.stack(
-            [np.asarray(im.resize((side, side), resample=2), dtype=np.float32) for im in images]
-        )
-        x = torch.from_numpy(((arr - INPUT_MEAN) / INPUT_STD).transpose(0, 3, 1, 2).copy())
-        x = x.to(self.device, memory_format=torch.channels_last)
-        with torch.inference_mode():
-            return self.model_.pool(self.model_.feature_map(x)).float().cpu().numpy()
+        parts = []
+        for at in range(0, len(images), SQUARES_BATCH):
+            arr = np.stack(
+                [
+                    np.asarray(im.resize((side, side), resample=2), dtype=np.float32)
+                    for im in images[at : at + SQUARES_BATCH]
+                ]
+            )
+            x = torch.from_numpy(((arr - INPUT_MEAN) / INPUT_STD).transpose(0, 3, 1, 2).copy())
+            x = x.to(self.device, memory_format=torch.channels_last)
+            with torch.inference_mode():
+                parts.append(self.model_.pool(self.model_.feature_map(x)).float().cpu().numpy())
+        return np.concatenate(parts)

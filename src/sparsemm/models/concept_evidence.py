@@ -131,6 +131,9 @@ def pooled_features(collection: Any, encoder: Any = None, progress: bool = False
 EVIDENCE_FILE = "evidence.json"  # in COLLECTION/concepts, keyed like the norms
 EVIDENCE_FORMAT = "sparsemm.concept-evidence"
 EVIDENCE_TOP = 20  # class probabilities kept per photo
+# class probabilities kept over a photo's tiles: a thing a tile shows beside the tile's own
+# subject (the table under the cup) often ranks past the 20th over all tiles
+EVIDENCE_REGION_TOP = 40
 FACE_MAX_SIDE = 800  # photos are shrunk to this before face detection
 EVIDENCE_CHUNK = 32  # photos read between two writes of the evidence file
 
@@ -187,6 +190,10 @@ def evidence_source(model: ImageNetConceptModel) -> dict[str, Any]:
     }
     if model.config.regions:
         out["tiles"] = [float(model.config.tile_fraction), int(model.config.max_tiles)]
+        out["region_top"] = EVIDENCE_REGION_TOP
+        if model.config.small_tile_fraction:
+            cfg = model.config
+            out["small_tiles"] = [float(cfg.small_tile_fraction), int(cfg.small_max_tiles)]
     return out
 
 
@@ -225,28 +232,44 @@ class EvidenceReader:
                 tile_probs = self.model.class_probabilities(
                     self.backbone.pooled_squares(crops, side=side)
                 ).max(axis=0)
-                regions = _top_pairs(tile_probs)
+                regions = _top_pairs(tile_probs, EVIDENCE_REGION_TOP)
             faces = tuple(round(f.score, 6) for f in self.faces.detect(pil))
             out.append(PhotoEvidence(_top_pairs(probs), faces, regions))
         return out
 
 
-def _top_pairs(probs: np.ndarray) -> tuple[tuple[int, float], ...]:
-    top = np.argsort(-probs, kind="stable")[:EVIDENCE_TOP]
+def _top_pairs(probs: np.ndarray, k: int = EVIDENCE_TOP) -> tuple[tuple[int, float], ...]:
+    top = np.argsort(-probs, kind="stable")[:k]
     return tuple((int(c), round(float(probs[c]), 6)) for c in top)
 
 
 def tile_boxes(size: tuple[int, int], cfg: ConceptConfig) -> list[tuple[int, int, int, int]]:
     """Square tiles (left, top, right, bottom) covering a ``size`` = (w, h) photo: side
     ``tile_fraction`` of the shorter side, two along the shorter side and up to
-    ``max_tiles`` along the longer one (overlapping by at least a quarter)."""
+    ``max_tiles`` along the longer one (overlapping by at least a quarter); then, with
+    ``small_tile_fraction``, a finer grid of tiles of that side, up to ``small_max_tiles``
+    along each side."""
+    boxes = _grid(size, cfg.tile_fraction, cfg.max_tiles, 2)
+    if cfg.small_tile_fraction:
+        boxes += _grid(size, cfg.small_tile_fraction, cfg.small_max_tiles, cfg.small_max_tiles)
+    return boxes
+
+
+def _grid(
+    size: tuple[int, int], fraction: float, max_long: int, max_short: int
+) -> list[tuple[int, int, int, int]]:
+    """Square tiles of side ``fraction`` of the shorter side, as few along each side as
+    overlap by at least a quarter (at most ``max_long`` / ``max_short``), spread evenly."""
     w, h = int(size[0]), int(size[1])
     short, long_ = min(w, h), max(w, h)
-    s = max(1, round(short * cfg.tile_fraction))
-    n_long = 1 if long_ <= s else min(cfg.max_tiles, math.ceil((long_ - s) / (0.75 * s)) + 1)
-    n_short = 1 if short <= s else 2
+    s = max(1, round(short * fraction))
+
+    def count(extent: int, most: int) -> int:
+        return 1 if extent <= s else min(most, math.ceil((extent - s) / (0.75 * s)) + 1)
+
+    n_long, n_short = count(long_, max_long), count(short, max_short)
     boxes = []
-    for i in range(max(n_long, 1)):
+    for i in range(n_long):
         a = round(i * (long_ - s) / (n_long - 1)) if n_long > 1 else (long_ - s) // 2
         for j in range(n_short):
             b = round(j * (short - s) / (n_short - 1)) if n_short > 1 else (short - s) // 2

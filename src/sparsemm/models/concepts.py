@@ -100,6 +100,12 @@ class ConceptConfig:
     regions: bool = False
     tile_fraction: float = 0.6  # a tile's side as a share of the photo's shorter side
     max_tiles: int = 3  # tiles along the longer side (two along the shorter one)
+    # a second, finer grid of tiles (0: none): its side as a share of the shorter side, at
+    # most ``small_max_tiles`` along each side; a thing that fills a tenth of the photo (the
+    # table under the cup, the plant behind the bird) fills a good part of one of them
+    small_tile_fraction: float = 0.0
+    small_max_tiles: int = 4
+    region_top_k: int = 0  # classes kept over the tiles (0: item_top_k, as over the photo)
     # a concept's evidence is max(whole-image evidence, region_weight * region evidence):
     # one tile seeing a thing is weaker evidence than the whole photo seeing it
     region_weight: float = 1.0
@@ -119,8 +125,8 @@ class ConceptConfig:
         object.__setattr__(self, "class_synonyms", tuple(str(s) for s in self.class_synonyms))
         if not self.class_synonyms:
             raise ValueError("class_synonyms must name at least one class")
-        if self.item_top_k < 1 or self.query_top_k < 1:
-            raise ValueError("item_top_k and query_top_k must be at least 1")
+        if self.item_top_k < 1 or self.query_top_k < 1 or self.region_top_k < 0:
+            raise ValueError("item_top_k, query_top_k >= 1 and region_top_k >= 0 required")
         if not 0.0 <= self.description_weight <= 1.0:
             raise ValueError("description_weight must be in [0, 1]")
         if self.query_temperature <= 0.0:
@@ -136,11 +142,23 @@ class ConceptConfig:
             raise ValueError("face_center in (0, 1), face_slope > 0 and presence_scale > 0")
         if self.image_size < 32:
             raise ValueError("image_size must be at least 32")
-        for name, kind in (("face_unit", bool), ("regions", bool), ("max_tiles", int)):
+        for name, kind in (
+            ("face_unit", bool),
+            ("regions", bool),
+            ("max_tiles", int),
+            ("small_max_tiles", int),
+            ("region_top_k", int),
+        ):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"{name} must be a {kind.__name__}")
         if not 0.2 <= self.tile_fraction <= 1.0 or self.max_tiles < 1:
             raise ValueError("tile_fraction in [0.2, 1] and max_tiles >= 1 required")
+        if self.small_tile_fraction and not (
+            0.2 <= self.small_tile_fraction < self.tile_fraction and self.small_max_tiles >= 1
+        ):
+            raise ValueError(
+                "small_tile_fraction is 0 or in [0.2, tile_fraction), with small_max_tiles >= 1"
+            )
         if not (0.0 <= self.region_weight <= 1.0 and 0.0 <= self.exclude_region_weight <= 1.0):
             raise ValueError("region_weight and exclude_region_weight must be in [0, 1]")
         if not 0.0 < self.broader_share <= 1.0:
@@ -227,6 +245,15 @@ class ImageNetConceptModel(PretrainedMixin, ArrayModule):
         """First dimension of the region block (class c's region evidence is dimension
         ``region_offset + c``), or None when the model reads no regions."""
         return self.n_classes + int(self.config.face_unit) if self.config.regions else None
+
+    @property
+    def max_tile_count(self) -> int:
+        """The most tiles the model reads in one photo (0 without regions)."""
+        cfg = self.config
+        if not cfg.regions:
+            return 0
+        small = cfg.small_max_tiles**2 if cfg.small_tile_fraction else 0
+        return 2 * cfg.max_tiles + small
 
     @property
     def n_dims(self) -> int:
@@ -381,7 +408,8 @@ class ImageNetConceptModel(PretrainedMixin, ArrayModule):
     ) -> sp.csr_matrix:
         """Item codes (n, n_dims) of version 2: each photo's top-k whole-image class
         probabilities >= ``min_prob`` (its best always kept), then the face unit's P(person),
-        then (``regions``) the top-k of each class's largest probability over the tiles.
+        then (``regions``) the top ``region_top_k`` (else top-k) of each class's largest
+        probability over the tiles.
         Values are probabilities, not unit-normalised: the concept scorer reads them."""
         k = max(1, int(top_k or self.config.item_top_k))
         rows, cols, vals = [], [], []
@@ -400,7 +428,8 @@ class ImageNetConceptModel(PretrainedMixin, ArrayModule):
                     vals.append(pf)
             off = self.region_offset
             if off is not None:
-                ranked = sorted(ev.regions, key=lambda cp: (-cp[1], cp[0]))[:k]
+                k_r = int(self.config.region_top_k) or k
+                ranked = sorted(ev.regions, key=lambda cp: (-cp[1], cp[0]))[:k_r]
                 for c, p in ranked:
                     if p >= self.config.min_prob and 0 <= c < self.n_classes:
                         rows.append(i)

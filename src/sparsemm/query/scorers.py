@@ -105,13 +105,13 @@ class UnitScorer:
     vocabulary: ConceptVocabulary
     _weights: dict[tuple[tuple[int, float], ...], np.ndarray] = field(default_factory=dict)
     # largest L2 norm of a code: class probabilities (sum <= 1) plus the face unit (<= 1),
-    # and the region block (each tile's probabilities sum to 1: at most 2 max_tiles)
+    # and the region block (each tile's probabilities sum to 1: at most one per tile)
     code_norm: float = float(np.sqrt(2.0))
 
     def __post_init__(self) -> None:
         cfg = self.model.config
         if getattr(cfg, "regions", False):
-            self.code_norm = float(np.sqrt(2.0 + 2.0 * int(cfg.max_tiles)))
+            self.code_norm = float(np.sqrt(2.0 + self.model.max_tile_count))
 
     @property
     def face(self) -> int | None:
