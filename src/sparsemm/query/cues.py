@@ -199,6 +199,7 @@ REQUESTS = tuple(
         "you can see",
     )
 )  # fmt: skip
+REQUEST_SET = frozenset(REQUESTS)
 MEDIA = frozenset(
     {
         "photo", "photos", "picture", "pictures", "image", "images", "photograph",
