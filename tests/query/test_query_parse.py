@@ -240,7 +240,7 @@ MALFORMED = [
     ("???", "no search term"),
     ("a photo of", "no search term"),
     ("show me", "'show me' asks for nothing"),
-    ("please", "'please' asks for nothing"),
+    ("please", "'please' asks for nothing: type what to look for after it, e.g. 'show me"),
     ("I'm looking for", "asks for nothing"),
     ("dog but not", "'but not' is not followed"),
     ("dog without", "'without' is not followed"),

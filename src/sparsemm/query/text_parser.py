@@ -523,7 +523,7 @@ class _Parser:
                     request = " ".join(words)
                     raise SparsemmError(
                         f"{request!r} asks for nothing: type what to look for after it, "
-                        f"e.g. '{request} a dog' or '{request} a beach, no people'"
+                        "e.g. 'show me a dog' or 'a beach, no people'"
                     )
             words = _alternatives(strip_filler_words(words))
             if words and all(w in cues.MEDIA for w in words) and len(self.pieces) == 1:
