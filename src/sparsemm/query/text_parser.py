@@ -81,7 +81,7 @@ def strip_filler_words(words: list[str]) -> list[str]:
     i = 0
     while True:  # "show me show me a cat": each request goes; "find a show dog" keeps show
         n = next((len(r) for r in cues.REQUESTS if tuple(words[i : i + len(r)]) == r), 0)
-        if not n or len(words) <= i + n or (i and n < 2):
+        if not n or len(words) <= i + n or (i and n < 2 and words[i] != "please"):
             break  # "show me" alone is not a request for "me" (see is_request)
         i += n
     while i < len(words):
