@@ -661,10 +661,20 @@ def test_a_run_stopped_before_the_index_says_to_run_up_again(
     shutil.rmtree(out / "collection" / "index")
     assert main(["search", str(out / "collection"), "a cat", "--no-server"]) == 2
     err = _one_error_line(capsys.readouterr().err)
-    assert f"run `sparsemm up {photos.resolve()}` again" in err and "--model" not in err
+    # up's -o folder is named: `sparsemm up PHOTOS` alone would build PHOTOS/.sparsemm
+    assert f"run `sparsemm up {photos.resolve()} -o {out.resolve()}` again" in err, err
+    assert "--model" not in err
     code, text, _ = _up(photos, out, capsys)
     assert code == 0 and "0 new, 0 changed" in text and "built the index" in text
     assert main(["search", str(out / "collection"), "a cat", "--no-server"]) == 0
+    # in the photo folder (up's default place), searched by the photo folder: no -o
+    inside = photos / ".sparsemm"
+    assert _up(photos, inside, capsys)[0] == 0
+    shutil.rmtree(inside / "collection" / "index")
+    assert main(["search", str(photos), "a cat", "--no-server"]) == 2
+    err = _one_error_line(capsys.readouterr().err)
+    assert f"{photos} has no index yet" in err, err
+    assert f"run `sparsemm up {photos.resolve()}` again" in err, err
 
 
 def test_an_edited_model_config_is_refused_until_up_runs_again(

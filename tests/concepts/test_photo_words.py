@@ -162,6 +162,10 @@ def test_the_hierarchy_says_when_an_exclusion_covers_the_include(
     assert implies("cats or dogs", "animal") and not implies("animal", "cats or dogs")
     assert not implies("canoe", "water")  # a canoe only implies water, at a weight
     assert not implies("person", "face")
+    # a word read only from what implies it is gone with all of that: a flag is only read
+    # from a flagpole; a kitchen from a stove among many other things
+    assert implies("flag", "flagpole") and not implies("flagpole", "flag")
+    assert not implies("kitchen", "stove") and not implies("sports", "basketball")
 
 
 def test_suggestions_by_meaning_not_spelling_alone(vocab: ConceptVocabulary) -> None:
@@ -217,3 +221,23 @@ def test_a_broader_reading_scores_the_share_that_are(tmp_path) -> None:
     assert person[0] > 0.95
     share = model.config.broader_share
     assert share < 1.0 and np.allclose(woman, share * person)
+
+
+def test_an_exclusion_of_all_that_implies_a_word_is_refused_in_one_line(
+    vocab: ConceptVocabulary,
+) -> None:
+    from sparsemm.query.scorers import TermReading, refuse_self_exclusion
+
+    def check(include: str, exclude: str) -> None:
+        readings = [
+            (side, t, TermReading(t, "concepts", vocab.read(t).concepts))
+            for side, t in (("search for", include), ("exclude", exclude))
+        ]
+        refuse_self_exclusion(readings, vocab)
+
+    with pytest.raises(SparsemmError, match="reads 'flag' only from 'flagpole'") as err:
+        check("flag", "flagpole")
+    assert "\n" not in str(err.value)
+    check("kitchen", "stove")  # the other kitchen things are left
+    check("sports", "basketball")
+    assert "..." not in vocab.read("flag").concepts[0].note  # one class, named in full

@@ -294,6 +294,11 @@ def test_an_answer_round_trips_through_json(searcher: Searcher) -> None:
     served = dict(data, k=5, offset=0, like=None)
     served["hits"] = [dict(h, image="/img/x", thumb=None, violations=[]) for h in data["hits"]]
     assert Answer.from_json(served).to_json() == data
+    # "more like" an item with nothing left out: an empty query, read back from a server
+    like = searcher.answer(build_request(like=answer.hits[0].id, k=2))
+    data = json.loads(json.dumps(like.to_json()))
+    assert data["query"]["include"] == data["query"]["exclude"] == []
+    assert Answer.from_json(data).to_json() == data
 
 
 def test_an_empty_answer_says_why(searcher: Searcher, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -397,7 +397,8 @@ class ConceptVocabulary:
             note = self._word_note(key)
             if how == "implied":
                 shown = ", ".join(self.names[u] for u, _ in sorted(units.items(), key=_by_w)[:3])
-                note = f"{word!r} is judged from what implies it ({shown}, ...)"
+                more = ", ..." if len(units) > 3 else ""
+                note = f"{word!r} is judged from what implies it ({shown}{more})"
             return Concept(word, label, _sorted(units), how, s, note)
         by_name = self._by_name.get(key) or self._by_name.get(OVERRIDES.get(key, key))
         if by_name:  # a unit whose word WordNet does not know
@@ -675,6 +676,8 @@ class ConceptVocabulary:
                 if self.wn.is_a(narrow.synset, wide.synset):
                     return True
             full = {u for u, w in wide.units if w >= 1.0}
+            if narrow.how == "implied":  # "flag", read only from a flagpole
+                return {u for u, _ in narrow.units} <= full
             mine = [u for u, w in narrow.units if w >= 1.0]
             return bool(mine) and len(mine) == len(narrow.units) and set(mine) <= full
 

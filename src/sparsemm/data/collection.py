@@ -56,6 +56,7 @@ MIN_VERSION = 1  # the oldest format it still reads
 SKIPPED = "skipped.jsonl"
 # manifest["source"]["kind"] of a collection `sparsemm up` keeps for a photo folder
 UP_SOURCE_KIND = "photo folder (sparsemm up)"
+UP_DIR_NAME = ".sparsemm"  # where `sparsemm up PHOTOS` writes, inside PHOTOS
 
 
 @dataclass
@@ -218,7 +219,7 @@ def collection_root(path: str | Path) -> Path:
     root = find_dir(Path(path))
     if (root / "manifest.json").is_file():
         return root
-    for inner in (root / "collection", root / ".sparsemm" / "collection"):
+    for inner in (root / "collection", root / UP_DIR_NAME / "collection"):
         found = find_dir(inner)
         if (found / "manifest.json").is_file():
             return found

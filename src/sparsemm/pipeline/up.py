@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparsemm.data.collection import UP_DIR_NAME
 from sparsemm.errors import SparsemmError
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ def _said(line: str) -> None:
     log.info("%s", line)
 
 
-OUT_NAME = ".sparsemm"  # default output: a hidden folder inside the photo folder
+OUT_NAME = UP_DIR_NAME  # default output: a hidden folder inside the photo folder
 COLLECTION = "collection"
 MODEL = "model"
 SR_MODEL = "sr"  # an SR model trained on the folder's captions

@@ -199,6 +199,9 @@ REQUESTS = tuple(
         "you can see",
     )
 )  # fmt: skip
+# a piece that is only a request is dropped; "i can" is what "i can see no dogs" leaves
+# once "see no dogs" is read as the exclusion
+REQUEST_SET = frozenset(REQUESTS) | {("i", "can"), ("we", "can"), ("you", "can")}
 MEDIA = frozenset(
     {
         "photo", "photos", "picture", "pictures", "image", "images", "photograph",

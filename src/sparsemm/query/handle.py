@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 import scipy.sparse as sp
 
-from sparsemm.data.collection import UP_SOURCE_KIND, Collection, open_collection
+from sparsemm.data.collection import UP_DIR_NAME, UP_SOURCE_KIND, Collection, open_collection
 from sparsemm.data.sources import text_name
 from sparsemm.encoders.base import CachedTextEncoder, get_encoder
 from sparsemm.encoders.batching import MAX_BATCH, BatchingTextEncoder
@@ -76,11 +76,16 @@ def _rebuild_hint(collection_dir: str | Path, root: Path) -> str:
 
 
 def _up_photos(collection: Collection) -> str | None:
-    """The photo folder of a collection made by `sparsemm up` (None for other collections)."""
+    """The `sparsemm up` command that made a collection: ``PHOTOS``, with ``-o OUT`` when it
+    is not in PHOTOS' own folder (None for collections up did not make), shell-quoted."""
     source = collection.manifest.get("source")
-    if isinstance(source, dict) and source.get("kind") == UP_SOURCE_KIND:
-        return str(source.get("path") or "PHOTOS")
-    return None
+    if not (isinstance(source, dict) and source.get("kind") == UP_SOURCE_KIND):
+        return None
+    photos = str(source.get("path") or "PHOTOS")
+    out = collection.root.parent  # up writes OUT/collection
+    if out.name == UP_DIR_NAME and out.parent.resolve() == Path(photos).resolve():
+        return shlex.quote(photos)
+    return f"{shlex.quote(photos)} -o {shlex.quote(str(out.resolve()))}"
 
 
 class IndexedCollection:
@@ -141,7 +146,7 @@ class IndexedCollection:
             if photos is not None:  # `up` was stopped between the collection and the index
                 raise SparsemmError(
                     f"{collection_dir} has no index yet (was `sparsemm up` interrupted?); run "
-                    f"`sparsemm up {shlex.quote(photos)}` again: it builds the index from the "
+                    f"`sparsemm up {photos}` again: it builds the index from the "
                     "stored embeddings"
                 )
             raise SparsemmError(
@@ -196,7 +201,7 @@ class IndexedCollection:
         if recorded is not None and recorded != config_digest(meta["model"]):
             photos = _up_photos(self.collection)
             again = (
-                f"run `sparsemm up {shlex.quote(photos)}` again"
+                f"run `sparsemm up {photos}` again"
                 if photos is not None
                 else f"rebuild the index with `sparsemm index {collection_dir} --model "
                 f"{meta['model']}`"

@@ -220,8 +220,9 @@ class Answer:
         """An answer from :meth:`to_json`, or from the web API's search answer (a running
         ``sparsemm serve``: the same keys and more)."""
         q = d["query"]
-        return cls(
-            query=Query(tuple(q.get("include") or ()), tuple(q.get("exclude") or ())),
+        include, exclude = tuple(q.get("include") or ()), tuple(q.get("exclude") or ())
+        return cls(  # nothing on either side: "more like" an item or a picture, as it is
+            query=Query(include, exclude) if include or exclude else Query.empty(),
             strategy=str(d["strategy"]),
             hits=[Hit.from_json(h) for h in d.get("hits") or []],
             probabilistic=bool(d.get("probabilistic")),

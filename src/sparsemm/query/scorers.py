@@ -517,6 +517,15 @@ def refuse_self_exclusion(
         for bad, b in exc:
             if not vocabulary.implies(r.concepts, b.concepts):
                 continue
+            if all(c.how == "implied" for c in r.concepts):  # "flag", from a flagpole
+                units = [u for c in r.concepts for u, _ in c.units]
+                shown = f"things {bad!r} covers"
+                if len(units) == 1:
+                    shown = repr(vocabulary.names[units[0]])
+                raise SparsemmError(
+                    f"this model reads {term!r} only from {shown}, so '{term} but not "
+                    f"{bad}' would find nothing; search {term!r} alone"
+                )
             if r.label == b.label:  # "kitten", read as a cat
                 raise SparsemmError(
                     f"this model cannot tell {term!r} from {bad!r} (both are read as "

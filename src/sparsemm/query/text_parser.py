@@ -79,11 +79,11 @@ def strip_filler_words(words: list[str]) -> list[str]:
     "<photo|image|...> of" from a list of words; a request is kept when nothing follows it
     ("a show dog" keeps its show: only a leading request goes)."""
     i = 0
-    for request in cues.REQUESTS:
-        n = len(request)
-        if tuple(words[:n]) == request:
-            i = n if len(words) > n else 0  # "show me" alone is not a request for "me"
-            break
+    while True:  # "show me show me a cat": each request goes; "find a show dog" keeps show
+        n = next((len(r) for r in cues.REQUESTS if tuple(words[i : i + len(r)]) == r), 0)
+        if not n or len(words) <= i + n or (i and n < 2 and words[i] != "please"):
+            break  # "show me" alone is not a request for "me" (see is_request)
+        i += n
     while i < len(words):
         if words[i] in cues.ARTICLES:
             i += 1
@@ -92,6 +92,11 @@ def strip_filler_words(words: list[str]) -> list[str]:
         else:
             break
     return words[i:]
+
+
+def is_request(words: list[str]) -> bool:
+    """Whether ``words`` are only a request ("show me", "i'm looking for", "please")."""
+    return tuple(words) in cues.REQUEST_SET
 
 
 def strip_filler(term: str) -> str:
@@ -511,6 +516,15 @@ class _Parser:
                 words.pop(0)
             while words and words[-1] in cues.CONNECTIVES:
                 words.pop()
+            if is_request(words):  # "show me no dogs", "show me: a cat"
+                if len(self.pieces) > 1 or self.exclude:
+                    continue
+                if len(words) > 1 or words[0] == "please":  # a lone "show" is a word
+                    request = " ".join(words)
+                    raise SparsemmError(
+                        f"{request!r} asks for nothing: type what to look for after it, "
+                        "e.g. 'show me a dog' or 'a beach, no people'"
+                    )
             words = _alternatives(strip_filler_words(words))
             if words and all(w in cues.MEDIA for w in words) and len(self.pieces) == 1:
                 continue  # "photos without text": nothing to include
