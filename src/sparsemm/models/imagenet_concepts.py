@@ -32,6 +32,7 @@ PHOTO_DEFAULTS: dict[str, Any] = {
     "presence_scale": 0.769,
     "presence_bias": 0.48,
     "regions": True,
+    "max_tiles": 0,
     "small_tile_fraction": 0.4,
     "small_max_tiles": 4,
     "region_top_k": 40,
