@@ -2,7 +2,7 @@
 
 For every labelled photo of an earlier ``sparsemm up`` (``--up DIR``, as built by
 ``real_photos.py``), the classifier reads the whole photo and the tiles of each setting
-(the served one, finer grids of 40% and 33% of the shorter side); then, per setting and
+(six coarse tiles of 60%, finer grids of 40% and 33% of the shorter side); then, per setting and
 number of classes kept over the tiles, the (photo, label word) pairs of
 ``photo_calibration.py`` are scored as the served model would score them, and reported: the
 share of labelled and of absent things with any evidence, the share of labelled things at
@@ -57,10 +57,10 @@ def read_probs(searcher: Any, limit: int | None) -> dict[str, dict[str, np.ndarr
     from sparsemm.models.concept_evidence import FACE_MAX_SIDE, _grid
 
     model = searcher.model.model
-    cfg = model.config
     bb = get_encoder("efficientnet")
     schemes = {
-        "cur": lambda sz: _grid(sz, cfg.tile_fraction, cfg.max_tiles, 2),
+        # the six coarse tiles (60% of the shorter side, 3 x 2), whatever the model serves
+        "cur": lambda sz: _grid(sz, 0.6, 3, 2),
         "g40": lambda sz: grid(sz, 0.4, 4),
         "g33": lambda sz: grid(sz, 0.33, 5),
     }

@@ -335,3 +335,63 @@ def test_the_tiles_keep_more_classes_than_the_whole_photo() -> None:
     np.testing.assert_allclose(codes[off : off + 3], [0.8, 0, 0.1], atol=1e-6)  # tiles: top 2
     assert evidence_source(m)["region_top"] == EVIDENCE_REGION_TOP > 20
     assert PHOTO_DEFAULTS["region_top_k"] == EVIDENCE_REGION_TOP
+
+
+@pytest.mark.parametrize("size", [(1732, 1155), (1155, 1732), (500, 500), (4000, 500)])
+def test_the_finer_grid_alone_reads_no_coarse_tile(size: tuple[int, int]) -> None:
+    from sparsemm.models.concept_evidence import tile_boxes
+    from sparsemm.models.concepts import ConceptConfig
+
+    both = ConceptConfig(class_synonyms=("a",), regions=True, small_tile_fraction=0.4)
+    alone = ConceptConfig(class_synonyms=("a",), regions=True, small_tile_fraction=0.4, max_tiles=0)
+    coarse = tile_boxes(size, ConceptConfig(class_synonyms=("a",), regions=True))
+    boxes = tile_boxes(size, alone)
+    assert boxes == tile_boxes(size, both)[len(coarse) :]  # the finer tiles, nothing else
+    side = max(1, round(min(size) * 0.4))
+    assert all(x2 - x1 == y2 - y1 == side for x1, y1, x2, y2 in boxes)
+    w, h = size
+    covered = np.zeros((h, w), bool)
+    for x1, y1, x2, y2 in boxes:
+        covered[y1:y2, x1:x2] = True
+    if max(size) <= 1.5 * min(size):
+        assert covered.all()  # the photo has no gap no tile sees
+    if size in ((1732, 1155), (1155, 1732)):  # a 3:2 photo either way up: 4 x 3
+        assert len(boxes) == 12
+    assert len(boxes) <= model(regions=True, small_tile_fraction=0.4, max_tiles=0).max_tile_count
+
+
+def test_the_finer_grid_alone_is_its_own_evidence_and_code_bound() -> None:
+    from sparsemm.models.concept_evidence import evidence_source
+    from sparsemm.query.scorers import UnitScorer
+
+    alone = model(regions=True, small_tile_fraction=0.4, max_tiles=0)
+    both = model(regions=True, small_tile_fraction=0.4)
+    # evidence read with the coarse tiles too is read again, and the other way round
+    assert evidence_source(alone) != evidence_source(both)
+    assert evidence_source(alone)["tiles"][1] == 0
+    assert alone.max_tile_count == 16
+    assert UnitScorer(alone, alone.vocabulary()).code_norm == pytest.approx(np.sqrt(2.0 + 16))
+
+
+def test_no_coarse_tiles_needs_the_finer_grid() -> None:
+    from sparsemm.models.concepts import ConceptConfig
+
+    with pytest.raises(ValueError, match="small_tile_fraction"):
+        ConceptConfig(class_synonyms=("a",), regions=True, max_tiles=0)
+    with pytest.raises(ValueError, match="max_tiles"):
+        ConceptConfig(class_synonyms=("a",), regions=True, small_tile_fraction=0.4, max_tiles=-1)
+
+
+def test_the_photo_defaults_read_the_finer_grid_alone_and_older_models_keep_theirs(
+    tmp_path: Path,
+) -> None:
+    from sparsemm.models.concept_evidence import tile_boxes
+
+    assert PHOTO_DEFAULTS["max_tiles"] == 0 and PHOTO_DEFAULTS["small_tile_fraction"] == 0.4
+    served = with_photo_defaults(model())
+    assert len(tile_boxes((1732, 1155), served.config)) == 12
+    # a model saved with the coarse and the finer tiles reads both when loaded again
+    saved = model(regions=True, small_tile_fraction=0.4)
+    saved.save_pretrained(tmp_path / "m")
+    back = ImageNetConceptModel.from_pretrained(tmp_path / "m")
+    assert back.config.max_tiles == 3 and len(tile_boxes((1732, 1155), back.config)) == 18

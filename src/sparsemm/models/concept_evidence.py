@@ -248,8 +248,8 @@ def tile_boxes(size: tuple[int, int], cfg: ConceptConfig) -> list[tuple[int, int
     ``tile_fraction`` of the shorter side, two along the shorter side and up to
     ``max_tiles`` along the longer one (overlapping by at least a quarter); then, with
     ``small_tile_fraction``, a finer grid of tiles of that side, up to ``small_max_tiles``
-    along each side."""
-    boxes = _grid(size, cfg.tile_fraction, cfg.max_tiles, 2)
+    along each side. ``max_tiles`` 0 leaves out the first grid (the finer one alone)."""
+    boxes = _grid(size, cfg.tile_fraction, cfg.max_tiles, 2) if cfg.max_tiles else []
     if cfg.small_tile_fraction:
         boxes += _grid(size, cfg.small_tile_fraction, cfg.small_max_tiles, cfg.small_max_tiles)
     return boxes

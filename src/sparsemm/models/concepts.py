@@ -99,7 +99,9 @@ class ConceptConfig:
     # block of dimensions after the face unit
     regions: bool = False
     tile_fraction: float = 0.6  # a tile's side as a share of the photo's shorter side
-    max_tiles: int = 3  # tiles along the longer side (two along the shorter one)
+    # tiles along the longer side (two along the shorter one); 0: no tiles of this size,
+    # only the finer grid below (which must then be set)
+    max_tiles: int = 3
     # a second, finer grid of tiles (0: none): its side as a share of the shorter side, at
     # most ``small_max_tiles`` along each side; a thing that fills a tenth of the photo (the
     # table under the cup, the plant behind the bird) fills a good part of one of them
@@ -151,8 +153,10 @@ class ConceptConfig:
         ):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"{name} must be a {kind.__name__}")
-        if not 0.2 <= self.tile_fraction <= 1.0 or self.max_tiles < 1:
-            raise ValueError("tile_fraction in [0.2, 1] and max_tiles >= 1 required")
+        if not 0.2 <= self.tile_fraction <= 1.0 or self.max_tiles < 0:
+            raise ValueError("tile_fraction in [0.2, 1] and max_tiles >= 0 required")
+        if self.max_tiles == 0 and not self.small_tile_fraction:
+            raise ValueError("max_tiles = 0 (no coarse tiles) needs a small_tile_fraction")
         if self.small_tile_fraction and not (
             0.2 <= self.small_tile_fraction < self.tile_fraction and self.small_max_tiles >= 1
         ):

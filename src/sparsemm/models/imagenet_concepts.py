@@ -29,17 +29,18 @@ PHOTO_DEFAULTS: dict[str, Any] = {
     "version": 2,
     "face_unit": True,
     "item_top_k": 20,
-    "presence_scale": 0.769,
-    "presence_bias": 0.48,
+    "presence_scale": 0.767,
+    "presence_bias": 0.524,
     "regions": True,
+    "max_tiles": 0,
     "small_tile_fraction": 0.4,
     "small_max_tiles": 4,
     "region_top_k": 40,
     "region_weight": 0.25,
     "exclude_region_weight": 1.0,
-    "exclude_presence_scale": 0.352,
-    "exclude_presence_bias": 0.793,
-    "broader_share": 0.202,
+    "exclude_presence_scale": 0.39,
+    "exclude_presence_bias": 0.94,
+    "broader_share": 0.205,
 }
 
 
