@@ -22,6 +22,7 @@ Used by ``benchmarks/real_photos.py``, which reports it beside the query figures
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,15 +48,45 @@ class Pairs:
     broader: np.ndarray  # (m,) 0/1: the word is read as a broader thing ("woman": person)
 
 
+def word_weights(scorer: Any, words: list[str]) -> Iterator[tuple[str, bool, np.ndarray, float]]:
+    """(word, read as a broader thing, its unit weights without the face unit, the face
+    unit's weight) of each word the model reads as one concept."""
+    from sparsemm.concepts.vocabulary import UnknownTerm
+    from sparsemm.errors import SparsemmError
+
+    for w in words:
+        try:
+            reading = scorer.read(w)
+        except (UnknownTerm, SparsemmError):
+            continue
+        if len(reading.concepts) != 1:
+            continue
+        wt = scorer._unit_weights(reading.concepts[0]).copy()
+        face_w = 0.0
+        if scorer.face is not None:
+            face_w, wt[scorer.face] = float(wt[scorer.face]), 0.0
+        yield w, reading.concepts[0].how == "broader", wt, face_w
+
+
+def labelled(
+    keep: list[dict[str, Any]], word: str, implies: dict[str, Any]
+) -> Iterator[tuple[int, dict[str, Any], int]]:
+    """(row, photo, 1 if it shows ``word`` else 0) over ``keep``, leaving out a photo that
+    may show the word (its ``maybe`` labels) without being labelled with it."""
+    from real_photos import closure
+
+    for i, p in enumerate(keep):
+        labels = closure(p["labels"], implies)
+        if word in closure(p.get("maybe", []), implies) and word not in labels:
+            continue
+        yield i, p, int(word in labels)
+
+
 def build_pairs(searcher: Any, photos: list[dict[str, Any]], implies: dict[str, Any]) -> Pairs:
     """Pairs over ``photos`` (entries of the data files, with ``id`` and ``source``) of the
     collection ``searcher`` serves, for every label word the model reads as one concept."""
     from real_photos import closure
 
-    from sparsemm.concepts.vocabulary import UnknownTerm
-    from sparsemm.errors import SparsemmError
-
-    model = searcher.model.model  # ImageNetConceptModel
     scorer = searcher.model.term_scorer()
     ids = [Path(i).stem for i in searcher.collection.ids]
     row_of = {pid: r for r, pid in enumerate(ids)}
@@ -68,18 +99,7 @@ def build_pairs(searcher: Any, photos: list[dict[str, Any]], implies: dict[str, 
         codes = sp.vstack([searcher.item_code(int(r)) for r in rows]).tocsr()
     words = sorted({w for p in keep for w in closure(p["labels"], implies)})
     out: dict[str, list[Any]] = {f.name: [] for f in dataclasses.fields(Pairs)}
-    for w in words:
-        try:
-            reading = scorer.read(w)
-        except (UnknownTerm, SparsemmError):
-            continue
-        if len(reading.concepts) != 1:
-            continue
-        broader = int(reading.concepts[0].how == "broader")
-        wt = scorer._unit_weights(reading.concepts[0]).copy()
-        face_w = 0.0
-        if scorer.face is not None:
-            face_w, wt[scorer.face] = float(wt[scorer.face]), 0.0
+    for w, broader, wt, face_w in word_weights(scorer, words):
         e_w = np.asarray(codes @ wt, dtype=np.float64).ravel()
         reg = scorer._region_weights(wt)
         e_r = np.asarray(codes @ reg, dtype=np.float64).ravel() if reg is not None else 0 * e_w
@@ -88,19 +108,15 @@ def build_pairs(searcher: Any, photos: list[dict[str, Any]], implies: dict[str, 
             if face_w
             else 0 * e_w
         )
-        for i, p in enumerate(keep):
-            labels = closure(p["labels"], implies)
-            if w in closure(p.get("maybe", []), implies) and w not in labels:
-                continue
+        for i, p, y in labelled(keep, w, implies):
             out["word"].append(w)
             out["photo"].append(p["id"])
             out["source"].append(p["source"])
-            out["y"].append(int(w in labels))
+            out["y"].append(y)
             out["e_whole"].append(e_w[i])
             out["e_region"].append(e_r[i])
             out["face"].append(f[i])
-            out["broader"].append(broader)
-    del model
+            out["broader"].append(int(broader))
     return Pairs(**{k: np.asarray(v) for k, v in out.items()})
 
 

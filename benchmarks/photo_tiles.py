@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 from pathlib import Path
 from typing import Any
 
@@ -29,25 +28,6 @@ from _common import git_commit
 SCHEMES = {"6 of 60%": ("cur",), "12 of 40%": ("g40",), "20 of 33%": ("g33",)}
 SCHEMES |= {"6 of 60% + 12 of 40%": ("cur", "g40"), "6 of 60% + 20 of 33%": ("cur", "g33")}
 MIN_PROB = 0.01
-
-
-def grid(size: tuple[int, int], frac: float, most: int) -> list[tuple[int, int, int, int]]:
-    w, h = size
-    short, long_ = min(w, h), max(w, h)
-    s = max(1, round(short * frac))
-
-    def count(extent: int) -> int:
-        return 1 if extent <= s else min(most, math.ceil((extent - s) / (0.75 * s)) + 1)
-
-    n_long, n_short = count(long_), count(short)
-    boxes = []
-    for i in range(n_long):
-        a = round(i * (long_ - s) / (n_long - 1)) if n_long > 1 else (long_ - s) // 2
-        for j in range(n_short):
-            b = round(j * (short - s) / (n_short - 1)) if n_short > 1 else (short - s) // 2
-            x, y = (a, b) if w >= h else (b, a)
-            boxes.append((x, y, x + s, y + s))
-    return boxes
 
 
 def read_probs(searcher: Any, limit: int | None) -> dict[str, dict[str, np.ndarray]]:
@@ -61,8 +41,8 @@ def read_probs(searcher: Any, limit: int | None) -> dict[str, dict[str, np.ndarr
     schemes = {
         # the six coarse tiles (60% of the shorter side, 3 x 2), whatever the model serves
         "cur": lambda sz: _grid(sz, 0.6, 3, 2),
-        "g40": lambda sz: grid(sz, 0.4, 4),
-        "g33": lambda sz: grid(sz, 0.33, 5),
+        "g40": lambda sz: _grid(sz, 0.4, 4, 4),
+        "g33": lambda sz: _grid(sz, 0.33, 5, 5),
     }
     out = {}
     items = list(zip(searcher.collection.ids, searcher.collection.items, strict=True))
@@ -87,11 +67,8 @@ def sparsify(v: np.ndarray, k: int, best: bool = False) -> np.ndarray:
 
 
 def evaluate(searcher: Any, probs: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
-    from photo_calibration import Pairs, leave_one_source_out
+    from photo_calibration import Pairs, labelled, leave_one_source_out, word_weights
     from real_photos import closure, data_files, load_all, source_groups
-
-    from sparsemm.concepts.vocabulary import UnknownTerm
-    from sparsemm.errors import SparsemmError
 
     model = searcher.model.model
     scorer = searcher.model.term_scorer()
@@ -121,17 +98,7 @@ def evaluate(searcher: Any, probs: dict[str, dict[str, np.ndarray]]) -> dict[str
     words = sorted({w for p in keep for w in closure(p["labels"], data["implies"])})
     base: dict[str, list[Any]] = {f.name: [] for f in dataclasses.fields(Pairs)}
     e_reg: dict[str, list[float]] = {n: [] for n in variants}
-    for w in words:
-        try:
-            reading = scorer.read(w)
-        except (UnknownTerm, SparsemmError):
-            continue
-        if len(reading.concepts) != 1:
-            continue
-        wt = scorer._unit_weights(reading.concepts[0]).copy()
-        face_w = 0.0
-        if scorer.face is not None:
-            face_w, wt[scorer.face] = float(wt[scorer.face]), 0.0
+    for w, broader, wt, face_w in word_weights(scorer, words):
         wc = wt[:n_cls]
         e_w = whole @ wc
         face = np.asarray(codes[:, scorer.face].toarray()).ravel() * face_w if face_w else 0 * e_w
@@ -139,17 +106,14 @@ def evaluate(searcher: Any, probs: dict[str, dict[str, np.ndarray]]) -> dict[str
             n: (v @ wc if kind == "max" else np.array([(t @ wc).max() for t in v]))
             for n, (kind, v) in variants.items()
         }
-        for i, p in enumerate(keep):
-            labels = closure(p["labels"], data["implies"])
-            if w in closure(p.get("maybe", []), data["implies"]) and w not in labels:
-                continue
+        for i, p, y in labelled(keep, w, data["implies"]):
             for f, v in (("word", w), ("photo", p["id"]), ("source", p["source"])):
                 base[f].append(v)
-            base["y"].append(int(w in labels))
+            base["y"].append(y)
             base["e_whole"].append(e_w[i])
             base["e_region"].append(0.0)
             base["face"].append(face[i])
-            base["broader"].append(int(reading.concepts[0].how == "broader"))
+            base["broader"].append(int(broader))
             for n in ev:
                 e_reg[n].append(float(ev[n][i]))
     arrays = {k: np.asarray(v) for k, v in base.items()}
