@@ -8,8 +8,9 @@ import shlex
 import sys
 from pathlib import Path
 
+from sparsemm.data.collection import UP_DIR_NAME
 from sparsemm.pipeline.serve import DEFAULT_HOST, DEFAULT_PORT
-from sparsemm.pipeline.up import ENCODERS, MIN_TRAIN_PHOTOS, OUT_NAME
+from sparsemm.pipeline.up import ENCODERS, MIN_TRAIN_PHOTOS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "have one",
     )
     p.add_argument(
-        "-o", "--out", type=Path, default=None, help=f"output folder (default PHOTOS/{OUT_NAME})"
+        "-o", "--out", type=Path, default=None, help=f"output folder (default PHOTOS/{UP_DIR_NAME})"
     )
     p.add_argument(
         "--model",

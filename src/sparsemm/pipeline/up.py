@@ -31,7 +31,6 @@ def _said(line: str) -> None:
     log.info("%s", line)
 
 
-OUT_NAME = UP_DIR_NAME  # default output: a hidden folder inside the photo folder
 COLLECTION = "collection"
 MODEL = "model"
 SR_MODEL = "sr"  # an SR model trained on the folder's captions
@@ -461,7 +460,7 @@ def _up(
     if encoder_name not in ENCODERS:
         raise SparsemmError(f"unknown encoder {encoder_name!r}; use one of {', '.join(ENCODERS)}")
     items = read_photos(photos, captions)
-    out = out_dir if out_dir is not None else photos / OUT_NAME
+    out = out_dir if out_dir is not None else photos / UP_DIR_NAME  # hidden, in the folder
     check_out_dir(out)
     col_dir = out / COLLECTION
     say(f"{len(items)} photos in {photos} -> {out}")
