@@ -58,19 +58,27 @@ def test_the_store_keeps_only_the_most_recently_used(tmp_path: Path) -> None:
     assert len(again) == 2
 
 
-@pytest.mark.parametrize("damage", ["index", "chunk", "other_encoder"])
+@pytest.mark.parametrize("damage", ["index", "chunk", "other_encoder", "journal_other_encoder"])
 def test_a_damaged_store_is_ignored_with_a_warning_and_rebuilt(
-    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if damage in ("index", "other_encoder"):  # each put writes the index, not the journal
+        monkeypatch.setattr(text_store, "COMPACT_LINES", 0)
     TextEmbeddingStore(tmp_path, RECORD).put(["a", "b"], unit_rows(2))
     if damage == "index":
         (tmp_path / "index.json").write_text("{not json", encoding="utf-8")
     elif damage == "chunk":
         next(tmp_path.glob("chunk-*.npy")).write_bytes(b"junk")
-    else:
+    elif damage == "other_encoder":
         raw = json.loads((tmp_path / "index.json").read_text(encoding="utf-8"))
         raw["encoder"]["dim"] = 8
         (tmp_path / "index.json").write_text(json.dumps(raw), encoding="utf-8")
+    else:
+        lines = (tmp_path / "journal.jsonl").read_text(encoding="utf-8").splitlines()
+        head = json.loads(lines[0])
+        head["encoder"]["dim"] = 8
+        lines[0] = json.dumps(head)
+        (tmp_path / "journal.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     enc = Counting()
     stored = StoredTextEncoder(lambda: enc, TextEmbeddingStore(tmp_path, RECORD), "minilm", 4)
     with caplog.at_level(logging.WARNING, logger="sparsemm.encoders.text_store"):
@@ -139,3 +147,44 @@ def test_an_attribute_error_while_building_the_encoder_is_raised_not_recursed(
     stored = StoredTextEncoder(factory, TextEmbeddingStore(tmp_path, RECORD), "minilm", 4)
     with pytest.raises(AttributeError):
         stored.encode_text(["a never seen text"])
+
+
+def test_a_new_text_is_an_append_and_the_index_is_written_every_so_often(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(text_store, "COMPACT_LINES", 3)
+    store = TextEmbeddingStore(tmp_path, RECORD)
+    store.put(["a"], unit_rows(1, 1))
+    store.put(["b", "c"], unit_rows(2, 2))
+    assert not (tmp_path / "index.json").exists()  # appends only, so far
+    assert len((tmp_path / "journal.jsonl").read_text(encoding="utf-8").splitlines()) == 4
+    store.put(["d"], unit_rows(1, 3))  # the journal reached 3 texts: the index is written
+    assert (tmp_path / "index.json").exists() and not (tmp_path / "journal.jsonl").exists()
+    store.put(["e"], unit_rows(1, 4))
+    again = TextEmbeddingStore(tmp_path, RECORD)  # reads the index, then the journal
+    assert set(again.get(list("abcdex"))) == set("abcde")
+    np.testing.assert_array_equal(again.get(["c"])["c"], unit_rows(2, 2)[1])
+
+
+def test_a_journal_line_cut_short_is_skipped(tmp_path: Path) -> None:
+    TextEmbeddingStore(tmp_path, RECORD).put(["a", "b"], unit_rows(2))
+    with open(tmp_path / "journal.jsonl", "a", encoding="utf-8") as fh:
+        fh.write('["c","chunk-')  # a crash in the middle of a write
+    store = TextEmbeddingStore(tmp_path, RECORD)
+    assert set(store.get(["c"])) == set()
+    store.put(["d"], unit_rows(1, 5))  # a later append is read (the cut line stays skipped)
+    assert set(TextEmbeddingStore(tmp_path, RECORD).get(["a", "b", "c", "d"])) == {"a", "b", "d"}
+
+
+def test_a_full_store_drops_to_nine_tenths_so_new_texts_stay_appends(tmp_path: Path) -> None:
+    store = TextEmbeddingStore(tmp_path, RECORD, max_entries=10)
+    for i in range(10):
+        store.put([f"t{i}"], unit_rows(1, i))
+    assert not (tmp_path / "index.json").exists()
+    store.put(["t10"], unit_rows(1, 10))  # 11 > 10: the 2 oldest go, the index is written
+    assert len(store) == 9 and (tmp_path / "index.json").exists()
+    store.put(["t11"], unit_rows(1, 11))  # room again: an append
+    assert (tmp_path / "journal.jsonl").exists()
+    again = TextEmbeddingStore(tmp_path, RECORD, max_entries=10)
+    kept = set(again.get([f"t{i}" for i in range(12)]))
+    assert kept == {f"t{i}" for i in range(2, 12)}
