@@ -14,8 +14,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from sparsemm.cli.spine import load_sparse
 from sparsemm.errors import SparsemmError
+from sparsemm_experiments.cli.spine import load_sparse
 from sparsemm_experiments.data.paths import default_data_dir
 
 logger = logging.getLogger(__name__)
