@@ -49,6 +49,19 @@ def _declared_strategies() -> None:
     reorder_strategies(LISTING_ORDER)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _declared_verbs() -> Iterator[None]:
+    """The verbs of the research package (``encode``, ``train``, ``spine``, ``demo``, ...),
+    added to the ``sparsemm`` command for every test from the ``sparsemm.*`` entry points
+    pyproject.toml declares, as an up-to-date install adds them (tests/test_layers.py checks
+    the declarations themselves)."""
+    from declared import declared_group
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sparsemm.cli.plugins.entry_points", declared_group)
+        yield
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """One intra-op torch thread: the tests' tensors are tiny, so more threads only contend
@@ -68,25 +81,9 @@ def declared_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ``sparsemm.*`` entry points pyproject.toml declares, in place of those the install
     recorded, so a test of a verb, benchmark, model or strategy that comes in through them
     holds before ``pip install -e .`` records a new one."""
-    from importlib.metadata import EntryPoint
-    from pathlib import Path
-
-    import tomllib
-
     import sparsemm.cli.plugins as plugins
+    from declared import declared_group
 
-    with (Path(__file__).resolve().parents[1] / "pyproject.toml").open("rb") as f:
-        groups = tomllib.load(f)["project"]["entry-points"]
-    eps = [
-        EntryPoint(name, value, group)
-        for group, names in groups.items()
-        if group.startswith("sparsemm.")
-        for name, value in names.items()
-    ]
-
-    def declared(group: str) -> list[EntryPoint]:
-        return [ep for ep in eps if ep.group == group]
-
-    monkeypatch.setattr(plugins, "entry_points", declared)
-    monkeypatch.setattr("sparsemm.query.strategies.registry.entry_points", declared)
-    monkeypatch.setattr("importlib.metadata.entry_points", declared)
+    monkeypatch.setattr(plugins, "entry_points", declared_group)
+    monkeypatch.setattr("sparsemm.query.strategies.registry.entry_points", declared_group)
+    monkeypatch.setattr("importlib.metadata.entry_points", declared_group)

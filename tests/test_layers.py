@@ -193,9 +193,12 @@ def test_the_experiments_register_through_the_declared_entry_points(
         ("train", "vdr", "c", "-o", "x"): "sparsemm_experiments.cli.train_vdr",
         ("train", "lexlip", "c", "-o", "x"): "sparsemm_experiments.cli.train_lexlip",
         ("train", "align", "c", "-o", "x"): "sparsemm_experiments.cli.train_align",
-        ("train", "sr", "c", "-o", "x"): "sparsemm.cli.train",
+        ("train", "sr", "c", "-o", "x"): "sparsemm_experiments.cli.train",
+        ("train", "detectors", "m", "c"): "sparsemm_experiments.cli.train",
         ("spine", "eval", "r"): "sparsemm_experiments.cli.spine_eval",
-        ("spine", "inspect", "r", "--dim", "0"): "sparsemm.cli.spine",
+        ("spine", "inspect", "r", "--dim", "0"): "sparsemm_experiments.cli.spine",
+        ("spine", "train", "-o", "x"): "sparsemm_experiments.cli.spine",
+        ("encode", "s", "-o", "x"): "sparsemm_experiments.cli.encode",
     }
     for argv, module in runs.items():
         assert parser.parse_args(list(argv)).func.__module__ == module, argv

@@ -20,14 +20,13 @@ import fcntl
 import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import tempfile
 import threading
 import tokenize
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -505,20 +504,3 @@ def _lock_holder(fd: int) -> str:
     except OSError:
         return ""
     return f" (pid {text})" if text.isdigit() else ""
-
-
-def jsonable(obj: Any) -> Any:
-    """Plain JSON types: numpy scalars/arrays, paths, tuples, sets; NaN/inf -> None."""
-    if isinstance(obj, Mapping):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        return jsonable(obj.item())
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if obj is None or isinstance(obj, (str, int, bool)):
-        return obj
-    return str(obj)

@@ -56,7 +56,7 @@ from sparsemm.data.collection import Collection, write_collection
 from sparsemm.data.encode import caption_views
 from sparsemm.encoders.base import l2_normalize
 from sparsemm.errors import SparsemmError
-from sparsemm.io import atomic_open, jsonable, write_json
+from sparsemm.io import atomic_open, write_json
 from sparsemm.linalg import normalize_rows
 from sparsemm.query.strategies import TERM_TEMPLATE, get_spec
 from sparsemm.runtime import torch_threads
@@ -66,6 +66,7 @@ from sparsemm_experiments.eval.exclusion import (
     build_exclusion_queries,
     git_commit,
     hard_mask,
+    jsonable,
     markdown_table,
     query_matrices,
     read_per_query,

@@ -1,31 +1,63 @@
-"""Quality of (sparse) word vectors: word similarity and word intrusion, for
-``sparsemm spine eval``.
+"""Quality of (sparse) word vectors: sparsity, word similarity and word intrusion, for
+``sparsemm spine eval``, and a word's top dimensions, for ``sparsemm spine inspect``.
 
 - ``wordsim_spearman``: Spearman correlation between cosine similarities and human ratings
   of WordSim-353 (Finkelstein et al. 2002).
 - ``distance_ratio``: automatic word-intrusion score of Sun et al. 2016 ("Sparse word
   embeddings using l1 regularized online learning", IJCAI), as used by SPINE (Subramanian et
   al. 2018) to measure how interpretable the dimensions are. Higher is better.
-
-Sparsity and the inspection helpers are the library's (:mod:`sparsemm.words.evaluate`).
+- ``sparsity_stats``: share of exact zeros and mean number of active dimensions per word
+  (``sparsemm spine train`` reports it).
+- ``word_dims``: a word's top dimensions (``sparsemm spine inspect --word``); a dimension's
+  top words are the library's (:func:`sparsemm.words.evaluate.top_words`).
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TypedDict
+from typing import TypeAlias, TypedDict
 
 import numpy as np
 import scipy.sparse as sp
 from scipy.stats import spearmanr
 
 from sparsemm.errors import SparsemmError
-from sparsemm.words.evaluate import Matrix
 from sparsemm.words.spine import SparseWordVectors
 from sparsemm.words.vectors import WordVectors
 
 logger = logging.getLogger(__name__)
+
+Matrix: TypeAlias = "np.ndarray | sp.spmatrix | sp.sparray"  # dense or scipy sparse (n, d)
+
+
+class SparsityStats(TypedDict):
+    zero_share: float
+    mean_active_dims: float
+
+
+def sparsity_stats(matrix: Matrix) -> SparsityStats:
+    """``zero_share`` = share of entries exactly 0; ``mean_active_dims`` = mean number of
+    non-zero entries per row. Works for dense arrays and scipy sparse matrices."""
+    if sp.issparse(matrix):
+        n, d = matrix.shape
+        nnz = int(sp.csr_matrix(matrix).count_nonzero())  # ignores stored explicit zeros
+    else:
+        arr = np.asarray(matrix)
+        if arr.ndim != 2:
+            raise SparsemmError(f"expected a 2-D matrix, got shape {arr.shape}")
+        n, d = arr.shape
+        nnz = int(np.count_nonzero(arr))
+    if n == 0 or d == 0:
+        raise SparsemmError("sparsity_stats of an empty matrix is undefined")
+    return {"zero_share": 1.0 - nnz / (n * d), "mean_active_dims": nnz / n}
+
+
+def word_dims(sparse_vectors: SparseWordVectors, word: str, k: int = 10) -> list[tuple[int, float]]:
+    """The ``k`` dimensions with the largest value for ``word`` (non-zero only)."""
+    row = sparse_vectors.row(word)
+    order = np.argsort(-row, kind="stable")[:k]
+    return [(int(j), float(row[j])) for j in order if row[j] != 0]
 
 
 def read_wordsim(path: str | Path) -> list[tuple[str, str, float]]:

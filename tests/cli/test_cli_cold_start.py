@@ -13,10 +13,13 @@ import sys
 
 import pytest
 
+from declared import SUBPROCESS_PRELUDE
+
 HEAVY = ("torch", "transformers", "sentence_transformers", "numba")
 
 # Runs the CLI in a fresh interpreter and reports which heavy modules got imported.
 PROBE = """
+{prelude}
 import contextlib, io, json, sys
 from sparsemm.cli.main import main
 out = io.StringIO()
@@ -31,7 +34,7 @@ print(json.dumps({{"status": status, "heavy": heavy, "out": out.getvalue()}}))
 
 
 def _probe(*argv: str) -> dict:
-    code = PROBE.format(heavy=HEAVY)
+    code = PROBE.format(prelude=SUBPROCESS_PRELUDE, heavy=HEAVY)
     res = subprocess.run(
         [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120
     )
@@ -41,7 +44,14 @@ def _probe(*argv: str) -> dict:
 
 @pytest.mark.parametrize(
     "argv",
-    [("--help",), ("search", "--help"), ("search", "--list-strategies"), ("train", "--help")],
+    [
+        ("--help",),
+        ("search", "--help"),
+        ("search", "--list-strategies"),
+        ("train", "--help"),
+        ("encode", "--help"),
+        ("spine", "--help"),
+    ],
 )
 def test_help_and_strategy_list_import_no_heavy_library(argv: tuple[str, ...]) -> None:
     got = _probe(*argv)
@@ -68,10 +78,11 @@ def test_list_strategies_names_every_strategy() -> None:
 
 
 def test_constants_written_out_in_the_cli_match_the_library() -> None:
-    from sparsemm.cli import encode, index, search
+    from sparsemm.cli import index, search
     from sparsemm.data.encode import BAD_IMAGE_POLICIES
     from sparsemm.index.backends import BACKENDS
     from sparsemm.query.two_stage import DEFAULT_STRATEGY
+    from sparsemm_experiments.cli import encode
 
     assert encode.BAD_IMAGE_POLICIES == BAD_IMAGE_POLICIES
     assert index.BACKENDS == BACKENDS

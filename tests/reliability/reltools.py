@@ -57,11 +57,14 @@ def run_cli(main: Callable[[list[str]], int], argv: list[str], capsys: Any) -> C
 def cli_subprocess(
     argv: Sequence[str], verbs: Sequence[str], preexec: Callable[[], None] | None = None
 ) -> CliResult:
-    """Run ``sparsemm argv`` in a fresh interpreter with only ``verbs`` loaded."""
+    """Run ``sparsemm argv`` in a fresh interpreter with only ``verbs`` of the library loaded
+    (and those pyproject.toml's entry points add)."""
+    from declared import SUBPROCESS_PRELUDE
+
     script = (
-        "import sys\n"
+        SUBPROCESS_PRELUDE + "import sys\n"
         "from sparsemm.cli import main as m\n"
-        f"m.VERBS = {tuple(verbs)!r}\n"
+        f"m.VERBS = tuple(v for v in {tuple(verbs)!r} if v in m.VERBS)\n"
         "sys.exit(m.main(sys.argv[1:]))\n"
     )
     proc = subprocess.run(

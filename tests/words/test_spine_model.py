@@ -11,9 +11,10 @@ from safetensors.torch import load_file
 from sparsemm.errors import SparsemmError
 from sparsemm.models.spine import SPINE, SpineConfig, build_sparse_vectors, capped_relu
 from sparsemm.train.spine import spine_loss, train_spine, training_vocabulary
-from sparsemm.words.evaluate import sparsity_stats, top_words
+from sparsemm.words.evaluate import top_words
 from sparsemm.words.spine import SparseWordVectors
 from sparsemm.words.vectors import WordVectors
+from sparsemm_experiments.word_quality import sparsity_stats
 
 TOY = {"epochs": 60, "batch_size": 32, "lr": 1e-2, "seed": 0, "progress": False}
 

@@ -8,8 +8,9 @@ import pytest
 import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
-from sparsemm.words.evaluate import sparsity_stats, top_words, word_dims
+from sparsemm.words.evaluate import top_words
 from sparsemm.words.spine import SparseWordVectors
+from sparsemm_experiments.word_quality import sparsity_stats, word_dims
 
 
 def test_sparsity_stats_by_hand() -> None:

@@ -9,13 +9,11 @@ import pytest
 from sparsemm.errors import SparsemmError
 from sparsemm.words.vectors import (
     WordVectors,
-    load_glove,
-    load_glove_text,
     load_packaged_glove,
-    load_word2vec_bin,
     load_word_vectors,
     save_word_vectors,
 )
+from sparsemm_experiments.glove import load_glove, load_glove_text, load_word2vec_bin
 
 
 def write_glove_text(path: Path, wv: WordVectors) -> None:

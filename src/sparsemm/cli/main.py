@@ -19,12 +19,9 @@ from sparsemm.cli.plugins import VERB_GROUP, registrars
 from sparsemm.errors import SparsemmError
 
 # Verb modules under sparsemm.cli, in the order of the pipeline; the verbs of other
-# packages (``collages``, ``demo``, ``bench``, ``export``, from sparsemm_experiments) come
-# after them (sparsemm.cli.plugins).
+# packages (``encode``, ``spine``, ``train``, ``collages``, ``demo``, ``bench``, ``export``,
+# from sparsemm_experiments) come after them (sparsemm.cli.plugins).
 VERBS = (
-    "encode",
-    "spine",
-    "train",
     "index",
     "search",
     "serve",

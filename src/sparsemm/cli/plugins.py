@@ -6,10 +6,12 @@ A package adds a verb to ``sparsemm`` with an entry point in the ``sparsemm.verb
 ``sparsemm bench`` in the ``sparsemm.bench`` group (called with the bench subparsers) or a
 model to ``sparsemm train`` in the ``sparsemm.train`` group (called with the model
 subparsers) or a sub-command to ``sparsemm spine`` in the ``sparsemm.spine`` group (called
-with the spine subparsers). The wheel's own ``sparsemm_experiments`` registers ``demo``,
-``bench``, ``export``, ``collages``, ``bench paper|vdr|lexlip``, ``train align|vdr|lexlip`` and
-``spine eval`` this way (see pyproject.toml). Loading one imports only its small CLI
-module; the work is imported when the command runs.
+with the spine subparsers). The wheel's own ``sparsemm_experiments`` registers ``encode``,
+``spine``, ``train``, ``demo``, ``bench``, ``export``, ``collages``, ``bench
+paper|vdr|lexlip``, ``train align|vdr|lexlip`` and ``spine eval`` this way (see
+pyproject.toml); the ``sparsemm.train`` and ``sparsemm.spine`` groups are read by its
+``train`` and ``spine`` verbs. Loading one imports only its small CLI module; the work is
+imported when the command runs.
 """
 
 from __future__ import annotations

@@ -153,11 +153,6 @@ def load_checkpoint(
     return dict(full["state"])
 
 
-def read_checkpoint_state(out_dir: str | Path) -> dict[str, Any]:
-    """The loop state of ``out_dir/checkpoint`` without loading any weights."""
-    return dict(read_json(_checkpoint_dir(out_dir) / "state.json")["state"])
-
-
 def load_matching_checkpoint(
     out_dir: str | Path,
     model: torch.nn.Module,
@@ -202,10 +197,3 @@ def resume_checkpoint(
 def checkpoint_due(done: int, every: int, total: int) -> bool:
     """True after ``done`` of ``total`` epochs/steps: every ``every`` of them and at the end."""
     return done % every == 0 or done == total
-
-
-def remove_checkpoint(out_dir: str | Path) -> None:
-    """Delete ``out_dir``'s checkpoint (once the finished model is saved)."""
-    ck = _checkpoint_dir(out_dir)
-    if ck.is_dir():
-        shutil.rmtree(ck, ignore_errors=True)

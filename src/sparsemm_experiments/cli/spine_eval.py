@@ -14,8 +14,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from sparsemm.cli.spine import load_sparse
 from sparsemm.errors import SparsemmError
+from sparsemm_experiments.cli.spine import load_sparse
 from sparsemm_experiments.data.paths import default_data_dir
 
 logger = logging.getLogger(__name__)
@@ -43,10 +43,13 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from sparsemm.io import write_json
-    from sparsemm.words.evaluate import sparsity_stats
     from sparsemm.words.vectors import load_word_vectors
     from sparsemm_experiments.eval.tables import md_table
-    from sparsemm_experiments.word_quality import distance_ratio, wordsim_spearman
+    from sparsemm_experiments.word_quality import (
+        distance_ratio,
+        sparsity_stats,
+        wordsim_spearman,
+    )
 
     run: Path = args.run
     if args.wordsim is None:

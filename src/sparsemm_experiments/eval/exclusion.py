@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from sparsemm.errors import SparsemmError
-from sparsemm.io import atomic_open, jsonable, read_json, write_json
+from sparsemm.io import atomic_open, read_json, write_json
 from sparsemm_experiments.eval.metrics import higher_is_better, parse_metric_name
 from sparsemm_experiments.eval.tables import md_table
 
@@ -402,6 +402,23 @@ def bar_plot(
 
 
 # ---------------------------------------------------------------------------- report
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON types: numpy scalars/arrays, paths, tuples, sets; NaN/inf -> None."""
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return jsonable(obj.item())
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, (str, int, bool)):
+        return obj
+    return str(obj)
 
 
 def git_commit(cwd: str | Path | None = None) -> str:

@@ -35,6 +35,7 @@ import copy
 import dataclasses
 import hashlib
 import logging
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,13 +49,12 @@ from tqdm.auto import tqdm
 
 from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
-from sparsemm.io import check_output_dir, load_npy, save_npy, write_json
+from sparsemm.io import check_output_dir, find_dir, load_npy, read_json, save_npy, write_json
 from sparsemm.train.checkpoint import (
+    CKPT_DIR,
     checkpoint_due,
     has_checkpoint,
     load_matching_checkpoint,
-    read_checkpoint_state,
-    remove_checkpoint,
     save_checkpoint,
 )
 from sparsemm.train.loop import stop_if_diverged
@@ -68,6 +68,19 @@ from sparsemm_experiments.models.lexlip import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def read_checkpoint_state(out_dir: str | Path) -> dict[str, Any]:
+    """The loop state of ``out_dir``'s checkpoint without loading any weights."""
+    return dict(read_json(find_dir(Path(out_dir) / CKPT_DIR) / "state.json")["state"])
+
+
+def remove_checkpoint(out_dir: str | Path) -> None:
+    """Delete ``out_dir``'s checkpoint (once the finished model is saved)."""
+    ck = find_dir(Path(out_dir) / CKPT_DIR)
+    if ck.is_dir():
+        shutil.rmtree(ck, ignore_errors=True)
+
 
 PHASES = (1, 2)
 PHASE_KEYS = ("phase", "step")
@@ -851,8 +864,6 @@ def trained_matches(
     out_dir: str | Path, data: LexLIPData, config: LexLIPConfig, train: LexLIPTrainConfig
 ) -> bool:
     """True when ``out_dir`` holds a finished model trained with these settings on ``data``."""
-    from sparsemm.io import read_json
-
     out = Path(out_dir)
     if not (out / "history.json").is_file() or not (out / "model.safetensors").is_file():
         return False

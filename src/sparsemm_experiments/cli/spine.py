@@ -83,7 +83,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from sparsemm.io import write_json
     from sparsemm.models.spine import SpineConfig, build_sparse_vectors
     from sparsemm.train.spine import train_spine, training_vocabulary
-    from sparsemm.words.vectors import load_glove, save_word_vectors
+    from sparsemm.words.vectors import save_word_vectors
+    from sparsemm_experiments.glove import load_glove
 
     if args.threads is not None:
         import torch
@@ -134,7 +135,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     sparse = build_sparse_vectors(model, vocab)
     sparse.save(out / "vectors")
-    from sparsemm.words.evaluate import sparsity_stats
+    from sparsemm_experiments.word_quality import sparsity_stats
 
     stats = sparsity_stats(sparse.matrix)
     print(
@@ -153,7 +154,8 @@ def load_sparse(run: Path) -> Any:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from sparsemm.words.evaluate import top_words, word_dims
+    from sparsemm.words.evaluate import top_words
+    from sparsemm_experiments.word_quality import word_dims
 
     sparse = load_sparse(args.run)
     if args.dim is not None:
