@@ -713,3 +713,54 @@ def test_a_word_read_as_a_concept_is_not_called_unknown(
     assert main(["search", str(out / "collection"), "a selfie", "--no-server"]) == 0
     err = capsys.readouterr().err
     assert "searched as a face" in err and "subword" not in err
+
+
+def test_a_moved_photo_folder_prints_and_serves_the_photos_where_they_are_now(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`up` records absolute paths; after the folder (with its hidden collection) is moved or
+    renamed, search -f / --json, a search a server answers and the page's images all give
+    the photos at the folder's new place, without running `up` again."""
+    from fastapi.testclient import TestClient
+
+    from sparsemm.data.collection import open_collection
+    from sparsemm.pipeline.running import item_images
+    from sparsemm.web.app import create_app
+
+    photos = tmp_path / "photos"
+    names = ["p0.png", "p1.png", "sub/p2.png"]
+    for i, name in enumerate(names):
+        _photo(photos / name, i)
+    assert main(["up", str(photos), "--no-serve", "--no-progress"]) == 0
+    capsys.readouterr()
+    search = ["a cat", "-f", "-k", "3", "--no-server"]
+    assert main(["search", str(photos), *search]) == 0
+    before = capsys.readouterr().out.splitlines()
+    assert sorted(before) == sorted(str(photos.resolve() / n) for n in names)
+
+    moved = tmp_path / "elsewhere" / "holiday"
+    moved.parent.mkdir()
+    photos.rename(moved)
+    assert main(["search", str(moved), *search]) == 0
+    after = capsys.readouterr().out.splitlines()
+    assert after == [p.replace(str(photos.resolve()), str(moved.resolve())) for p in before]
+    assert all(Path(p).is_file() for p in after)
+    assert main(["search", str(moved), "a cat", "--json", "--no-server"]) == 0
+    hits = json.loads(capsys.readouterr().out)["hits"]
+    assert {h["image"] for h in hits} == set(after)
+    # a search forwarded to a server prints the paths read by item_images
+    assert set(item_images(moved, set(names)).values()) == set(after)
+    # the collection still records the old folder; nothing was rewritten
+    col = open_collection(moved)
+    assert col.items[0]["image"].startswith(str(photos.resolve()))
+    with TestClient(create_app(moved), base_url="http://127.0.0.1") as client:
+        for name in names:
+            assert client.get("/images/" + quote(name, safe="")).status_code == 200, name
+            r = client.get("/thumbs/" + quote(name, safe=""))
+            assert r.status_code == 200 and r.headers["content-type"] == "image/jpeg", name
+    # `up` at the new place records it
+    assert main(["up", str(moved), "--no-serve", "--no-progress"]) == 0
+    assert "0 new, 0 changed, 3 unchanged" in capsys.readouterr().out
+    assert open_collection(moved).items[0]["image"].startswith(str(moved.resolve()))
+    assert main(["search", str(moved), *search]) == 0
+    assert capsys.readouterr().out.splitlines() == after

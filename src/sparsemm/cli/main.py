@@ -43,14 +43,49 @@ def build_parser() -> argparse.ArgumentParser:
         "index -> search.",
     )
     parser.add_argument("--version", action="version", version=f"sparsemm {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     for verb in VERBS:
         module = importlib.import_module(f"sparsemm.cli.{verb}")
         module.register(sub)
     for register in registrars(VERB_GROUP):
         register(sub)
+    _verbose_after_verbs(parser)
     return parser
+
+
+VERBOSE_HELP = "debug logging"
+
+
+def _verbose_after_verbs(parser: argparse.ArgumentParser) -> None:
+    """Accept ``-v/--verbose`` after every verb and sub-command too (``sparsemm search COL
+    "a dog" -v``), the plugin verbs included, as well as before the verb.
+
+    The sub-parsers' option defaults to SUPPRESS: a sub-parser copies its defaults over the
+    top-level namespace, so a plain ``False`` there would undo ``sparsemm -v search``.
+    """
+    seen: set[int] = set()
+    todo = [parser]
+    while todo:
+        current = todo.pop()
+        for action in current._actions:
+            if not isinstance(action, argparse._SubParsersAction):
+                continue
+            for child in action.choices.values():
+                if id(child) in seen:  # a verb's aliases share its parser
+                    continue
+                seen.add(id(child))
+                taken = child._option_string_actions
+                flags = [f for f in ("-v", "--verbose") if f not in taken]
+                if flags:
+                    child.add_argument(
+                        *flags,
+                        dest="verbose",
+                        action="store_true",
+                        default=argparse.SUPPRESS,
+                        help=VERBOSE_HELP,
+                    )
+                todo.append(child)
 
 
 def _pass_file_name_bytes() -> None:

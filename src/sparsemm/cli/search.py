@@ -161,12 +161,10 @@ def list_strategies() -> str:
 
 
 def image_path(searcher: Searcher, row: int) -> str | None:
-    """The absolute image path of item ``row`` (None when it has no image)."""
-    img = searcher.collection.items[row].get("image")
-    if not img:
-        return None
-    p = Path(str(img))
-    return str(p if p.is_absolute() else (searcher.collection.root / p).resolve())
+    """The absolute image path of item ``row`` (None when it has no image), where the photo
+    is now when its folder moved since `up` (Collection.image_file)."""
+    path = searcher.collection.image_file(row)
+    return None if path is None else str(path)
 
 
 def unknown_note(words: list[str]) -> str:

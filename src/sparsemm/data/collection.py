@@ -19,6 +19,7 @@ arrays' shapes and finiteness, and the format version.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -40,6 +41,7 @@ from sparsemm.io import (  # sha256_file: re-exported
     read_json,
     read_jsonl,
     replace_dir,
+    resolve_path,
     save_npy,
     sha256_file,
     write_error,
@@ -90,6 +92,18 @@ class Collection:
     @property
     def text_dim(self) -> int:
         return int(self.manifest.get("text_encoder", self.manifest["encoder"])["dim"])
+
+    @functools.cached_property
+    def photos_moved(self) -> tuple[Path, Path] | None:
+        """(the photo folder `sparsemm up` read, the folder holding the collection now) when
+        they differ: see :func:`moved_photos`."""
+        return moved_photos(self.root, self.manifest)
+
+    def image_file(self, row: int) -> Path | None:
+        """Where the image of item ``row`` is now (None: it has none); see
+        :func:`image_file`."""
+        ref = self.items[row].get("image")
+        return image_file(str(ref), self.root, self.photos_moved) if ref else None
 
     def _lists(self, name: str) -> bool:
         """The manifest lists ``name`` (its checksum), or the file is there."""
@@ -224,6 +238,50 @@ def collection_root(path: str | Path) -> Path:
         if (found / "manifest.json").is_file():
             return found
     return root
+
+
+def moved_photos(root: Path, manifest: dict[str, Any]) -> tuple[Path, Path] | None:
+    """(the photo folder `sparsemm up` read, as it recorded it; the photo folder the
+    collection is in now) when a collection `up` keeps inside its photo folder
+    (``PHOTOS/.sparsemm/collection``) was moved, renamed or copied with that folder since.
+    None when the folder is where `up` read it, for a collection up wrote elsewhere (``-o``:
+    it does not move with the photos) and for other collections."""
+    source = manifest.get("source")
+    if not isinstance(source, dict) or source.get("kind") != UP_SOURCE_KIND:
+        return None
+    recorded = source.get("path")
+    here = resolve_path(root)
+    if not isinstance(recorded, str) or not recorded or here.parent.name != UP_DIR_NAME:
+        return None
+    now = here.parent.parent
+    return None if now == Path(recorded) else (Path(recorded), now)
+
+
+def image_file(ref: str, root: Path, moved: tuple[Path, Path] | None = None) -> Path:
+    """Where an item's recorded ``image`` is now.
+
+    A relative one is under the collection folder ``root``. `up` records absolute paths;
+    when its photo folder has moved (``moved``, from :func:`moved_photos`), an image under
+    the recorded folder is read at the same place under the folder it is in now, as long as
+    the file is there; otherwise the path is the one recorded.
+    """
+    path = Path(ref).expanduser()
+    if not path.is_absolute():
+        return resolve_path(root / path)
+    there = relocated(path, moved)
+    return there if there is not None and there.exists() else path
+
+
+def relocated(path: Path, moved: tuple[Path, Path] | None) -> Path | None:
+    """``path`` (absolute) at the same place under the photo folder's new location
+    (``moved``: see :func:`moved_photos`); None when nothing moved or ``path`` is not under
+    the recorded folder (a symlink's target elsewhere)."""
+    if moved is None:
+        return None
+    try:
+        return moved[1] / path.relative_to(moved[0])
+    except ValueError:
+        return None
 
 
 def open_collection(path: str | Path, verify: bool = True) -> Collection:

@@ -30,9 +30,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sparsemm.data.collection import collection_root
+from sparsemm.data.collection import collection_root, image_file, moved_photos
 from sparsemm.errors import SparsemmError
-from sparsemm.io import resolve_path
+from sparsemm.io import read_json
 from sparsemm.query.request import MAX_K, MAX_OFFSET, MAX_TERMS
 
 log = logging.getLogger(__name__)
@@ -233,8 +233,13 @@ def _answer(url: str, request: urllib.request.Request, timeout: float) -> dict[s
 
 def item_images(collection: str | Path, ids: set[str]) -> dict[str, str | None]:
     """The absolute image path of each of the items ``ids`` (None: no image), read from the
-    collection's ``items.jsonl`` as ``sparsemm search`` prints them (-f, --json)."""
+    collection's ``items.jsonl`` as ``sparsemm search`` prints them (-f, --json): where the
+    photo is now when its folder moved since `up` (sparsemm.data.collection.image_file)."""
     root = collection_root(collection)
+    try:
+        moved = moved_photos(root, read_json(root / "manifest.json"))
+    except (SparsemmError, OSError):
+        moved = None
     out: dict[str, str | None] = {}
     with open(root / "items.jsonl", encoding="utf-8", errors="surrogateescape") as fh:
         for line in fh:
@@ -245,8 +250,7 @@ def item_images(collection: str | Path, ids: set[str]) -> dict[str, str | None]:
             if item_id not in ids:
                 continue
             img = item.get("image")
-            p = Path(str(img)) if img else None
-            out[item_id] = str(p if p.is_absolute() else resolve_path(root / p)) if p else None
+            out[item_id] = str(image_file(str(img), root, moved)) if img else None
             if len(out) == len(ids):
                 break
     return out

@@ -19,7 +19,13 @@ from typing import Any, TypeVar
 import numpy as np
 import scipy.sparse as sp
 
-from sparsemm.data.collection import UP_DIR_NAME, UP_SOURCE_KIND, Collection, open_collection
+from sparsemm.data.collection import (
+    UP_DIR_NAME,
+    UP_SOURCE_KIND,
+    Collection,
+    open_collection,
+    relocated,
+)
 from sparsemm.data.sources import text_name
 from sparsemm.encoders.base import CachedTextEncoder, get_encoder
 from sparsemm.encoders.batching import MAX_BATCH, BatchingTextEncoder
@@ -182,8 +188,15 @@ class IndexedCollection:
                 f"the index in {root} has no valid top_k in its manifest ({top_k!r}); rebuild "
                 f"it with `sparsemm index {collection_dir} --model MODEL_DIR`"
             )
+        meta = dict(meta)
         for key in ("model", "dense_model"):
-            if meta.get(key) and not Path(str(meta[key])).exists():
+            if not meta.get(key):
+                continue
+            # the model `up` keeps in the photo folder moves with it: read it where it is now
+            there = relocated(Path(str(meta[key])), self.collection.photos_moved)
+            if there is not None and there.exists():
+                meta[key] = str(there)
+            elif not Path(str(meta[key])).exists():
                 raise SparsemmError(
                     f"the index in {root} was built with the {key.replace('_', ' ')} "
                     f"{meta[key]}, which is no longer there (moved or deleted?); rebuild the "
@@ -192,7 +205,7 @@ class IndexedCollection:
                     "where it is now"
                 )
         self.top_k = top_k
-        return dict(meta)
+        return meta
 
     def _open_model(self, collection_dir: str | Path, root: Path, meta: dict[str, Any]) -> None:
         """Load the model the index names; refuse edited settings or other encoders."""

@@ -56,6 +56,9 @@ Rules, in the order they matter:
   Alternatives joined by ``or`` are one term, their articles dropped (``a cat or a dog``
   -> ``cat or dog``; a model reads it as the union of both); after a cue ``or`` lists
   exclusions instead (``but not cats or dogs`` excludes both).
+* A request ("show me", "I'm looking for", "can you find me") is dropped from the start of
+  an include term and from the start of an excluded one (``a cat but not show me dogs``
+  excludes dogs); a one-word request after a cue stays (``no show dogs``).
 * ``exclude=`` values (the CLI's ``--exclude``) are added to the excluded terms; a value may
   hold several comma-separated terms. Duplicates are dropped, first occurrence wins.
 * Control characters count as spaces and invisible format characters are dropped.

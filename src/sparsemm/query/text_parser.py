@@ -232,7 +232,7 @@ class _Parser:
             for _ in range(len(self.words)):
                 self.words.pop()
                 self.removed.add(self.widx.pop())
-            nps, j = self._np_list(i + 1, leading=True)
+            nps, j = self._np_list(self._past_request(i + 1, i + 1), leading=True)
             if nps:
                 self.exclude += nps
                 return self._remove(i, self._skip_filler(j))
@@ -297,6 +297,8 @@ class _Parser:
             return j + 1 if self._word(j) in cues.HAVE_VERBS else None
         if w == "not":
             nxt = self._word(i + 1)
+            if self._past_request(i + 1, i + 1) > i + 1:
+                return i + 1  # "but not looking for dogs": a request, then the exclusion
             if nxt in cues.NOT_PRESENT and not self._np_start(i + 1, allow_stop=False):
                 return None  # "not present", "not visible": postfix
             if nxt in cues.HAVE_VERBS:
@@ -366,7 +368,7 @@ class _Parser:
         j = start
         if self._kind(j) == "end" and self.tokens[j][1] == ":":
             j += 1
-        nps, j = self._np_list(j, leading)
+        nps, j = self._np_list(self._past_request(i + 1, j), leading)
         if nps and self.words and all(w in cues.EVERYTHING for w in self.words):
             for _ in range(len(self.words)):  # "anything other than cats": only the exclusion
                 self.words.pop()
@@ -379,6 +381,30 @@ class _Parser:
             )
         self.exclude += nps
         return self._remove(i, self._skip_filler(j))
+
+    def _request_len(self, i: int) -> int:
+        """How many tokens the request starting at token i takes ("show me": 2), or 0."""
+        for r in cues.REQUESTS:
+            if all(self._word(i + k) == w for k, w in enumerate(r)):
+                return len(r)
+        return 0
+
+    def _past_request(self, first: int, start: int) -> int:
+        """Where an excluded noun phrase starts when a request follows the negation ("but
+        not show me dogs": dogs, although "not show" reads as a cue, "not I want cats"): the
+        index after the requests that begin at a token from ``first`` on and end at or after
+        ``start`` (the cue's end), as long as a noun phrase follows them; else ``start``. A
+        one-word request other than "please" counts only as the cue's own verb: "no show
+        dogs" excludes show dogs."""
+        for p in range(first, start + 1):
+            q = p
+            while (n := self._request_len(q)) and self._np_start(q + n):
+                if n < 2 and self._word(q) != "please" and (q >= start or q > p):
+                    break
+                q += n
+            if q > p and q >= start:
+                return q
+        return start
 
     def _drop_setup(self) -> str | None:
         """Drop the words that only set up a cue from the end of the current piece; return

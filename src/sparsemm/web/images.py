@@ -17,7 +17,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from sparsemm.data.collection import Collection
+from sparsemm.data.collection import Collection, relocated
 from sparsemm.encoders.hf import upright
 from sparsemm.errors import SparsemmError
 
@@ -86,9 +86,11 @@ def _image_file(real_folder: str, entry: os.DirEntry[str]) -> Path | None:
 class ImageStore:
     """Item id -> image file, for the images the collection's items reference.
 
-    An item's ``image`` may be absolute or relative to the collection folder. Only existing
-    regular files with a suffix in :data:`IMAGE_TYPES` are kept; a request can name nothing
-    else, since it is looked up by id and never joined to a folder.
+    An item's ``image`` may be absolute or relative to the collection folder; an absolute
+    one under a photo folder moved since `up` is looked for where the folder is now first
+    (:func:`sparsemm.data.collection.moved_photos`). Only existing regular files with a
+    suffix in :data:`IMAGE_TYPES` are kept; a request can name nothing else, since it is
+    looked up by id and never joined to a folder.
     """
 
     def __init__(self, paths: dict[str, Path]) -> None:
@@ -103,6 +105,16 @@ class ImageStore:
         paths: dict[str, Path] = {}
         skipped = 0
         folders: dict[str, tuple[str, dict[str, os.DirEntry[str]]] | None] = {}
+
+        def lookup(path: Path) -> Path | None:
+            parent, name = os.path.split(str(path))
+            if parent not in folders:
+                folders[parent] = _listing(parent)
+            listing = folders[parent]
+            entry = listing[1].get(name) if listing is not None else None
+            return _image_file(listing[0], entry) if listing and entry else None
+
+        moved = col.photos_moved  # the photo folder moved since `up`: its photos are there
         for item in col.items:
             ref = item.get("image")
             if not isinstance(ref, str) or not ref:
@@ -110,12 +122,8 @@ class ImageStore:
             path = Path(ref).expanduser()
             if not path.is_absolute():
                 path = col.root / path
-            parent, name = os.path.split(str(path))
-            if parent not in folders:
-                folders[parent] = _listing(parent)
-            listing = folders[parent]
-            entry = listing[1].get(name) if listing is not None else None
-            found = _image_file(listing[0], entry) if listing and entry else None
+            there = relocated(path, moved)
+            found = (lookup(there) if there is not None else None) or lookup(path)
             if found is None:
                 skipped += 1
             else:
