@@ -135,6 +135,22 @@ def predict(pairs: Pairs, a: float, b: float, lam: float, share: float = 1.0) ->
     return np.where(pairs.broader == 1, share * p, p)
 
 
+def served_presence(pairs: Pairs, config: Any) -> tuple[np.ndarray, np.ndarray]:
+    """P(concept | photo) with the served model's own settings (``config``, an
+    ImageNetConceptModel's): for a wanted term, and for a term left out of a query."""
+    lam = config.region_weight if config.regions else 0.0
+    share = float(config.broader_share)
+    wanted = predict(pairs, config.presence_scale, config.presence_bias, lam, share)
+    left_out = predict(
+        pairs,
+        config.exclude_presence_scale if config.regions else config.presence_scale,
+        config.exclude_presence_bias if config.regions else config.presence_bias,
+        config.exclude_region_weight if config.regions else 0.0,
+        share,
+    )
+    return wanted, left_out
+
+
 def log_loss(y: np.ndarray, p: np.ndarray, pos_weight: float = 1.0) -> float:
     p = np.clip(p, 1e-4, 1 - 1e-4)
     w = np.where(y == 1, pos_weight, 1.0)

@@ -355,8 +355,8 @@ def leave_one_out(
         build_pairs,
         fit,
         leave_one_source_out,
-        predict,
         reliability,
+        served_presence,
         settings_with,
         subset,
     )
@@ -372,16 +372,7 @@ def leave_one_out(
     loso_ex = leave_one_source_out(pairs, groups, ex_lams, exclude_weight)
     fitted_all = fit(pairs, lambdas) if lambdas else fit(pairs)
     fitted_ex = fit(pairs, ex_lams, exclude_weight)
-    lam = cfg.region_weight if cfg.regions else 0.0
-    share = float(cfg.broader_share)
-    served_p = predict(pairs, cfg.presence_scale, cfg.presence_bias, lam, share)
-    served_ex = predict(
-        pairs,
-        cfg.exclude_presence_scale if cfg.regions else cfg.presence_scale,
-        cfg.exclude_presence_bias if cfg.regions else cfg.presence_bias,
-        cfg.exclude_region_weight if cfg.regions else 0.0,
-        share,
-    )
+    served_p, served_ex = served_presence(pairs, cfg)
     group_of = np.array([groups.get(s_, s_) for s_ in pairs.source])
     stems = {Path(i).stem for i in searcher.collection.ids}
     held: dict[str, dict[str, float]] = {q["id"]: {} for q in data["queries"]}

