@@ -790,3 +790,35 @@ def test_an_index_behind_its_collection_names_up(
     assert main(["search", str(photos), "a cat", "--json", "--no-server"]) == 0
     ids = {h["id"] for h in json.loads(capsys.readouterr().out)["hits"]}
     assert "p1.png" not in ids
+
+
+def test_damaged_embeddings_are_encoded_again_by_up(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A damaged image_emb.npy: `up` once found the collection up to date and kept it, and
+    the next run that added a photo stopped on its checksum ("re-run `sparsemm encode`"); up
+    encodes the photos again."""
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    assert _up(photos, out, capsys)[0] == 0
+    emb = out / "collection" / "image_emb.npy"
+    good = emb.read_bytes()
+    data = bytearray(good)
+    data[-5] ^= 0xFF
+    emb.write_bytes(bytes(data))
+    code, text, err = _up(photos, out, capsys)
+    assert code == 0, err
+    assert "3 new" in text  # read again: nothing of the damaged file is kept
+    assert emb.read_bytes() == good
+    emb.write_bytes(bytes(data))
+    _photo(photos / "p3.png", 3)
+    code, text, err = _up(photos, out, capsys)
+    assert code == 0, err
+    assert "4 new" in text
+    from sparsemm.data.collection import open_collection
+
+    assert np.array_equal(
+        open_collection(out / "collection").image_embeddings()[:3].tobytes(),
+        np.frombuffer(good[-3 * 1280 * 4 :], np.float32).tobytes(),
+    )

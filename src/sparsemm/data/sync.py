@@ -32,6 +32,7 @@ from sparsemm.data.encode import encode_images_skipping, encoder_info
 from sparsemm.data.sources import Item, image_key, read_image_folder, read_items
 from sparsemm.encoders.base import l2_normalize
 from sparsemm.errors import SparsemmError
+from sparsemm.io import load_npy
 
 logger = logging.getLogger(__name__)
 
@@ -326,6 +327,7 @@ def sync_folder(
         if (out / "manifest.json").is_file():
             try:
                 old = open_collection(out)
+                _check_arrays(old)
                 if old.encoder_name != image_encoder.name or old.dim != int(image_encoder.dim):
                     logger.warning(
                         "%s was encoded with %s; re-encoding every image with %s",
@@ -340,6 +342,22 @@ def sync_folder(
         return _sync(
             items, out, old, image_encoder, text_encoder, text_info, source, batch_size, progress
         )
+
+
+def _check_arrays(col: Collection) -> None:
+    """SparsemmError when a file of ``col`` that a re-run copies from (its embeddings, its
+    list of skipped files) does not match its checksum or shape: the collection is then
+    encoded again rather than kept, or a later run stopped by it."""
+    for name, rows, dim in (
+        ("image_emb.npy", len(col.items), col.dim),
+        ("text_emb.npy", len(col.texts), col.text_dim if col.has_texts() else 0),
+    ):
+        if col._lists(name):
+            col.check_file(name)
+            shape = load_npy(col.root / name, mmap=True).shape
+            if shape != (rows, dim):
+                raise SparsemmError(f"{name} has shape {shape}, the manifest says ({rows}, {dim})")
+    col.skipped()
 
 
 def _predecessors(items: list[Item], old_items: dict[str, tuple[int, Item]]) -> dict[str, str]:
