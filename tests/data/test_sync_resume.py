@@ -131,3 +131,24 @@ def test_a_replaced_photo_is_not_taken_from_the_record(
     again = Colours()
     _sync(photos, col, again)
     assert again.read == ["p0.jpg", "p4.jpg", "p5.jpg", "p6.jpg"]
+
+
+def test_the_record_is_rewritten_a_few_times_its_size_not_n_squared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every save rewrites the whole record: saves spaced by a quarter of what it holds
+    keep the rows written to a few times the folder, where one save per step wrote
+    n^2 / 2 / step rows."""
+    monkeypatch.setattr(sync, "PARTIAL_EVERY", 1)
+    written: list[int] = []
+    real = sync._save_partial
+
+    def counting(path: Path, done: dict, enc: object) -> None:
+        written.append(len(done))
+        real(path, done, enc)
+
+    monkeypatch.setattr(sync, "_save_partial", counting)
+    photos = _folder(tmp_path, 60)
+    _sync(photos, tmp_path / "col", Colours())
+    assert 10 <= len(written) <= 20 and sum(written) <= 6 * 60, written
+    assert not partial_path(tmp_path / "col").exists()

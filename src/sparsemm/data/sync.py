@@ -496,7 +496,9 @@ def _sync(
 
 
 # Images embedded between two saves of the partial embeddings, so a run stopped while
-# embedding a large folder resumes where it was (each save rewrites the file).
+# embedding a large folder resumes where it was. Each save rewrites the file, so they are
+# spaced by a quarter of what it holds once that is more: the writes stay a few times the
+# embeddings' size (a stop loses at most a fifth of them) rather than growing as n^2.
 PARTIAL_EVERY = 256
 PARTIAL_FORMAT = "sparsemm.partial-embeddings-1"
 
@@ -580,7 +582,7 @@ def _embed_images(
     now, leaving out files that cannot be read; every other item's embedding copied from
     ``old`` (its row there is ``old_rows[id]``). With ``partial``, the embeddings of a run
     that stopped midway are read from that file instead of embedded again, and it records
-    the new ones every :data:`PARTIAL_EVERY` images."""
+    the new ones every :data:`PARTIAL_EVERY` images or more."""
     old_emb = old.image_embeddings() if old is not None else None
     emb = np.zeros((len(order), int(image_encoder.dim)), dtype=np.float32)
     todo_set = set(todo)
@@ -603,6 +605,7 @@ def _embed_images(
     if len(rest) < len(todo):
         logger.info("%d photos embedded by a run that stopped are reused", len(todo) - len(rest))
     step = PARTIAL_EVERY if partial is not None else max(len(rest), 1)
+    saved = len(done)  # entries in the file now
     for at in range(0, len(rest), step):
         part = rest[at : at + step]
         new_emb, good, bad = encode_images_skipping(
@@ -622,7 +625,9 @@ def _embed_images(
             key = keys[p]
             if fine and key is not None and key in recorder.norms:
                 done[key] = (row, recorder.norms[key])
-        _save_partial(partial, done, image_encoder)
+        if len(done) - saved >= max(PARTIAL_EVERY, saved // 4):
+            _save_partial(partial, done, image_encoder)
+            saved = len(done)
     # new files that all fail are skipped when the collection keeps other photos
     if todo and len(todo) == len(order) and not ok[todo].any():
         raise SparsemmError(
