@@ -764,3 +764,112 @@ def test_a_moved_photo_folder_prints_and_serves_the_photos_where_they_are_now(
     assert open_collection(moved).items[0]["image"].startswith(str(moved.resolve()))
     assert main(["search", str(moved), *search]) == 0
     assert capsys.readouterr().out.splitlines() == after
+
+
+def test_damaged_files_of_an_up_folder_name_up_which_repairs_them(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A damaged collection table or manifest, concept model or model folder of a folder
+    `sparsemm up` made: the search's one error line once said `re-run sparsemm encode` or
+    `re-create it` (which the user of `up` never ran) or `sparsemm index --model`; it names
+    `sparsemm up PHOTOS`, and that run repairs it (the search then answers as before)."""
+    import shutil
+
+    photos = tmp_path / "photos"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    assert main(["up", str(photos), "--no-serve", "--no-progress"]) == 0
+    out = photos / ".sparsemm"
+    col = out / "collection"
+    capsys.readouterr()
+    assert main(["search", str(photos), "a cat", "--json", "--no-server"]) == 0
+    before = json.loads(capsys.readouterr().out)
+
+    def flip(path: Path) -> None:
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+    damages = {
+        "items.jsonl": lambda: flip(col / "items.jsonl"),
+        "collection manifest": lambda: (col / "manifest.json").write_text("{garbage"),
+        "model weights": lambda: flip(out / "model" / "model.safetensors"),
+        "model config": lambda: (out / "model" / "config.json").write_text(""),
+        "model folder": lambda: shutil.rmtree(out / "model"),
+    }
+    for what, damage in damages.items():
+        damage()
+        assert main(["search", str(photos), "a cat", "--no-server"]) == 2, what
+        err = _one_error_line(capsys.readouterr().err)
+        assert f"run `sparsemm up {photos.resolve()}` again" in err, (what, err)
+        assert "sparsemm encode" not in err and "re-create" not in err, (what, err)
+        assert "--model" not in err, (what, err)
+        assert main(["up", str(photos), "--no-serve", "--no-progress"]) == 0, what
+        capsys.readouterr()
+        assert main(["search", str(photos), "a cat", "--json", "--no-server"]) == 0, what
+        after = json.loads(capsys.readouterr().out)
+        assert [(h["id"], h["score"]) for h in after["hits"]] == [
+            (h["id"], h["score"]) for h in before["hits"]
+        ], what
+
+
+def test_an_index_behind_its_collection_names_up(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`up` stopped after rewriting the collection (a photo removed) and before updating
+    the index: the error once said only "rebuild it"; it names `sparsemm up PHOTOS`."""
+    photos = tmp_path / "photos"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    assert main(["up", str(photos), "--no-serve", "--no-progress"]) == 0
+    index = photos / ".sparsemm" / "collection" / "index"
+    kept = tmp_path / "index-before"
+    import shutil
+
+    shutil.copytree(index, kept)
+    (photos / "p1.png").unlink()
+    assert main(["up", str(photos), "--no-serve", "--no-progress"]) == 0
+    shutil.rmtree(index)
+    shutil.copytree(kept, index)  # the index as a run killed before it left it
+    capsys.readouterr()
+    assert main(["search", str(photos), "a cat", "--no-server"]) == 2
+    err = _one_error_line(capsys.readouterr().err)
+    assert "does not match the collection's items" in err
+    assert f"run `sparsemm up {photos.resolve()}` again" in err, err
+    assert main(["up", str(photos), "--no-serve", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["search", str(photos), "a cat", "--json", "--no-server"]) == 0
+    ids = {h["id"] for h in json.loads(capsys.readouterr().out)["hits"]}
+    assert "p1.png" not in ids
+
+
+def test_damaged_embeddings_are_encoded_again_by_up(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A damaged image_emb.npy: `up` once found the collection up to date and kept it, and
+    the next run that added a photo stopped on its checksum ("re-run `sparsemm encode`"); up
+    encodes the photos again."""
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    assert _up(photos, out, capsys)[0] == 0
+    emb = out / "collection" / "image_emb.npy"
+    good = emb.read_bytes()
+    data = bytearray(good)
+    data[-5] ^= 0xFF
+    emb.write_bytes(bytes(data))
+    code, text, err = _up(photos, out, capsys)
+    assert code == 0, err
+    assert "3 new" in text  # read again: nothing of the damaged file is kept
+    assert emb.read_bytes() == good
+    emb.write_bytes(bytes(data))
+    _photo(photos / "p3.png", 3)
+    code, text, err = _up(photos, out, capsys)
+    assert code == 0, err
+    assert "4 new" in text
+    from sparsemm.data.collection import open_collection
+
+    assert np.array_equal(
+        open_collection(out / "collection").image_embeddings()[:3].tobytes(),
+        np.frombuffer(good[-3 * 1280 * 4 :], np.float32).tobytes(),
+    )

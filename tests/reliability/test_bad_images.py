@@ -140,6 +140,13 @@ def test_bomb_is_refused_from_its_header(tmp_path: Path) -> None:
     path.write_bytes(bomb_png(side - 2, side - 2))
     with pytest.raises(SparsemmError, match="cannot read image"):
         load_image(path)  # below the limit: decoded, and its 64-byte pixel data is too short
+    # past Pillow's own limit (which it checks first, in its own words): sparsemm's limit only
+    path.write_bytes(bomb_png(30_000, 30_000))
+    with pytest.raises(SparsemmError) as info:
+        load_image(path)
+    msg = str(info.value)
+    assert "larger than the 120 megapixels sparsemm decodes (900,000,000 pixels)" in msg, msg
+    assert "exceeds limit" not in msg and "DOS" not in msg, msg
 
 
 def test_folder_as_image_and_wrong_types(tmp_path: Path) -> None:

@@ -13,7 +13,9 @@ its ``index`` and caches when it only grew, so an index can take the new items w
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,7 @@ from sparsemm.data.encode import encode_images_skipping, encoder_info
 from sparsemm.data.sources import Item, image_key, read_image_folder, read_items
 from sparsemm.encoders.base import l2_normalize
 from sparsemm.errors import SparsemmError
+from sparsemm.io import json_sha256, load_npy
 
 logger = logging.getLogger(__name__)
 
@@ -326,6 +329,7 @@ def sync_folder(
         if (out / "manifest.json").is_file():
             try:
                 old = open_collection(out)
+                _check_arrays(old)
                 if old.encoder_name != image_encoder.name or old.dim != int(image_encoder.dim):
                     logger.warning(
                         "%s was encoded with %s; re-encoding every image with %s",
@@ -340,6 +344,22 @@ def sync_folder(
         return _sync(
             items, out, old, image_encoder, text_encoder, text_info, source, batch_size, progress
         )
+
+
+def _check_arrays(col: Collection) -> None:
+    """SparsemmError when a file of ``col`` that a re-run copies from (its embeddings, its
+    list of skipped files) does not match its checksum or shape: the collection is then
+    encoded again rather than kept, or a later run stopped by it."""
+    for name, rows, dim in (
+        ("image_emb.npy", len(col.items), col.dim),
+        ("text_emb.npy", len(col.texts), col.text_dim if col.has_texts() else 0),
+    ):
+        if col._lists(name):
+            col.check_file(name)
+            shape = load_npy(col.root / name, mmap=True).shape
+            if shape != (rows, dim):
+                raise SparsemmError(f"{name} has shape {shape}, the manifest says ({rows}, {dim})")
+    col.skipped()
 
 
 def _predecessors(items: list[Item], old_items: dict[str, tuple[int, Item]]) -> dict[str, str]:
@@ -370,6 +390,21 @@ def _same_photo(before: Item, after: Item) -> bool:
     digest = before.get("sha256")
     same_bytes = digest is not None and (after.get("sha256") or _sha256(after["image"])) == digest
     return same_bytes and tuple(before.get("captions") or ()) == tuple(after.get("captions") or ())
+
+
+def _note_skipped(
+    report: SyncReport, skipped: list[dict[str, Any]], incoming: dict[str, Item]
+) -> None:
+    """Record the images that could not be read in ``report``: each with the file version
+    that failed (so a re-run can skip it), out of the added and changed ones."""
+    for row in skipped:
+        row["stamp"] = incoming[row["id"]].get("stamp")
+    report.skipped += skipped
+    bad = {s["id"] for s in report.skipped}
+    report.added = [i for i in report.added if i not in bad]
+    # A changed image that can no longer be read is gone from the collection too.
+    report.removed += [i for i in report.changed if i in bad]
+    report.changed = [i for i in report.changed if i not in bad]
 
 
 def _sync(
@@ -434,17 +469,11 @@ def _sync(
         return report
 
     old_rows = {n: old_items[o][0] for n, o in was.items()}
+    partial = partial_path(out)
     emb, ok, skipped, report.norms = _embed_images(
-        order, todo, old, old_rows, image_encoder, batch_size, progress
+        order, todo, old, old_rows, image_encoder, batch_size, progress, partial
     )
-    for row in skipped:  # the file version that failed, so a re-run can skip it
-        row["stamp"] = incoming[row["id"]].get("stamp")
-    report.skipped += skipped
-    bad = {s["id"] for s in report.skipped}
-    report.added = [i for i in report.added if i not in bad]
-    # A changed image that can no longer be read is gone from the collection too.
-    report.removed += [i for i in report.changed if i in bad]
-    report.changed = [i for i in report.changed if i not in bad]
+    _note_skipped(report, skipped, incoming)
     kept = [it for it, good in zip(order, ok, strict=True) if good]
     emb = emb[ok]
     if not kept:
@@ -470,7 +499,80 @@ def _sync(
         skipped=report.skipped,
         keep=CARRIED if report.grew_only else ("concepts",),
     )
+    partial.unlink(missing_ok=True)  # all in the collection now
     return report
+
+
+# Images embedded between two saves of the partial embeddings, so a run stopped while
+# embedding a large folder resumes where it was. Each save rewrites the file, so they are
+# spaced by a quarter of what it holds once that is more: the writes stay a few times the
+# embeddings' size (a stop loses at most a fifth of them) rather than growing as n^2.
+PARTIAL_EVERY = 256
+PARTIAL_FORMAT = "sparsemm.partial-embeddings-1"
+
+
+def partial_path(out: Path) -> Path:
+    """Where a sync of the collection ``out`` keeps the embeddings of an unfinished run
+    (beside the collection, which is swapped whole when written)."""
+    return out.parent / f".{out.name}.partial.npz"
+
+
+def _partial_source(encoder: Any) -> str:
+    return json_sha256([PARTIAL_FORMAT, encoder_info(encoder)])
+
+
+def _load_partial(path: Path, encoder: Any) -> dict[str, tuple[np.ndarray, float]]:
+    """image key -> (embedding, pooled norm) embedded by an earlier run that stopped; empty
+    when there is none, or it is damaged or from another encoder (then embedded again)."""
+    if not path.is_file():
+        return {}
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            keys, emb, norms = z["keys"], z["emb"], z["norms"]
+            source, digest = str(z["source"]), str(z["sha256"])
+        n, dim = len(keys), int(encoder.dim)
+        if (
+            source != _partial_source(encoder)
+            or emb.dtype != np.float32
+            or emb.shape != (n, dim)
+            or norms.shape != (n,)
+            or digest != _partial_digest(keys, emb, norms)
+        ):
+            raise ValueError("written for another encoder, or damaged")
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        logger.warning("%s is unusable (%s); those photos are embedded again", path, exc)
+        return {}
+    return {str(k): (emb[i], float(norms[i])) for i, k in enumerate(keys.tolist())}
+
+
+def _partial_digest(keys: np.ndarray, emb: np.ndarray, norms: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for arr in (keys, emb, norms):
+        h.update(np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()
+
+
+def _save_partial(path: Path, done: dict[str, tuple[np.ndarray, float]], encoder: Any) -> None:
+    """Record ``done`` at ``path`` (atomic); a failure to write only costs the resume."""
+    from sparsemm.io import atomic_open
+
+    keys = np.array(list(done), dtype=str)
+    dim = int(encoder.dim)
+    rows = [e for e, _ in done.values()]
+    emb = np.stack(rows).astype(np.float32) if rows else np.zeros((0, dim), np.float32)
+    norms = np.array([v for _, v in done.values()], dtype=np.float64)
+    try:
+        with atomic_open(path) as fh:
+            np.savez(
+                fh,
+                keys=keys,
+                emb=emb,
+                norms=norms,
+                source=np.array(_partial_source(encoder)),
+                sha256=np.array(_partial_digest(keys, emb, norms)),
+            )
+    except OSError as exc:
+        logger.warning("could not record the embeddings so far in %s (%s)", path, exc)
 
 
 def _embed_images(
@@ -481,11 +583,14 @@ def _embed_images(
     image_encoder: Any,
     batch_size: int,
     progress: bool,
+    partial: Path | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]], dict[str, float]]:
     """(embeddings (len(order), dim) float32, readable (len(order),) bool, skipped rows, the
     new embeddings' pooled norms by image key): the items at positions ``todo`` embedded
     now, leaving out files that cannot be read; every other item's embedding copied from
-    ``old`` (its row there is ``old_rows[id]``)."""
+    ``old`` (its row there is ``old_rows[id]``). With ``partial``, the embeddings of a run
+    that stopped midway are read from that file instead of embedded again, and it records
+    the new ones every :data:`PARTIAL_EVERY` images or more."""
     old_emb = old.image_embeddings() if old is not None else None
     emb = np.zeros((len(order), int(image_encoder.dim)), dtype=np.float32)
     todo_set = set(todo)
@@ -495,19 +600,56 @@ def _embed_images(
     ok = np.ones(len(order), dtype=bool)
     recorder = NormRecordingEncoder(image_encoder)
     skipped: list[dict[str, Any]] = []
-    if todo:
-        new_emb, good, skipped = encode_images_skipping(
+    done = _load_partial(partial, image_encoder) if partial is not None else {}
+    keys = {pos: _key_or_none(order[pos]["image"]) for pos in todo}
+    rest = []
+    for pos in todo:
+        hit = done.get(keys[pos] or "")
+        if hit is None:
+            rest.append(pos)
+        else:
+            emb[pos] = hit[0]
+            recorder.norms[str(keys[pos])] = hit[1]
+    if len(rest) < len(todo):
+        logger.info("%d photos embedded by a run that stopped are reused", len(todo) - len(rest))
+    step = PARTIAL_EVERY if partial is not None else max(len(rest), 1)
+    saved = len(done)  # entries in the file now
+    for at in range(0, len(rest), step):
+        part = rest[at : at + step]
+        new_emb, good, bad = encode_images_skipping(
             recorder,
-            [order[p]["image"] for p in todo],
-            [order[p]["id"] for p in todo],
+            [order[p]["image"] for p in part],
+            [order[p]["id"] for p in part],
             batch_size=batch_size,
             progress=progress,
-            # new files that all fail are skipped when the collection keeps other photos
-            require_one=len(todo) == len(order),
+            require_one=False,
         )
-        emb[todo] = new_emb
-        ok[todo] = good
+        emb[part] = new_emb
+        ok[part] = good
+        skipped += bad
+        if partial is None or at + step >= len(rest):
+            continue  # the collection is written next
+        for p, row, fine in zip(part, new_emb, good, strict=True):
+            key = keys[p]
+            if fine and key is not None and key in recorder.norms:
+                done[key] = (row, recorder.norms[key])
+        if len(done) - saved >= max(PARTIAL_EVERY, saved // 4):
+            _save_partial(partial, done, image_encoder)
+            saved = len(done)
+    # new files that all fail are skipped when the collection keeps other photos
+    if todo and len(todo) == len(order) and not ok[todo].any():
+        raise SparsemmError(
+            f"none of the {len(todo)} images could be embedded (first error: "
+            f"{skipped[0]['error'] if skipped else 'unknown'}); check the source"
+        )
     return emb, ok, skipped, recorder.norms
+
+
+def _key_or_none(path: Any) -> str | None:
+    try:
+        return image_key(path)
+    except SparsemmError:
+        return None
 
 
 def _texts(

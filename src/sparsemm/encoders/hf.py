@@ -124,6 +124,7 @@ def load_image(image: ImageInput, max_side: int | None = None) -> Image.Image:
     corrupt, in a format Pillow cannot read, or larger than :data:`MAX_IMAGE_PIXELS`.
     16-bit greyscale is scaled to 8 bits (a plain conversion would clip it to white).
     """
+    import re
     import struct
     import warnings
 
@@ -148,7 +149,9 @@ def load_image(image: ImageInput, max_side: int | None = None) -> Image.Image:
                     img.draft("RGB", (max(1, int(w * f)), max(1, int(h * f))))
                 return _to_rgb(upright(img))
     except Image.DecompressionBombError as exc:  # Pillow's own check, at twice its limit
-        raise _too_large(path, str(exc)) from exc
+        # its message names its own limit, not sparsemm's: only the size is kept
+        found = re.search(r"\((\d+) pixels\)", str(exc))
+        raise _too_large(path, f"{int(found[1]):,} pixels" if found else "by its header") from exc
     except FileNotFoundError as exc:
         raise SparsemmError(f"image file not found: {path}") from exc
     except IsADirectoryError as exc:

@@ -23,6 +23,7 @@ from sparsemm.data.collection import (
     UP_DIR_NAME,
     UP_SOURCE_KIND,
     Collection,
+    collection_root,
     open_collection,
     relocated,
 )
@@ -84,14 +85,52 @@ def _rebuild_hint(collection_dir: str | Path, root: Path) -> str:
 def _up_photos(collection: Collection) -> str | None:
     """The `sparsemm up` command that made a collection: ``PHOTOS``, with ``-o OUT`` when it
     is not in PHOTOS' own folder (None for collections up did not make), shell-quoted."""
-    source = collection.manifest.get("source")
+    return _up_args(collection.root, collection.manifest)
+
+
+def _up_args(root: Path, manifest: Any) -> str | None:
+    """:func:`_up_photos` for the collection folder ``root`` whose manifest is ``manifest``
+    (None when it could not be read: then only a collection in PHOTOS/.sparsemm is known to
+    be up's, by where it is)."""
+    source = manifest.get("source") if isinstance(manifest, dict) else None
+    out = root.parent  # up writes OUT/collection
     if not (isinstance(source, dict) and source.get("kind") == UP_SOURCE_KIND):
+        if manifest is None and root.name == "collection" and out.name == UP_DIR_NAME:
+            return shlex.quote(str(out.parent.resolve()))
         return None
     photos = str(source.get("path") or "PHOTOS")
-    out = collection.root.parent  # up writes OUT/collection
     if out.name == UP_DIR_NAME and out.parent.resolve() == Path(photos).resolve():
         return shlex.quote(photos)
     return f"{shlex.quote(photos)} -o {shlex.quote(str(out.resolve()))}"
+
+
+def _up_again(exc: SparsemmError, photos: str) -> SparsemmError:
+    """``exc`` (a damaged collection or model file of a `sparsemm up` folder) with its
+    remedy ("re-create it", "re-run `sparsemm encode`") replaced by the command that
+    repairs it: `sparsemm up` re-encodes a collection it cannot open and writes its concept
+    model again."""
+    text = str(exc)
+    head, sep, tail = text.rpartition("; ")
+    if sep and tail.startswith("re-"):
+        text = head
+    return SparsemmError(f"{text}; run `sparsemm up {photos}` again to repair it")
+
+
+def _open_up_collection(collection_dir: str | Path) -> Collection:
+    """open_collection, whose errors for a folder `sparsemm up` made name `sparsemm up`
+    (which repairs it) rather than `sparsemm encode`."""
+    try:
+        return open_collection(collection_dir)
+    except SparsemmError as exc:
+        root = collection_root(collection_dir)
+        try:
+            manifest = read_json(root / "manifest.json")
+        except (SparsemmError, OSError):
+            manifest = None
+        photos = _up_args(root, manifest)
+        if photos is None:
+            raise
+        raise _up_again(exc, photos) from exc
 
 
 class IndexedCollection:
@@ -105,7 +144,7 @@ class IndexedCollection:
         image_encoder: Any = None,
         in_memory: bool = False,
     ) -> None:
-        self.collection: Collection = open_collection(collection_dir)
+        self.collection: Collection = _open_up_collection(collection_dir)
         # collection.root: where open_collection found it (a crash may have parked it aside)
         root = self.collection.root / INDEX_DIR
         meta = self._open_index(collection_dir, root, store, in_memory)
@@ -174,8 +213,15 @@ class IndexedCollection:
         # store holding the same items (e.g. a Qdrant collection).
         self.store: Store = store if store is not None else self.index
         if list(self.index.ids) != self.collection.ids:
+            photos = _up_photos(self.collection)
+            # `up` stopped between rewriting the collection and updating its index
+            remedy = (
+                f"run `sparsemm up {photos}` again to bring it up to date"
+                if photos is not None
+                else f"rebuild it ({_rebuild_hint(collection_dir, root)})"
+            )
             raise SparsemmError(
-                f"the index in {root} does not match the collection's items; rebuild it"
+                f"the index in {root} does not match the collection's items; {remedy}"
             )
         meta = self.index.meta
         if not meta or "model" not in meta:
@@ -197,6 +243,12 @@ class IndexedCollection:
             if there is not None and there.exists():
                 meta[key] = str(there)
             elif not Path(str(meta[key])).exists():
+                photos = self._up_model(meta[key])
+                if photos is not None:  # up writes its model again
+                    raise SparsemmError(
+                        f"the model {meta[key]} the index in {root} was built with is no "
+                        f"longer there; run `sparsemm up {photos}` again to repair it"
+                    )
                 raise SparsemmError(
                     f"the index in {root} was built with the {key.replace('_', ' ')} "
                     f"{meta[key]}, which is no longer there (moved or deleted?); rebuild the "
@@ -209,7 +261,13 @@ class IndexedCollection:
 
     def _open_model(self, collection_dir: str | Path, root: Path, meta: dict[str, Any]) -> None:
         """Load the model the index names; refuse edited settings or other encoders."""
-        self.model = load_code_model(meta["model"], self.top_k)
+        try:
+            self.model = load_code_model(meta["model"], self.top_k)
+        except SparsemmError as exc:
+            photos = self._up_model(meta["model"])
+            if photos is None:
+                raise
+            raise _up_again(exc, photos) from exc
         recorded = meta.get("model_config_sha256")
         if recorded is not None and recorded != config_digest(meta["model"]):
             photos = _up_photos(self.collection)
@@ -228,6 +286,14 @@ class IndexedCollection:
         check_encoders(
             self.model.training_info, self.collection.manifest, meta["model"], collection_dir
         )
+
+    def _up_model(self, model: Any) -> str | None:
+        """The `sparsemm up` arguments that repair ``model``: when the collection is up's
+        and the model is one up keeps beside it (OUT/model, OUT/sr); else None."""
+        photos = _up_photos(self.collection)
+        out = self.collection.root.parent
+        mine = {(out / name).resolve() for name in ("model", "sr")}
+        return photos if photos is not None and Path(str(model)).resolve() in mine else None
 
     def close(self) -> None:
         """Close a store this searcher was given (a Qdrant client); the collection's own
