@@ -36,7 +36,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import git_commit
-from real_photos import data_files, fetch_photos, figures, load_all, run_queries, run_up
+from real_photos import (
+    data_files,
+    fetch_photos,
+    figures,
+    load_all,
+    per_query_table,
+    run_queries,
+    run_up,
+)
 
 FRESH = Path(__file__).parent / "data" / "photo_fresh.json"
 
@@ -150,22 +158,8 @@ def report(metrics: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                 f"| {b['bin']} | {b['n']} | {b['predicted']} | {b['observed']} |"
                 for b in pres[key]["table"]
             ]
-    lines += [
-        "",
-        "## Per query",
-        "",
-        "| query | relevant | P@3 | viol@3 | top 3 / error |",
-        "|---|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        what = r["error"] if r["refused"] else ", ".join(i for i, _ in r["top"])
-        if r.get("notes"):
-            what += " (" + "; ".join(r["notes"]) + ")"
-        lines.append(
-            f"| {r['text']} | {r['n_relevant']} | {r['precision']:.2f} | "
-            f"{'' if r['violation'] is None else format(r['violation'], '.2f')} | {what} |"
-        )
-    return "\n".join(lines) + "\n"
+    lines += ["", "## Per query", ""]
+    return "\n".join(lines + per_query_table(rows, splits=False)) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -541,22 +541,28 @@ def report(metrics: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                     f"| {w}{mark} | {split} | {m['refused']} | {m['precision@3_answered']} | "
                     f"{m['violation@3']} ({m['exclusion_queries']}) | {m['ece_match']} |"
                 )
-    lines += [
-        "",
-        "## Per query (served model, all photos)",
-        "",
-        "| query | split | relevant | P@3 | viol@3 | top 3 / error |",
-        "|---|---|---:|---:|---:|---|",
+    lines += ["", "## Per query (served model, all photos)", ""]
+    return "\n".join(lines + per_query_table(rows, splits=True)) + "\n"
+
+
+def per_query_table(rows: list[dict[str, Any]], splits: bool) -> list[str]:
+    """The report's table of queries: relevant photos, precision@3, violation@3 and the top
+    3 (or the refusal), with each query's split when ``splits``."""
+    split_head = "| split " if splits else ""
+    out = [
+        f"| query {split_head}| relevant | P@3 | viol@3 | top 3 / error |",
+        f"|---{'|---' if splits else ''}|---:|---:|---:|---|",
     ]
     for r in rows:
         what = r["error"] if r["refused"] else ", ".join(i for i, _ in r["top"])
         if r.get("notes"):
             what += " (" + "; ".join(r["notes"]) + ")"
-        lines.append(
-            f"| {r['text']} | {r['split']} | {r['n_relevant']} | {r['precision']:.2f} | "
+        split = f"| {r['split']} " if splits else ""
+        out.append(
+            f"| {r['text']} {split}| {r['n_relevant']} | {r['precision']:.2f} | "
             f"{'' if r['violation'] is None else format(r['violation'], '.2f')} | {what} |"
         )
-    return "\n".join(lines) + "\n"
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

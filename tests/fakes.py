@@ -613,3 +613,31 @@ NAMING_CODES = np.array(
     np.float32,
 )
 NAMING_TERMS = ["dog", "cat", "ball", "grid", "photo", "hot dog"]
+
+
+class ColourEncoder:
+    """Embeds an image as its mean colour (plus a constant); records what it read."""
+
+    name, dim = "colours", 4
+
+    def __init__(self) -> None:
+        self.read: list[str] = []
+
+    def encode_image(self, images, batch_size=32, normalize=True, progress=False):  # type: ignore[no-untyped-def]
+        from sparsemm.encoders.hf import load_image
+
+        rows = []
+        for img in images:
+            self.read.append(Path(img).name)
+            rows.append([*np.asarray(load_image(img), np.float32).mean(axis=(0, 1)), 1.0])
+        out = np.asarray(rows, np.float32)
+        return out / np.linalg.norm(out, axis=1, keepdims=True) if normalize else out
+
+
+class FlatText:
+    """A 4-d text encoder giving every text the same vector (photo folders without captions)."""
+
+    name, dim, model_id = "minilm", 4, None
+
+    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):  # type: ignore[no-untyped-def]
+        return np.tile(np.asarray([[0.5, 0.5, 0.5, 0.5]], np.float32), (len(texts), 1))

@@ -13,37 +13,12 @@ import pytest
 from PIL import Image
 
 import sparsemm.data.sync as sync
+from fakes import ColourEncoder, FlatText
 from sparsemm.data.collection import open_collection
 from sparsemm.data.sync import SyncReport, read_photos, sync_folder
 from sparsemm.errors import SparsemmError
 
 INFO = {"name": "minilm", "dim": 4}
-
-
-class _Colours:
-    """Embeds an image as its mean colour (plus a constant); records what it read."""
-
-    name, dim = "colours", 4
-
-    def __init__(self) -> None:
-        self.read: list[str] = []
-
-    def encode_image(self, images, batch_size=32, normalize=True, progress=False):
-        from sparsemm.encoders.hf import load_image
-
-        rows = []
-        for img in images:
-            self.read.append(Path(img).name)
-            rows.append([*np.asarray(load_image(img), np.float32).mean(axis=(0, 1)), 1.0])
-        out = np.asarray(rows, np.float32)
-        return out / np.linalg.norm(out, axis=1, keepdims=True) if normalize else out
-
-
-class _Text:
-    name, dim, model_id = "minilm", 4, None
-
-    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
-        return np.tile(np.asarray([[0.5, 0.5, 0.5, 0.5]], np.float32), (len(texts), 1))
 
 
 def picture(path: Path, seed: int, fmt: str = "JPEG") -> Path:
@@ -68,8 +43,8 @@ def folder(tmp_path: Path) -> Path:
     return photos
 
 
-def run(photos: Path, col: Path, enc: _Colours) -> SyncReport:
-    return sync_folder(read_photos(photos), col, enc, _Text(), INFO, photos, progress=False)
+def run(photos: Path, col: Path, enc: ColourEncoder) -> SyncReport:
+    return sync_folder(read_photos(photos), col, enc, FlatText(), INFO, photos, progress=False)
 
 
 def by_id(col: Path) -> dict[str, dict]:
@@ -77,7 +52,7 @@ def by_id(col: Path) -> dict[str, dict]:
 
 
 def test_copies_and_links_are_one_item_with_their_other_paths(tmp_path: Path, folder: Path) -> None:
-    enc = _Colours()
+    enc = ColourEncoder()
     report = run(folder, tmp_path / "col", enc)
     items = by_id(tmp_path / "col")
     assert sorted(items) == ["a.jpg", "c.jpg", "e.bmp", "f.bmp"]
@@ -92,7 +67,7 @@ def test_a_link_to_a_photo_outside_the_folder_is_a_photo_of_its_own(tmp_path: Pa
     picture(photos / "a.jpg", 0)
     outside = picture(tmp_path / "elsewhere" / "x.jpg", 5)
     (photos / "x-link.jpg").symlink_to(outside)
-    report = run(photos, tmp_path / "col", _Colours())
+    report = run(photos, tmp_path / "col", ColourEncoder())
     assert report.folded == 0
     assert sorted(by_id(tmp_path / "col")) == ["a.jpg", "x-link.jpg"]
 
@@ -105,7 +80,7 @@ def test_the_first_copy_is_a_real_file_and_captions_of_copies_join(tmp_path: Pat
     caps = tmp_path / "caps.jsonl"
     caps.write_text('{"id": "b.jpg", "caption": "a beach"}\n{"id": "c.jpg", "caption": "sea"}\n')
     sync_folder(
-        read_photos(photos, caps), tmp_path / "col", _Colours(), _Text(), INFO, photos,
+        read_photos(photos, caps), tmp_path / "col", ColourEncoder(), FlatText(), INFO, photos,
         progress=False,
     )  # fmt: skip
     col = open_collection(tmp_path / "col")
@@ -119,7 +94,7 @@ def test_reruns_stay_consistent_and_embed_nothing_twice(
     tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     col = tmp_path / "col"
-    enc = _Colours()
+    enc = ColourEncoder()
     run(folder, col, enc)
     emb_a = open_collection(col).image_embeddings()[0].copy()
 
@@ -168,7 +143,7 @@ def test_a_killed_run_loses_nothing(
     tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     col = tmp_path / "col"
-    enc = _Colours()
+    enc = ColourEncoder()
     run(folder, col, enc)
     (folder / "a.jpg").unlink()
     shutil.copyfile(folder / "c.jpg", folder / "d.jpg")
@@ -193,12 +168,12 @@ def test_a_rerun_whose_new_files_are_all_broken_skips_them(tmp_path: Path, folde
     read (the collection keeps its photos, and a new copy still joins its photo); only a
     folder with nothing readable at all is an error."""
     col = tmp_path / "col"
-    run(folder, col, _Colours())
+    run(folder, col, ColourEncoder())
     (folder / "trunc.jpg").write_bytes((folder / "c.jpg").read_bytes()[:100])
     (folder / "zero.jpg").write_bytes(b"")
     (folder / "text.jpg").write_text("not a picture")
     shutil.copyfile(folder / "c.jpg", folder / "c-copy.jpg")
-    run(folder, col, _Colours())
+    run(folder, col, ColourEncoder())
     items = by_id(col)
     assert sorted(items) == ["a.jpg", "c.jpg", "e.bmp", "f.bmp"]
     assert items["c.jpg"]["also"] == ["c-copy.jpg"]
@@ -208,4 +183,4 @@ def test_a_rerun_whose_new_files_are_all_broken_skips_them(tmp_path: Path, folde
     only_bad.mkdir()
     (only_bad / "text.jpg").write_text("not a picture")
     with pytest.raises(SparsemmError, match="none of the 1 images could be embedded"):
-        run(only_bad, tmp_path / "col2", _Colours())
+        run(only_bad, tmp_path / "col2", ColourEncoder())

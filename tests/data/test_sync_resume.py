@@ -11,36 +11,11 @@ import pytest
 from PIL import Image
 
 import sparsemm.data.sync as sync
+from fakes import ColourEncoder, FlatText
 from sparsemm.data.collection import open_collection
 from sparsemm.data.sync import partial_path, read_photos, sync_folder
 
 INFO = {"name": "minilm", "dim": 4}
-
-
-class Colours:
-    """Embeds an image as its mean colour (plus a constant); records what it read."""
-
-    name, dim = "colours", 4
-
-    def __init__(self) -> None:
-        self.read: list[str] = []
-
-    def encode_image(self, images, batch_size=32, normalize=True, progress=False):
-        from sparsemm.encoders.hf import load_image
-
-        rows = []
-        for img in images:
-            self.read.append(Path(img).name)
-            rows.append([*np.asarray(load_image(img), np.float32).mean(axis=(0, 1)), 1.0])
-        out = np.asarray(rows, np.float32)
-        return out / np.linalg.norm(out, axis=1, keepdims=True) if normalize else out
-
-
-class Text:
-    name, dim, model_id = "minilm", 4, None
-
-    def encode_text(self, texts, batch_size=64, normalize=True, progress=False):
-        return np.tile(np.asarray([[0.5, 0.5, 0.5, 0.5]], np.float32), (len(texts), 1))
 
 
 def picture(path: Path, seed: int) -> Path:
@@ -54,7 +29,7 @@ class _Killed(BaseException):
     """What a SIGKILL looks like from inside: nothing after it runs (not an Exception)."""
 
 
-class _DiesAfter(Colours):
+class _DiesAfter(ColourEncoder):
     def __init__(self, images: int) -> None:
         super().__init__()
         self.left = images
@@ -72,8 +47,10 @@ def _folder(tmp_path: Path, n: int = 7) -> Path:
     return photos
 
 
-def _sync(photos: Path, col: Path, enc: Colours) -> None:
-    sync_folder(read_photos(photos), col, enc, Text(), INFO, photos, batch_size=1, progress=False)
+def _sync(photos: Path, col: Path, enc: ColourEncoder) -> None:
+    sync_folder(
+        read_photos(photos), col, enc, FlatText(), INFO, photos, batch_size=1, progress=False
+    )
 
 
 def test_a_stopped_run_resumes_without_reading_again(
@@ -82,12 +59,12 @@ def test_a_stopped_run_resumes_without_reading_again(
     monkeypatch.setattr(sync, "PARTIAL_EVERY", 2)
     photos = _folder(tmp_path)
     whole = tmp_path / "whole"
-    _sync(photos, whole, Colours())
+    _sync(photos, whole, ColourEncoder())
     col = tmp_path / "col"
     with pytest.raises(_Killed):
         _sync(photos, col, _DiesAfter(5))  # 4 recorded (2 + 2), the 5th lost, then killed
     assert partial_path(col).is_file() and not (col / "manifest.json").exists()
-    again = Colours()
+    again = ColourEncoder()
     _sync(photos, col, again)
     assert again.read == ["p4.jpg", "p5.jpg", "p6.jpg"]
     assert not partial_path(col).exists()
@@ -108,11 +85,11 @@ def test_a_damaged_record_is_embedded_again(
     data = bytearray(record.read_bytes())
     data[len(data) // 2] ^= 0xFF
     record.write_bytes(bytes(data))
-    again = Colours()
+    again = ColourEncoder()
     _sync(photos, col, again)
     assert len(again.read) == 7
     whole = tmp_path / "whole"
-    _sync(photos, whole, Colours())
+    _sync(photos, whole, ColourEncoder())
     np.testing.assert_array_equal(
         open_collection(col).image_embeddings(), open_collection(whole).image_embeddings()
     )
@@ -128,7 +105,7 @@ def test_a_replaced_photo_is_not_taken_from_the_record(
     with pytest.raises(_Killed):
         _sync(photos, col, _DiesAfter(5))
     picture(photos / "p0.jpg", 99)
-    again = Colours()
+    again = ColourEncoder()
     _sync(photos, col, again)
     assert again.read == ["p0.jpg", "p4.jpg", "p5.jpg", "p6.jpg"]
 
@@ -149,6 +126,6 @@ def test_the_record_is_rewritten_a_few_times_its_size_not_n_squared(
 
     monkeypatch.setattr(sync, "_save_partial", counting)
     photos = _folder(tmp_path, 60)
-    _sync(photos, tmp_path / "col", Colours())
+    _sync(photos, tmp_path / "col", ColourEncoder())
     assert 10 <= len(written) <= 20 and sum(written) <= 6 * 60, written
     assert not partial_path(tmp_path / "col").exists()
