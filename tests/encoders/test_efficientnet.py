@@ -27,6 +27,7 @@ from sparsemm.encoders.efficientnet_lite import (  # noqa: E402
     Conv2dSame,
     EfficientNetLite,
     EfficientNetLiteConfig,
+    FoldedEfficientNetLite,
     StageSpec,
     build_model,
     default_weights_path,
@@ -122,6 +123,37 @@ def test_tiny_network_shapes_and_skips() -> None:
     assert bn.eps == pytest.approx(1e-3)
 
 
+def _random_batchnorm_statistics(net: EfficientNetLite, seed: int) -> None:
+    """Non-trivial running statistics and affine parameters (fresh BN layers are identity)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.5)
+                m.running_var.copy_(torch.rand(m.num_features, generator=g) * 2 + 0.1)
+                m.weight.copy_(torch.randn(m.num_features, generator=g))
+                m.bias.copy_(torch.randn(m.num_features, generator=g) * 0.3)
+
+
+@pytest.mark.parametrize("size", [(40, 38), (33, 47), (32, 32)])
+def test_folded_network_matches_feature_map(size: tuple[int, int]) -> None:
+    torch.manual_seed(0)
+    net = EfficientNetLite(TINY).eval()
+    _random_batchnorm_statistics(net, 1)
+    folded = FoldedEfficientNetLite(net)
+    x = torch.randn(3, 3, *size)
+    with torch.inference_mode():
+        want, got = net.feature_map(x), folded(x)
+        got_cl = folded.to(memory_format=torch.channels_last)(
+            x.contiguous(memory_format=torch.channels_last)
+        )
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_cl, want, atol=1e-5, rtol=1e-5)
+    # no BatchNorm layer is left to run
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in folded.modules())
+
+
 def test_lite0_layout_counts() -> None:
     net = EfficientNetLite()
     assert len(net._blocks) == 16
@@ -201,6 +233,34 @@ def test_state_dict_keys_and_shapes_match_exactly(encoder) -> None:
     assert set(own) == set(state)
     assert all(own[k].shape == state[k].shape for k in own)
     assert len(own) == 296
+
+
+@needs_weights
+def test_encoder_runs_the_folded_network(encoder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forward passes skip BatchNorm (folded into the convolutions) and give the pooled
+    features of the unfolded network up to float rounding, whole images and tiles alike."""
+    photo = _photos()[0]
+    x = torch.from_numpy(
+        ((np.asarray(photo.resize((336, 224)), dtype=np.float32) - INPUT_MEAN) / INPUT_STD)
+        .transpose(2, 0, 1)[None]
+        .copy()
+    )
+    with torch.inference_mode():
+        want_full = encoder.model_.pool(encoder.model_.feature_map(x)).numpy()
+    tiles = [photo.crop((0, 0, 200, 200)), photo.crop((100, 50, 300, 250))]
+    arr = np.stack([np.asarray(t.resize((224, 224), resample=2), np.float32) for t in tiles])
+    xt = torch.from_numpy(((arr - INPUT_MEAN) / INPUT_STD).transpose(0, 3, 1, 2).copy())
+    with torch.inference_mode():
+        want_tiles = encoder.model_.pool(encoder.model_.feature_map(xt)).numpy()
+
+    def no_batchnorm(*args, **kwargs):
+        raise AssertionError("BatchNorm ran in the encoder's forward pass")
+
+    monkeypatch.setattr(torch.nn.functional, "batch_norm", no_batchnorm)
+    full = encoder.pooled_full([photo.resize((336, 224))], side=224)
+    np.testing.assert_allclose(full, want_full, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(encoder.pooled_squares(tiles, side=224), want_tiles, atol=1e-4)
+    assert encoder.encode_image([photo]).shape == (1, 1280)
 
 
 @needs_weights

@@ -215,6 +215,78 @@ class EfficientNetLite(nn.Module):
         return self.classify_pooled(self.pool(self.feature_map(x)))
 
 
+class _FoldedConv(nn.Module):
+    """A convolution with its BatchNorm folded in (and ReLU6 after it when ``act``), for
+    inference: ``conv(x) * s + t`` is ``conv`` with weights ``w * s`` and bias ``t``.
+
+    TF ``SAME`` padding of a stride-1 convolution with an odd kernel is symmetric, so it is
+    the convolution's own zero padding; the strided ones pad as :class:`Conv2dSame`."""
+
+    def __init__(self, conv: nn.Conv2d, bn: nn.BatchNorm2d, act: bool) -> None:
+        super().__init__()
+        with torch.no_grad():
+            scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)  # type: ignore[operator,arg-type]
+            weight = conv.weight * scale.reshape(-1, 1, 1, 1)
+            bias = bn.bias - bn.running_mean * scale  # type: ignore[operator]
+        self.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
+        self.bias = nn.Parameter(bias.contiguous(), requires_grad=False)
+        self.kernel, self.stride, self.groups = conv.kernel_size[0], conv.stride[0], conv.groups
+        self.tf_pad = isinstance(conv, Conv2dSame) and (self.stride != 1 or self.kernel % 2 == 0)
+        self.padding = (self.kernel - 1) // 2 if isinstance(conv, Conv2dSame) else 0
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        padding = self.padding
+        if self.tf_pad:
+            top, bottom = same_padding(x.shape[-2], self.kernel, self.stride)
+            left, right = same_padding(x.shape[-1], self.kernel, self.stride)
+            if top or bottom or left or right:
+                x = F.pad(x, (left, right, top, bottom))
+            padding = 0
+        y = F.conv2d(x, self.weight, self.bias, self.stride, padding, 1, self.groups)
+        return F.relu6(y, inplace=True) if self.act else y
+
+
+class _FoldedBlock(nn.Module):
+    """:class:`MBConvBlock` with folded convolutions (see :class:`FoldedEfficientNetLite`)."""
+
+    def __init__(self, block: MBConvBlock) -> None:
+        super().__init__()
+        self.expand = (
+            _FoldedConv(block._expand_conv, block._bn0, True) if block.has_expand else None
+        )
+        self.depthwise = _FoldedConv(block._depthwise_conv, block._bn1, True)
+        self.project = _FoldedConv(block._project_conv, block._bn2, False)
+        self.has_skip = block.has_skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.expand(x) if self.expand is not None else x
+        h = self.project(self.depthwise(h))
+        return h.add_(x) if self.has_skip else h
+
+
+class FoldedEfficientNetLite(nn.Module):
+    """The inference form of an eval-mode :class:`EfficientNetLite`'s :meth:`feature_map`:
+    each BatchNorm folded into the convolution before it, ReLU6 in place, and the
+    symmetric TF padding done by the convolutions themselves. Same outputs up to float
+    rounding (pooled features within about 1e-5), a third less time on a CPU: BatchNorm,
+    ReLU6 and padding each cost a pass over every feature map."""
+
+    def __init__(self, model: EfficientNetLite) -> None:
+        super().__init__()
+        self.stem = _FoldedConv(model._conv_stem, model._bn0, True)
+        self.blocks = nn.ModuleList(_FoldedBlock(b) for b in model._blocks)  # type: ignore[arg-type]
+        self.head = _FoldedConv(model._conv_head, model._bn1, True)
+        self.eval()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(b, 3, H, W)`` -> ``(b, head_channels, ceil(H/32), ceil(W/32))``."""
+        h = self.stem(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
 # -- weights -------------------------------------------------------------------------------
 
 
