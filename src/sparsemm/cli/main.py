@@ -18,14 +18,14 @@ from sparsemm import __version__
 from sparsemm.cli.plugins import VERB_GROUP, registrars
 from sparsemm.errors import SparsemmError
 
-# Verb modules under sparsemm.cli, in the order of the pipeline; the verbs of other
-# packages (``encode``, ``spine``, ``train``, ``collages``, ``demo``, ``bench``, ``export``,
-# from sparsemm_experiments) come after them (sparsemm.cli.plugins).
+# Verb modules under sparsemm.cli, in the order a photo user meets them (``up`` first); the
+# verbs of other packages (``encode``, ``spine``, ``train``, ``collages``, ``demo``,
+# ``bench``, ``export``, from sparsemm_experiments) come after them (sparsemm.cli.plugins).
 VERBS = (
-    "index",
+    "up",
     "search",
     "serve",
-    "up",
+    "index",
 )
 
 
@@ -39,8 +39,8 @@ READ_ONLY_VERBS = frozenset({"search"})
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sparsemm",
-        description="Interpretable sparse multimodal retrieval: encode -> spine -> train -> "
-        "index -> search.",
+        description="Interpretable sparse multimodal retrieval. Start with "
+        "`sparsemm up PHOTOS`: one command from a folder of photos to a search page.",
     )
     parser.add_argument("--version", action="version", version=f"sparsemm {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
