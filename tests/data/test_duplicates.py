@@ -184,3 +184,25 @@ def test_a_rerun_whose_new_files_are_all_broken_skips_them(tmp_path: Path, folde
     (only_bad / "text.jpg").write_text("not a picture")
     with pytest.raises(SparsemmError, match="none of the 1 images could be embedded"):
         run(only_bad, tmp_path / "col2", ColourEncoder())
+
+
+def test_a_copied_or_restored_folder_is_not_read_again(tmp_path: Path, folder: Path) -> None:
+    """`cp -r` (or a restore from an archive) gives every photo a new mtime; a re-run read
+    and embedded them all again. Same bytes keep the embedding; other bytes of the same size
+    (an edited photo) are still read again."""
+    run(folder, tmp_path / "col", ColourEncoder())
+    assert all(it.get("sha256") for it in by_id(tmp_path / "col").values())
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy, symlinks=True, copy_function=shutil.copyfile)  # new mtimes
+    shutil.copytree(tmp_path / "col", tmp_path / "col2", copy_function=shutil.copyfile)
+    edited = picture(copy / "f.bmp", 9, "BMP")  # same size as before, other pixels
+    assert edited.stat().st_size == (folder / "f.bmp").stat().st_size
+    enc = ColourEncoder()
+    report = run(copy, tmp_path / "col2", enc)
+    assert enc.read == ["f.bmp"]
+    assert report.changed == ["f.bmp"] and report.unchanged == 3 and not report.added
+    items = by_id(tmp_path / "col2")
+    assert items["a.jpg"]["image"] == str(copy / "a.jpg")  # the new paths are recorded
+    enc = ColourEncoder()
+    report = run(copy, tmp_path / "col2", enc)  # and the next run reads nothing at all
+    assert enc.read == [] and not report.touched

@@ -395,3 +395,65 @@ def test_the_photo_defaults_read_the_finer_grid_alone_and_older_models_keep_thei
     saved.save_pretrained(tmp_path / "m")
     back = ImageNetConceptModel.from_pretrained(tmp_path / "m")
     assert back.config.max_tiles == 3 and len(tile_boxes((1732, 1155), back.config)) == 18
+
+
+def _photo_collection(tmp_path: Path, pics: Path, digests: bool):
+    """A collection of three one-byte 'photos' under ``pics`` (with their SHA-256 when
+    ``digests``, as ``sparsemm up`` records them)."""
+    import hashlib
+
+    from sparsemm.data.collection import open_collection, write_collection
+
+    items = []
+    for i in range(3):
+        path = pics / f"{i}.png"
+        item = {"id": f"{i}.png", "image": str(path)}
+        if digests:
+            item["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        items.append(item)
+    emb = np.ones((3, 4), np.float32) / 2
+    write_collection(tmp_path / "col", items, {"name": "e", "dim": 4}, image_emb=emb,
+                     extra={"image_kind": "pixels"})  # fmt: skip
+    return open_collection(tmp_path / "col")
+
+
+def test_evidence_follows_a_photo_that_moved_by_its_content(tmp_path: Path) -> None:
+    """Evidence was keyed by path, size and mtime, so a moved or copied folder (new paths,
+    new mtimes) read every photo again; a photo's bytes now key it."""
+    import shutil
+
+    pics = tmp_path / "pics"
+    pics.mkdir()
+    for i in range(3):
+        (pics / f"{i}.png").write_bytes(bytes([i, 7]))
+    col = _photo_collection(tmp_path, pics, digests=True)
+    first = _Reader(stop=10**6)
+    got = photo_evidence(col, first)
+    assert first.read_photos == 3
+    moved = tmp_path / "moved"
+    shutil.copytree(pics, moved, copy_function=shutil.copyfile)  # new paths and mtimes
+    copy = _photo_collection(tmp_path / "copy", moved, digests=True)
+    shutil.copytree(col.root / "concepts", copy.root / "concepts")  # as `cp -r` copies it
+    again = _Reader(stop=0)  # reading any photo would fail the test
+    assert photo_evidence(copy, again) == got
+
+
+def test_evidence_recorded_by_file_version_is_kept_under_the_content_key(tmp_path: Path) -> None:
+    pics = tmp_path / "pics"
+    pics.mkdir()
+    for i in range(3):
+        (pics / f"{i}.png").write_bytes(bytes([i, 9]))
+    old = _photo_collection(tmp_path, pics, digests=False)  # a collection from before digests
+    got = photo_evidence(old, _Reader(stop=10**6))
+    keys = set(read_evidence(old.root, {"classifier": "fake"}))
+    assert all("|" in k for k in keys)  # path|size|mtime
+    new = _photo_collection(tmp_path / "b", pics, digests=True)
+    import shutil
+
+    shutil.copytree(old.root / "concepts", new.root / "concepts", dirs_exist_ok=True)
+    reader = _Reader(stop=0)  # reading any photo would fail the test
+    assert photo_evidence(new, reader) == got
+    recorded = set(read_evidence(new.root, {"classifier": "fake"}))
+    assert {k for k in recorded if k.startswith("sha256:")} == {
+        f"sha256:{it['sha256']}" for it in new.items
+    }

@@ -380,13 +380,33 @@ def _predecessors(items: list[Item], old_items: dict[str, tuple[int, Item]]) -> 
     return was
 
 
+def _add_digests(
+    order: list[Item], old_items: dict[str, tuple[int, Item]], was: dict[str, str]
+) -> None:
+    """Give every item of ``order`` the SHA-256 of its file (``sha256``): carried from the
+    item it continues when that is the same file version under the same id, else read. A
+    photo's recorded evidence is keyed by it, so a moved, renamed or copied photo keeps its
+    reading, and a photo whose time stamp alone changed (a copied or restored folder) its
+    embedding."""
+    for it in order:
+        if it.get("sha256"):
+            continue
+        before = old_items[was[it["id"]]][1] if it["id"] in was else {}
+        if before.get("sha256") and before["id"] == it["id"] and _key(before) == _key(it):
+            it["sha256"] = before["sha256"]
+        elif (digest := _sha256(it["image"])) is not None:
+            it["sha256"] = digest
+
+
 def _same_photo(before: Item, after: Item) -> bool:
     """Whether ``after`` (continuing ``before``) keeps its embedding: the same file version
-    under the same id, or the same bytes under another path; and the same captions."""
+    under the same id, or the same bytes (a copy, a restored or moved file); and the same
+    captions."""
     if before["id"] == after["id"] or (
         before.get("image") == after.get("image") and before.get("stamp") == after.get("stamp")
     ):
-        return _key(before) == _key(after)
+        if _key(before) == _key(after):
+            return True
     digest = before.get("sha256")
     same_bytes = digest is not None and (after.get("sha256") or _sha256(after["image"])) == digest
     return same_bytes and tuple(before.get("captions") or ()) == tuple(after.get("captions") or ())
@@ -449,6 +469,7 @@ def _sync(
         sideways = {it["id"] for it in order if it["id"] in was and turned(it["image"])}
         if sideways:
             logger.info("embedding %d photos with an EXIF orientation again", len(sideways))
+    _add_digests(order, old_items, was)
     todo = [
         pos
         for pos, it in enumerate(order)

@@ -39,13 +39,23 @@ def read_norms(collection_root: str | Path) -> dict[str, float]:
     return {str(k): float(v) for k, v in norms.items() if isinstance(v, int | float)}
 
 
+def photo_key(item: dict[str, Any]) -> str:
+    """What one photo's evidence is recorded under: its content (``sha256:...``), which a
+    moved, renamed or copied photo keeps, when the collection records it (``sparsemm up``
+    does), else its file version (:func:`~sparsemm.data.sources.image_key`)."""
+    digest = item.get("sha256")
+    return f"sha256:{digest}" if isinstance(digest, str) and digest else image_key(item["image"])
+
+
 def _live_keys(root: Path) -> set[str]:
-    """The keys (path, size, mtime) of the images a collection holds now: entries of other
-    image versions are dropped from its per-photo tables."""
+    """The keys of the images a collection holds now, by content and by file version (path,
+    size, mtime): entries of other images are dropped from its per-photo tables."""
     from sparsemm.data.collection import open_collection
 
     live: set[str] = set()
     for it in open_collection(root, verify=False).items:
+        if it.get("sha256"):
+            live.add(photo_key(it))
         if it.get("image"):
             try:
                 live.add(image_key(it["image"]))
@@ -365,8 +375,10 @@ def photo_evidence(
     for it in collection.items:
         if not it.get("image"):
             raise SparsemmError(f"item {it['id']!r} of {collection.root} has no image path")
-        keys.append(image_key(it["image"]))
+        keys.append(photo_key(it))
     known = read_evidence(collection.root, reader.source)
+    pending = _by_file_version(collection.items, keys, known)  # recorded under content keys
+    known.update(pending)
     missing = [i for i, k in enumerate(keys) if k not in known]
     if missing:
         log.info("reading concepts in %d photos", len(missing))
@@ -383,12 +395,39 @@ def photo_evidence(
         bar.update(len(part))
         fresh = {keys[i]: ev for i, ev in zip(part, got, strict=True)}
         known.update(fresh)
-        if not writable:
+        pending.update(fresh)
+        if writable:
+            writable, pending = _record(collection.root, pending, reader.source), {}
+    bar.close()
+    if pending and writable:
+        _record(collection.root, pending, reader.source)
+    return [known[k] for k in keys]
+
+
+def _by_file_version(
+    items: Sequence[dict[str, Any]], keys: list[str], known: dict[str, PhotoEvidence]
+) -> dict[str, PhotoEvidence]:
+    """Evidence recorded under a photo's file version (before photos carried their digest)
+    that its content key lacks: found once, then recorded under the content key."""
+    out: dict[str, PhotoEvidence] = {}
+    for it, key in zip(items, keys, strict=True):
+        if key in known or not key.startswith("sha256:"):
             continue
         try:
-            record_evidence(collection.root, fresh, reader.source)
-        except OSError as exc:  # a read-only collection still gets its codes
-            log.warning("could not record the photo evidence in %s (%s)", collection.root, exc)
-            writable = False
-    bar.close()
-    return [known[k] for k in keys]
+            old = image_key(it["image"])
+        except SparsemmError:
+            continue
+        if old in known:
+            out[key] = known[old]
+    return out
+
+
+def _record(root: Path, fresh: dict[str, PhotoEvidence], source: dict[str, Any]) -> bool:
+    """Record ``fresh``; False when the collection cannot be written (it still gets its
+    codes)."""
+    try:
+        record_evidence(root, fresh, source)
+    except OSError as exc:
+        log.warning("could not record the photo evidence in %s (%s)", root, exc)
+        return False
+    return True
