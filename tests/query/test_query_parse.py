@@ -374,3 +374,20 @@ def test_photo_phrasings(text: str, include: list[str], exclude: list[str]) -> N
     q = parse_query(text)
     assert list(q.include) == include and list(q.exclude) == exclude
     assert parse_query(q.text) == q  # the canonical text reads back the same
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"q": "a dog \udcff\udcfe but not a cat"},  # argv bytes that are not UTF-8
+        {"q": "dog", "exclude": ["caf\udce9"]},
+        {"q": "", "include": ["caf\udce9"]},
+    ],
+)
+def test_text_that_is_not_utf8_is_refused_not_dropped(kwargs: dict) -> None:
+    """The parser dropped such characters and searched for other words than were typed."""
+    from sparsemm.query.request import build_request
+
+    with pytest.raises(SparsemmError, match="holds bytes that are not UTF-8 text") as err:
+        build_request(**kwargs)
+    assert "\\xe9'" in str(err.value) or "\\xff\\xfe" in str(err.value)

@@ -107,7 +107,22 @@ def parse_probability(value: float | str, name: str = "min_score") -> float:
 def _terms_of(value: Any, side: str) -> Query | None:
     if not isinstance(value, str):
         raise SparsemmError(f"{side} terms must be text, got {type(value).__name__}")
+    _check_text(value, f"the {side} term")
     return parse_query(value) if value.strip() else None
+
+
+def _check_text(value: str, what: str) -> None:
+    """SparsemmError when ``value`` holds bytes that are not UTF-8 (a terminal in another
+    encoding: the command line hands them over as lone surrogates), which the parser would
+    otherwise drop, searching for other words than were typed."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise SparsemmError(
+            f"{what} '{shown}' holds bytes that are not UTF-8 text (character {exc.start + 1}); "
+            "type it again in UTF-8 (check the terminal's encoding)"
+        ) from None
 
 
 def build_query(q: str = "", include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Query:
@@ -120,6 +135,7 @@ def build_query(q: str = "", include: Sequence[str] = (), exclude: Sequence[str]
     """
     if not isinstance(q, str):
         raise SparsemmError(f"q must be text, got {type(q).__name__}")
+    _check_text(q, "the query")
     if not include and not exclude:
         query = parse_query(q)  # the parser's own message for an empty query
     else:
