@@ -419,25 +419,39 @@ def test_search_scores_are_match_percentages_with_a_threshold(
 def test_a_damaged_index_is_named_with_its_repair_and_up_builds_it_again(
     tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A search over a damaged index says which command builds it again (with the model
-    the index names); re-running `up` builds it from the stored embeddings, reading no
-    photo again."""
+    """A search over a damaged index of an `up` folder says the command that builds it
+    again (it once named `sparsemm index --model`, which the user of `up` never ran);
+    re-running `up` builds it from the stored embeddings, reading no photo again. A moved
+    photo folder is named where it is now."""
+    import shutil
+
     photos, out = tmp_path / "photos", tmp_path / "out"
     for i in range(3):
         _photo(photos / f"p{i}.png", i)
+
+    def damage(index: Path) -> None:
+        seg = next(index.glob("seg-*"))
+        victim = next(p for p in sorted(seg.glob("*.npy")) if p.stat().st_size > 200)
+        data = bytearray(victim.read_bytes())
+        data[-1] ^= 0xFF
+        victim.write_bytes(bytes(data))
+
     assert _up(photos, out, capsys)[0] == 0
-    seg = next((out / "collection" / "index").glob("seg-*"))
-    victim = next(p for p in sorted(seg.glob("*.npy")) if p.stat().st_size > 200)
-    data = bytearray(victim.read_bytes())
-    data[-1] ^= 0xFF
-    victim.write_bytes(bytes(data))
+    damage(out / "collection" / "index")
     assert main(["search", str(out / "collection"), "a cat", "--no-server"]) == 2
     err = _one_error_line(capsys.readouterr().err)
-    assert "does not match its checksum" in err and f"--model {out / 'model'}" in err
-    assert "run `sparsemm up` again" in err
+    assert "does not match its checksum" in err and "sparsemm index" not in err, err
+    assert f"run `sparsemm up {photos.resolve()} -o {out.resolve()}` again" in err, err
     code, text, _ = _up(photos, out, capsys)
     assert code == 0 and "the index is damaged" in text and "0 new, 0 changed" in text
     assert main(["search", str(out / "collection"), "a cat", "--no-server"]) == 0
+    assert _up(photos, photos / ".sparsemm", capsys)[0] == 0
+    moved = tmp_path / "moved"
+    shutil.move(photos, moved)
+    damage(moved / ".sparsemm" / "collection" / "index")
+    assert main(["search", str(moved), "a cat", "--no-server"]) == 2
+    err = _one_error_line(capsys.readouterr().err)
+    assert f"run `sparsemm up {moved.resolve()}` again" in err, err
 
 
 def test_a_file_name_that_is_not_utf8_is_indexed_and_printed_as_its_bytes(

@@ -99,8 +99,9 @@ def _up_args(root: Path, manifest: Any) -> str | None:
             return shlex.quote(str(out.parent.resolve()))
         return None
     photos = str(source.get("path") or "PHOTOS")
-    if out.name == UP_DIR_NAME and out.parent.resolve() == Path(photos).resolve():
-        return shlex.quote(photos)
+    if out.name == UP_DIR_NAME:  # inside the photo folder, where that folder is now
+        here = out.parent.resolve()
+        return shlex.quote(photos if here == Path(photos).resolve() else str(here))
     return f"{shlex.quote(photos)} -o {shlex.quote(str(out.resolve()))}"
 
 
@@ -201,7 +202,14 @@ class IndexedCollection:
         try:
             self.index = InvertedIndex.open(root, in_memory=in_memory)
         except SparsemmError as exc:  # damaged: say how to build it again, with what
-            raise SparsemmError(f"{exc} ({_rebuild_hint(collection_dir, root)})") from exc
+            photos = _up_photos(self.collection)
+            if photos is None:
+                raise SparsemmError(f"{exc} ({_rebuild_hint(collection_dir, root)})") from exc
+            text, sep, _ = str(exc).rpartition("; rebuild")
+            raise SparsemmError(
+                f"{text if sep else exc}; run `sparsemm up {photos}` again: it rebuilds the "
+                "index from the stored embeddings"
+            ) from exc
         self.dim: int = self.index.dim  # code dimensions
         if store is not None and (len(store) != len(self.index) or store.dim != self.index.dim):
             raise SparsemmError(
