@@ -497,6 +497,30 @@ def exclusive_lock(path: str | Path, what: str) -> Iterator[None]:
         os.close(fd)
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (this one included)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def lock_holder(path: str | Path) -> int | None:
+    """The pid of the live process holding the lock file ``path`` (:func:`exclusive_lock`),
+    or None: no file, or the pid it names has ended (killed: the kernel released its lock).
+    Reads only, so a writer taking the lock at that moment is never refused for it."""
+    try:
+        text = Path(path).read_text("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() and pid_alive(int(text)) else None
+
+
 def _lock_holder(fd: int) -> str:
     """' (pid N)' from a lock file's content, or '' when it holds none."""
     try:

@@ -887,3 +887,55 @@ def test_damaged_embeddings_are_encoded_again_by_up(
         open_collection(out / "collection").image_embeddings()[:3].tobytes(),
         np.frombuffer(good[-3 * 1280 * 4 :], np.float32).tobytes(),
     )
+
+
+def test_a_search_while_up_runs_says_so_and_a_second_up_waits(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`up` writes the collection, then its index: a search in between once said the index
+    "does not match" and to run `up` again, while `up` was still running. A running `up`
+    now holds its folder's lock for the whole run, and the search says it is updating."""
+    import shutil
+    import threading
+
+    from sparsemm.data.collection import UP_LOCK
+    from sparsemm.io import exclusive_lock
+
+    photos = tmp_path / "photos"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    up_dir = photos / ".sparsemm"
+    assert _up(photos, up_dir, capsys)[0] == 0
+    shutil.copytree(up_dir / "collection" / "index", tmp_path / "index-of-3")
+    _photo(photos / "p3.png", 3)
+    assert _up(photos, up_dir, capsys)[0] == 0
+    index = up_dir / "collection" / "index"
+    shutil.rmtree(index)
+    shutil.copytree(tmp_path / "index-of-3", index)  # the collection holds 4 photos by now
+    held, done = threading.Event(), threading.Event()
+
+    def running_up() -> None:  # holds the lock as a running `up` does (its own descriptor)
+        with exclusive_lock(up_dir / UP_LOCK, "a running up"):
+            held.set()
+            done.wait(60)
+
+    holder = threading.Thread(target=running_up)
+    holder.start()
+    try:
+        assert held.wait(10)
+        assert main(["search", str(photos), "a cat", "--no-server"]) == 2
+        err = _one_error_line(capsys.readouterr().err)
+        assert f"`sparsemm up {photos.resolve()}` is updating this collection (pid" in err, err
+        code, _, err = _up(photos, up_dir, capsys)
+        assert code == 2  # one `up` at a time
+        err = _one_error_line(err)
+        assert "another sparsemm up" in err and "wait for it to finish" in err, err
+    finally:
+        done.set()
+        holder.join()
+    assert not (up_dir / UP_LOCK).exists()
+    assert main(["search", str(photos), "a cat", "--no-server"]) == 2  # no `up` runs now
+    err = _one_error_line(capsys.readouterr().err)
+    assert "does not match the collection's items" in err and "again" in err, err
+    assert _up(photos, up_dir, capsys)[0] == 0
+    assert main(["search", str(photos), "a cat", "--no-server"]) == 0

@@ -59,6 +59,7 @@ SKIPPED = "skipped.jsonl"
 # manifest["source"]["kind"] of a collection `sparsemm up` keeps for a photo folder
 UP_SOURCE_KIND = "photo folder (sparsemm up)"
 UP_DIR_NAME = ".sparsemm"  # where `sparsemm up PHOTOS` writes, inside PHOTOS
+UP_LOCK = "up.lock"  # in up's folder, held by a running `sparsemm up` for the whole run
 
 
 @dataclass

@@ -58,6 +58,7 @@ from sparsemm.io import (
     atomic_open,
     fsync_dir,
     json_sha256,
+    pid_alive,
     read_json,
     replace_dir,
     write_error,
@@ -208,18 +209,6 @@ def config_digest(model_dir: str | Path) -> str | None:
     return json_sha256({k: v for k, v in raw.items() if k not in (DIGEST_KEY, TRAINING_KEY)})
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
 def sweep_temp_dirs(folder: Path, prefix: str, keep: tuple[str, ...] = ()) -> None:
     """Delete ``folder/<prefix><pid>.*`` folders whose writer (pid) is gone, e.g. killed.
 
@@ -234,7 +223,7 @@ def sweep_temp_dirs(folder: Path, prefix: str, keep: tuple[str, ...] = ()) -> No
             if entry.name in keep:
                 continue
             pid = entry.name[len(prefix) :].split(".", 1)[0]
-            if pid.isdigit() and _pid_alive(int(pid)):
+            if pid.isdigit() and pid_alive(int(pid)):
                 continue
             log.debug("removing %s, left by a killed writer", entry.path)
             shutil.rmtree(entry.path, ignore_errors=True)

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparsemm.data.collection import UP_DIR_NAME
+from sparsemm.data.collection import UP_DIR_NAME, UP_LOCK
 from sparsemm.errors import SparsemmError
+from sparsemm.io import exclusive_lock
 
 log = logging.getLogger(__name__)
 
@@ -451,8 +452,7 @@ def _up(
     progress: bool,
     say: Callable[[str], None],
 ) -> UpReport:
-    from sparsemm.data.sync import read_photos, sync_folder
-    from sparsemm.encoders.base import get_encoder
+    from sparsemm.data.sync import read_photos
 
     t0 = time.perf_counter()
     if captions is not None and not captions.is_file():
@@ -462,6 +462,32 @@ def _up(
     items = read_photos(photos, captions)
     out = out_dir if out_dir is not None else photos / UP_DIR_NAME  # hidden, in the folder
     check_out_dir(out)
+    # one `up` at a time per folder; a search meanwhile can tell it is running (query.handle)
+    with exclusive_lock(out / UP_LOCK, f"{out} (another sparsemm up)"):
+        return _up_locked(
+            photos, items, out, model, force_train, no_train, encoder_name, encoder_model,
+            vocabulary, batch_size, progress, say, t0,
+        )  # fmt: skip
+
+
+def _up_locked(
+    photos: Path,
+    items: list[dict[str, Any]],
+    out: Path,
+    model: Path | None,
+    force_train: bool,
+    no_train: bool,
+    encoder_name: str,
+    encoder_model: str | None,
+    vocabulary: Path | None,
+    batch_size: int,
+    progress: bool,
+    say: Callable[[str], None],
+    t0: float,
+) -> UpReport:
+    from sparsemm.data.sync import sync_folder
+    from sparsemm.encoders.base import get_encoder
+
     col_dir = out / COLLECTION
     say(f"{len(items)} photos in {photos} -> {out}")
 

@@ -21,6 +21,7 @@ import scipy.sparse as sp
 
 from sparsemm.data.collection import (
     UP_DIR_NAME,
+    UP_LOCK,
     UP_SOURCE_KIND,
     Collection,
     collection_root,
@@ -34,7 +35,7 @@ from sparsemm.encoders.text_store import StoredTextEncoder, TextEmbeddingStore
 from sparsemm.errors import SparsemmError
 from sparsemm.index import InvertedIndex
 from sparsemm.index.store import Store
-from sparsemm.io import read_json
+from sparsemm.io import lock_holder, read_json
 from sparsemm.models.base import check_encoders, config_digest
 from sparsemm.models.lit_lite import AlignedTextEncoder, AlignerLite
 from sparsemm.query.code_models import load_code_model
@@ -103,6 +104,18 @@ def _up_args(root: Path, manifest: Any) -> str | None:
         here = out.parent.resolve()
         return shlex.quote(photos if here == Path(photos).resolve() else str(here))
     return f"{shlex.quote(photos)} -o {shlex.quote(str(out.resolve()))}"
+
+
+def _refuse_while_up_runs(collection: Collection) -> None:
+    """SparsemmError saying so when a running `sparsemm up` holds the folder of
+    ``collection`` (its index is then being brought up to date, not damaged)."""
+    photos = _up_photos(collection)
+    pid = None if photos is None else lock_holder(collection.root.parent / UP_LOCK)
+    if pid is not None:
+        raise SparsemmError(
+            f"`sparsemm up {photos}` is updating this collection (pid {pid}); search again "
+            "when it has finished"
+        )
 
 
 def _up_again(exc: SparsemmError, photos: str) -> SparsemmError:
@@ -188,6 +201,7 @@ class IndexedCollection:
         """Open the collection's index (and check ``store`` holds the same items); its
         manifest's meta once checked: the model it names is there, a valid top_k."""
         if not (root / "manifest.json").is_file():
+            _refuse_while_up_runs(self.collection)
             photos = _up_photos(self.collection)
             if photos is not None:  # `up` was stopped between the collection and the index
                 raise SparsemmError(
@@ -221,6 +235,7 @@ class IndexedCollection:
         # store holding the same items (e.g. a Qdrant collection).
         self.store: Store = store if store is not None else self.index
         if list(self.index.ids) != self.collection.ids:
+            _refuse_while_up_runs(self.collection)
             photos = _up_photos(self.collection)
             # `up` stopped between rewriting the collection and updating its index
             remedy = (
