@@ -452,7 +452,8 @@ def _up(
     progress: bool,
     say: Callable[[str], None],
 ) -> UpReport:
-    from sparsemm.data.sync import read_photos
+    from sparsemm.data.sync import read_photos, sync_folder
+    from sparsemm.encoders.base import get_encoder
 
     t0 = time.perf_counter()
     if captions is not None and not captions.is_file():
@@ -464,101 +465,79 @@ def _up(
     check_out_dir(out)
     # one `up` at a time per folder; a search meanwhile can tell it is running (query.handle)
     with exclusive_lock(out / UP_LOCK, f"{out} (another sparsemm up)"):
-        return _up_locked(
-            photos, items, out, model, force_train, no_train, encoder_name, encoder_model,
-            vocabulary, batch_size, progress, say, t0,
-        )  # fmt: skip
-
-
-def _up_locked(
-    photos: Path,
-    items: list[dict[str, Any]],
-    out: Path,
-    model: Path | None,
-    force_train: bool,
-    no_train: bool,
-    encoder_name: str,
-    encoder_model: str | None,
-    vocabulary: Path | None,
-    batch_size: int,
-    progress: bool,
-    say: Callable[[str], None],
-    t0: float,
-) -> UpReport:
-    from sparsemm.data.sync import sync_folder
-    from sparsemm.encoders.base import get_encoder
-
-    col_dir = out / COLLECTION
-    say(f"{len(items)} photos in {photos} -> {out}")
-
-    clip = encoder_name != "efficientnet"
-    _check_options(force_train, no_train, model, encoder_name, vocabulary)
-    n_captioned = sum(1 for it in items if it.get("captions"))
-    if force_train and n_captioned < 2:  # before minutes of encoding, not after
-        raise SparsemmError(
-            f"training needs captions on at least 2 photos; {n_captioned} of {len(items)} have "
-            "one (give them with --captions FILE, or drop --train)"
+        col_dir = out / COLLECTION
+        say(f"{len(items)} photos in {photos} -> {out}")
+        clip = encoder_name != "efficientnet"
+        _check_options(force_train, no_train, model, encoder_name, vocabulary)
+        n_captioned = sum(1 for it in items if it.get("captions"))
+        if force_train and n_captioned < 2:  # before minutes of encoding, not after
+            raise SparsemmError(
+                f"training needs captions on at least 2 photos; {n_captioned} of {len(items)} have "
+                "one (give them with --captions FILE, or drop --train)"
+            )
+        train = (
+            not clip
+            and model is None
+            and not no_train
+            and will_train(out, n_captioned, force_train)
         )
-    train = (
-        not clip and model is None and not no_train and will_train(out, n_captioned, force_train)
-    )
-    if clip:
-        encoder, text_info = _clip_encoder(encoder_name, encoder_model)
-        text_encoder: Any = encoder  # one model embeds images, captions and queries
-        model_dir = out / MODEL
-    else:
-        # the concept model is not needed (nor built) when SR is trained
-        model_dir = out / SR_MODEL if train else ensure_model(out, model, progress, say)
-        encoder = get_encoder("efficientnet")
-        text_encoder, text_info = _lazy("minilm"), minilm_info()
-    report = sync_folder(
-        items,
-        col_dir,
-        encoder,
-        text_encoder,
-        text_info,
-        source=photos,
-        batch_size=batch_size,
-        progress=progress,
-    )
-    if report.norms:
-        from sparsemm.models.concept_evidence import record_norms
-
-        record_norms(report.collection.root, report.norms)
-    _say_synced(report, col_dir, say)
-    spine_dir = None
-    if clip:
-        model_dir = clip_model(out, report.collection, encoder, vocabulary, progress, say)
-    elif train:
-        trained = caption_model(out, report.collection, force_train, progress, say)
-        if trained is None:
-            model_dir = ensure_model(out, None, progress, say)
+        if clip:
+            encoder, text_info = _clip_encoder(encoder_name, encoder_model)
+            text_encoder: Any = encoder  # one model embeds images, captions and queries
+            model_dir = out / MODEL
         else:
-            model_dir, spine_dir = trained, out / SPINE / "vectors"
-    elif n_captioned and model is None:
-        say(
-            f"model: ImageNet concepts ({n_captioned} captioned photos; an SR model is trained "
-            f"on the captions from {MIN_TRAIN_PHOTOS}, or with --train)"
+            # the concept model is not needed (nor built) when SR is trained
+            model_dir = out / SR_MODEL if train else ensure_model(out, model, progress, say)
+            encoder = get_encoder("efficientnet")
+            text_encoder, text_info = _lazy("minilm"), minilm_info()
+        report = sync_folder(
+            items,
+            col_dir,
+            encoder,
+            text_encoder,
+            text_info,
+            source=photos,
+            batch_size=batch_size,
+            progress=progress,
         )
-    index, what = index_collection(col_dir, model_dir, report, spine_dir, progress, say)
-    per_item = index.nnz / max(len(index), 1)
-    say(f"{what}: {len(index)} items, {per_item:.1f} concepts each")
-    return UpReport(
-        photos=photos,
-        out=out,
-        collection_dir=col_dir,
-        model_dir=model_dir,
-        items=len(report.collection.items),
-        added=len(report.added),
-        changed=len(report.changed),
-        unchanged=report.unchanged,
-        removed=list(report.removed),
-        skipped=list(report.skipped),
-        duplicates=report.folded,
-        index_action=what,
-        concepts_per_item=per_item,
-        seconds=time.perf_counter() - t0,
-    )
+        if report.norms:
+            from sparsemm.models.concept_evidence import record_norms
+
+            record_norms(report.collection.root, report.norms)
+        _say_synced(report, col_dir, say)
+        spine_dir = None
+        if clip:
+            model_dir = clip_model(out, report.collection, encoder, vocabulary, progress, say)
+        elif train:
+            trained = caption_model(out, report.collection, force_train, progress, say)
+            if trained is None:
+                model_dir = ensure_model(out, None, progress, say)
+            else:
+                model_dir, spine_dir = trained, out / SPINE / "vectors"
+        elif n_captioned and model is None:
+            say(
+                f"model: ImageNet concepts ({n_captioned} captioned photos; an SR model is trained "
+                f"on the captions from {MIN_TRAIN_PHOTOS}, or with --train)"
+            )
+        index, what = index_collection(col_dir, model_dir, report, spine_dir, progress, say)
+        per_item = index.nnz / max(len(index), 1)
+        say(f"{what}: {len(index)} items, {per_item:.1f} concepts each")
+        return UpReport(
+            photos=photos,
+            out=out,
+            collection_dir=col_dir,
+            model_dir=model_dir,
+            items=len(report.collection.items),
+            added=len(report.added),
+            changed=len(report.changed),
+            unchanged=report.unchanged,
+            removed=list(report.removed),
+            skipped=list(report.skipped),
+            duplicates=report.folded,
+            index_action=what,
+            concepts_per_item=per_item,
+            seconds=time.perf_counter() - t0,
+        )
 
 
 def _clip_encoder(encoder_name: str, encoder_model: str | None) -> tuple[Any, dict[str, Any]]:
