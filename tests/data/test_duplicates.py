@@ -206,3 +206,16 @@ def test_a_copied_or_restored_folder_is_not_read_again(tmp_path: Path, folder: P
     enc = ColourEncoder()
     report = run(copy, tmp_path / "col2", enc)  # and the next run reads nothing at all
     assert enc.read == [] and not report.touched
+
+
+def test_checking_many_photos_contents_shows_progress(
+    tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Hashing a large copied folder takes a while (about 250 MB/s): it shows a bar."""
+    monkeypatch.setattr(sync, "HASH_BAR_FROM", 2)
+    items = read_photos(folder)
+    sync_folder(items, tmp_path / "col", ColourEncoder(), FlatText(), INFO, folder, progress=True)
+    assert "checking photo contents" in capsys.readouterr().err
+    monkeypatch.setattr(sync, "HASH_BAR_FROM", 10**6)
+    sync_folder(items, tmp_path / "col2", ColourEncoder(), FlatText(), INFO, folder, progress=True)
+    assert "checking photo contents" not in capsys.readouterr().err

@@ -38,6 +38,7 @@ from sparsemm.io import json_sha256, load_npy
 
 logger = logging.getLogger(__name__)
 
+HASH_BAR_FROM = 500  # photos to hash before a progress bar is shown
 CARRIED = ("index", "concepts")  # sub-folders kept when the collection only grows
 # Manifest mark of a collection whose photos were embedded upright (EXIF orientation
 # applied); in one without it, the photos that carry an orientation tag are embedded again.
@@ -381,20 +382,31 @@ def _predecessors(items: list[Item], old_items: dict[str, tuple[int, Item]]) -> 
 
 
 def _add_digests(
-    order: list[Item], old_items: dict[str, tuple[int, Item]], was: dict[str, str]
+    order: list[Item],
+    old_items: dict[str, tuple[int, Item]],
+    was: dict[str, str],
+    progress: bool = False,
 ) -> None:
     """Give every item of ``order`` the SHA-256 of its file (``sha256``): carried from the
     item it continues when that is the same file version under the same id, else read. A
     photo's recorded evidence is keyed by it, so a moved, renamed or copied photo keeps its
     reading, and a photo whose time stamp alone changed (a copied or restored folder) its
     embedding."""
+    from tqdm.auto import tqdm
+
+    unread = []
     for it in order:
         if it.get("sha256"):
             continue
         before = old_items[was[it["id"]]][1] if it["id"] in was else {}
         if before.get("sha256") and before["id"] == it["id"] and _key(before) == _key(it):
             it["sha256"] = before["sha256"]
-        elif (digest := _sha256(it["image"])) is not None:
+        else:
+            unread.append(it)
+    # about 250 MB/s: a bar only where it takes a while (a copied or restored folder)
+    bar = progress and len(unread) >= HASH_BAR_FROM
+    for it in tqdm(unread, desc="checking photo contents", unit="img", disable=not bar):
+        if (digest := _sha256(it["image"])) is not None:
             it["sha256"] = digest
 
 
@@ -469,7 +481,7 @@ def _sync(
         sideways = {it["id"] for it in order if it["id"] in was and turned(it["image"])}
         if sideways:
             logger.info("embedding %d photos with an EXIF orientation again", len(sideways))
-    _add_digests(order, old_items, was)
+    _add_digests(order, old_items, was, progress)
     todo = [
         pos
         for pos, it in enumerate(order)
