@@ -212,7 +212,7 @@ def test_checking_many_photos_contents_shows_progress(
     tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     """Hashing a large copied folder takes a while (about 250 MB/s): it shows a bar."""
-    monkeypatch.setattr(sync, "HASH_BAR_FROM", 2)
+    monkeypatch.setattr(sync, "HASH_BAR_FROM", 1)
     items = read_photos(folder)
     sync_folder(items, tmp_path / "col", ColourEncoder(), FlatText(), INFO, folder, progress=True)
     assert "checking photo contents" in capsys.readouterr().err
