@@ -939,3 +939,25 @@ def test_a_search_while_up_runs_says_so_and_a_second_up_waits(
     assert "does not match the collection's items" in err and "again" in err, err
     assert _up(photos, up_dir, capsys)[0] == 0
     assert main(["search", str(photos), "a cat", "--no-server"]) == 0
+
+
+def test_up_records_pooled_norms_only_for_a_model_that_reads_them(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every run that embedded photos rewrote `concepts/norms.json`, which only the photo
+    model of version 1 reads (later ones read each photo's evidence)."""
+    import json
+
+    from sparsemm.models.concept_evidence import NORMS_DIR, NORMS_FILE
+    from sparsemm.pipeline.up import _reads_norms
+
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    for i in range(2):
+        _photo(photos / f"p{i}.png", i)
+    assert _up(photos, out, capsys)[0] == 0
+    assert not (out / "collection" / NORMS_DIR / NORMS_FILE).exists()
+    assert not _reads_norms(out / "model")  # the version 2 photo model
+    v1 = tmp_path / "v1"
+    v1.mkdir()
+    (v1 / "config.json").write_text(json.dumps({"model_type": "imagenet_concepts", "version": 1}))
+    assert _reads_norms(v1) and not _reads_norms(tmp_path / "nothing-here")

@@ -500,7 +500,7 @@ def _up(
             batch_size=batch_size,
             progress=progress,
         )
-        if report.norms:
+        if report.norms and _reads_norms(model_dir):
             from sparsemm.models.concept_evidence import record_norms
 
             record_norms(report.collection.root, report.norms)
@@ -538,6 +538,24 @@ def _up(
             concepts_per_item=per_item,
             seconds=time.perf_counter() - t0,
         )
+
+
+def _reads_norms(model_dir: Path) -> bool:
+    """Whether the model codes photos from their pooled-feature norms, which `up` then
+    records as it embeds: the photo concept model of version 1 (later ones read each
+    photo's evidence; other models, the embeddings alone)."""
+    from sparsemm.io import read_json
+    from sparsemm.models.base import CONFIG_FILE
+
+    try:
+        config = read_json(model_dir / CONFIG_FILE)
+    except (SparsemmError, OSError):
+        return False  # none yet (trained later in the run): coded without norms
+    return (
+        isinstance(config, dict)
+        and config.get("model_type") == "imagenet_concepts"
+        and config.get("version", 1) == 1
+    )
 
 
 def _clip_encoder(encoder_name: str, encoder_model: str | None) -> tuple[Any, dict[str, Any]]:
