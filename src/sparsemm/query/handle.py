@@ -25,6 +25,7 @@ from sparsemm.data.collection import (
     UP_SOURCE_KIND,
     Collection,
     collection_root,
+    moved_photos,
     open_collection,
     relocated,
 )
@@ -100,9 +101,11 @@ def _up_args(root: Path, manifest: Any) -> str | None:
             return shlex.quote(str(out.parent.resolve()))
         return None
     photos = str(source.get("path") or "PHOTOS")
-    if out.name == UP_DIR_NAME:  # inside the photo folder, where that folder is now
-        here = out.parent.resolve()
-        return shlex.quote(photos if here == Path(photos).resolve() else str(here))
+    moved = moved_photos(root, manifest)
+    if moved is not None:  # inside the photo folder, which moved: where it is now
+        return shlex.quote(str(moved[1]))
+    if out.name == UP_DIR_NAME and out.parent.resolve() == Path(photos).resolve():
+        return shlex.quote(photos)
     return f"{shlex.quote(photos)} -o {shlex.quote(str(out.resolve()))}"
 
 
