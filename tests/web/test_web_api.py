@@ -353,3 +353,13 @@ def test_a_hit_that_likely_shows_a_left_out_term_is_marked(web_app: Any) -> None
     assert service._hit(hit(0.89), "", ["cat"]).violations == ["cat"]
     assert service._hit(hit(0.2), "", ["cat"]).violations == []
     assert service._hit(hit(0.89, "code similarity"), "", ["cat"]).violations == []
+
+
+def test_query_bytes_that_are_not_utf8_are_400_not_dropped(client: TestClient) -> None:
+    """A URL's query string with bytes that are not UTF-8 (caf%E9 from a Latin-1 page)
+    arrives with U+FFFD in their place; the parser dropped it and searched for "caf"."""
+    resp = client.get("/api/search?q=caf%E9")
+    assert resp.status_code == 400, resp.text
+    assert "not UTF-8 text (character 4)" in resp.json()["error"]
+    resp = client.post("/api/search", json={"q": "dog", "exclude": ["caf\ufffd"]})
+    assert resp.status_code == 400 and "not UTF-8" in resp.json()["error"]

@@ -113,16 +113,21 @@ def _terms_of(value: Any, side: str) -> Query | None:
 
 def _check_text(value: str, what: str) -> None:
     """SparsemmError when ``value`` holds bytes that are not UTF-8 (a terminal in another
-    encoding: the command line hands them over as lone surrogates), which the parser would
-    otherwise drop, searching for other words than were typed."""
+    encoding: the command line hands them over as lone surrogates; a URL's query string
+    decoded with U+FFFD in their place), which the parser would otherwise drop, searching
+    for other words than were typed."""
+    at = value.find("\ufffd")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-        raise SparsemmError(
-            f"{what} '{shown}' holds bytes that are not UTF-8 text (character {exc.start + 1}); "
-            "type it again in UTF-8 (check the terminal's encoding)"
-        ) from None
+        at = exc.start
+    if at < 0:
+        return
+    shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    raise SparsemmError(
+        f"{what} '{shown}' holds bytes that are not UTF-8 text (character {at + 1}); "
+        "type it again in UTF-8 (check the terminal's encoding)"
+    )
 
 
 def build_query(q: str = "", include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Query:
