@@ -2,12 +2,13 @@
 
 :func:`sync_folder` compares the folder (and an optional captions file) with the collection
 already at ``out``: an image whose file (size, mtime; else its bytes, by SHA-256) and
-captions are unchanged keeps its embedding; new images are embedded and appended; changed ones are re-embedded in place;
-items whose file is gone are removed, and the caller is told which (nothing disappears
-without a word). Exact duplicates (copies with the same bytes, links to a photo of the
-folder) are one item listing its other paths (:func:`fold_duplicates`). The collection is
-rewritten atomically (see :func:`sparsemm.data.collection.write_collection`), carrying over
-its ``index`` and caches when it only grew, so an index can take the new items with
+captions are unchanged keeps its embedding; new images are embedded and appended; changed
+ones are re-embedded in place; items whose file is gone are removed, and the caller is told
+which (nothing disappears without a word). Exact duplicates (copies with the same bytes,
+links to a photo of the folder) are one item listing its other paths
+(:func:`fold_duplicates`). The collection is rewritten atomically (see
+:func:`sparsemm.data.collection.write_collection`), carrying over its ``index`` and caches
+when it only grew, so an index can take the new items with
 :meth:`~sparsemm.index.InvertedIndex.add` instead of being rebuilt.
 """
 
