@@ -108,7 +108,8 @@ def fit_v(pairs: Pairs, f: dict[str, np.ndarray], spec: dict[str, Any]) -> dict[
     sub, fs = subset(pairs, direct), {k: x[direct] for k, x in f.items()}
     x0 = np.zeros(n_params(spec))
     if spec.get("floor"):
-        x0[2 + bool(spec.get("busy")) + bool(spec.get("top")) + 2 * bool(spec.get("tile_bias"))] = -5.0
+        first = 2 + bool(spec.get("busy")) + bool(spec.get("top"))
+        x0[first + 2 * bool(spec.get("tile_bias"))] = -5.0
 
     def loss(v: np.ndarray) -> float:
         return log_loss(sub.y, predict_v(sub, fs, v, spec)[0])
