@@ -302,6 +302,42 @@ def test_the_calibration_fit_recovers_a_known_calibration() -> None:
     assert pc.auc(pairs.y, p_true) > 0.7
 
 
+def test_the_busy_photo_variant_recovers_a_no_evidence_rate() -> None:
+    """photo_busy's "P for no evidence, by tile classes" finds the rate of a thing with no
+    evidence growing with the photo's tile classes, where the served form keeps it at 0."""
+    import numpy as np
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import photo_busy as pb
+        import photo_calibration as pc
+    finally:
+        sys.path.remove(str(BENCH))
+    rng = np.random.default_rng(1)
+    n = 20_000
+    busy = rng.integers(0, 30, n).astype(float)
+    e_w = np.where(rng.random(n) < 0.3, rng.beta(0.5, 2.0, n), 0.0)
+    zeros = np.zeros(n)
+    pairs = pc.Pairs(
+        word=np.array(["w"] * n), photo=np.arange(n).astype(str), source=np.array(["s"] * n),
+        y=zeros, e_whole=e_w, e_region=zeros, face=zeros, broader=zeros.astype(int),
+    )  # fmt: skip
+    f = {"n_region": busy, "n_whole": zeros, "top": zeros}
+    floor = 1 / (1 + np.exp(-(-4.0 + 0.6 * np.log1p(busy))))
+    p_true = np.where(e_w > 0, pc.predict(pairs, 0.8, 0.5, 0.25), floor)
+    pairs.y = (rng.random(n) < p_true).astype(int)
+    spec = pb.VARIANTS["+ P for no evidence, by tile classes"]
+    got = pb.apply_v(pairs, f, pb.fit_v(pairs, f, spec), spec)
+    none = e_w == 0
+    assert abs(got[none & (busy > 20)].mean() - floor[none & (busy > 20)].mean()) < 0.01
+    assert got[none & (busy > 20)].mean() > got[none & (busy < 3)].mean() + 0.01
+    served = pb.apply_v(
+        pairs, f, pb.fit_v(pairs, f, pb.VARIANTS[next(iter(pb.VARIANTS))]), {"lam": 0.25}
+    )
+    assert (served[none] == 0).all()
+    assert pc.reliability(pairs.y, got)["ece"] < pc.reliability(pairs.y, served)["ece"]
+
+
 def test_calibration_measures() -> None:
     sys.path.insert(0, str(BENCH))
     try:
