@@ -382,26 +382,22 @@ def _predecessors(items: list[Item], old_items: dict[str, tuple[int, Item]]) -> 
     return was
 
 
-def _add_digests(
-    order: list[Item],
-    old_items: dict[str, tuple[int, Item]],
-    was: dict[str, str],
-    progress: bool = False,
-) -> None:
-    """Give every item of ``order`` the SHA-256 of its file (``sha256``): carried from the
-    item it continues when that is the same file version under the same id, else read. A
-    photo's recorded evidence is keyed by it, so a moved, renamed or copied photo keeps its
-    reading, and a photo whose time stamp alone changed (a copied or restored folder) its
+def _add_digests(order: list[Item], old: Collection | None, progress: bool = False) -> None:
+    """Give every item of ``order`` the SHA-256 of its file (``sha256``): the one an earlier
+    run recorded for that file version (:func:`_hashes_known`), else read. A photo's
+    recorded evidence is keyed by it, so a moved, renamed or copied photo keeps its reading,
+    and a photo whose time stamp alone changed (a copied or restored folder) its
     embedding."""
     from tqdm.auto import tqdm
 
+    known = _hashes_known(old)
     unread = []
     for it in order:
         if it.get("sha256"):
             continue
-        before = old_items[was[it["id"]]][1] if it["id"] in was else {}
-        if before.get("sha256") and before["id"] == it["id"] and _key(before) == _key(it):
-            it["sha256"] = before["sha256"]
+        digest = known.get((str(it["id"]), str(it.get("stamp"))))
+        if digest is not None:
+            it["sha256"] = digest
         else:
             unread.append(it)
     # about 250 MB/s: a bar only where it takes a while (a copied or restored folder)
@@ -420,8 +416,8 @@ def _same_photo(before: Item, after: Item) -> bool:
     ):
         if _key(before) == _key(after):
             return True
-    digest = before.get("sha256")
-    same_bytes = digest is not None and (after.get("sha256") or _sha256(after["image"])) == digest
+    digest = before.get("sha256")  # ``after``'s is read by _add_digests (None: unreadable)
+    same_bytes = digest is not None and after.get("sha256") == digest
     return same_bytes and tuple(before.get("captions") or ()) == tuple(after.get("captions") or ())
 
 
@@ -482,7 +478,7 @@ def _sync(
         sideways = {it["id"] for it in order if it["id"] in was and turned(it["image"])}
         if sideways:
             logger.info("embedding %d photos with an EXIF orientation again", len(sideways))
-    _add_digests(order, old_items, was, progress)
+    _add_digests(order, old, progress)
     todo = [
         pos
         for pos, it in enumerate(order)
