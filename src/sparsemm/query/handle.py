@@ -109,10 +109,10 @@ def _up_args(root: Path, manifest: Any) -> str | None:
     return f"{shlex.quote(photos)} -o {shlex.quote(str(out.resolve()))}"
 
 
-def _refuse_while_up_runs(collection: Collection) -> None:
+def _refuse_while_up_runs(collection: Collection, photos: str | None) -> None:
     """SparsemmError saying so when a running `sparsemm up` holds the folder of
-    ``collection`` (its index is then being brought up to date, not damaged)."""
-    photos = _up_photos(collection)
+    ``collection`` (its index is then being brought up to date, not damaged); ``photos``:
+    :func:`_up_photos` of it."""
     pid = None if photos is None else lock_holder(collection.root.parent / UP_LOCK)
     if pid is not None:
         raise SparsemmError(
@@ -204,8 +204,8 @@ class IndexedCollection:
         """Open the collection's index (and check ``store`` holds the same items); its
         manifest's meta once checked: the model it names is there, a valid top_k."""
         if not (root / "manifest.json").is_file():
-            _refuse_while_up_runs(self.collection)
             photos = _up_photos(self.collection)
+            _refuse_while_up_runs(self.collection, photos)
             if photos is not None:  # `up` was stopped between the collection and the index
                 raise SparsemmError(
                     f"{collection_dir} has no index yet (was `sparsemm up` interrupted?); run "
@@ -238,8 +238,8 @@ class IndexedCollection:
         # store holding the same items (e.g. a Qdrant collection).
         self.store: Store = store if store is not None else self.index
         if list(self.index.ids) != self.collection.ids:
-            _refuse_while_up_runs(self.collection)
             photos = _up_photos(self.collection)
+            _refuse_while_up_runs(self.collection, photos)
             # `up` stopped between rewriting the collection and updating its index
             remedy = (
                 f"run `sparsemm up {photos}` again to bring it up to date"
