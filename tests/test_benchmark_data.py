@@ -9,6 +9,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -274,6 +275,17 @@ def test_no_photo_is_in_two_labelled_files() -> None:
             packages.setdefault(src["package"], path.name)
 
 
+def _synthetic_pairs(pc: Any, e_whole: Any, e_region: Any) -> Any:
+    """photo_calibration.Pairs of one word and one source, one photo a pair, labels 0 (the
+    tests draw them), with the given whole-photo and tile evidence."""
+    n = len(e_whole)
+    zeros = np.zeros(n)
+    return pc.Pairs(
+        word=np.array(["w"] * n), photo=np.arange(n).astype(str), source=np.array(["s"] * n),
+        y=zeros, e_whole=e_whole, e_region=e_region, face=zeros, broader=zeros.astype(int),
+    )  # fmt: skip
+
+
 def test_the_calibration_fit_recovers_a_known_calibration() -> None:
     """photo_calibration.fit on pairs drawn from a known presence calibration finds it
     again, its reliability table has a small ECE, and a poor calibration a large one."""
@@ -288,11 +300,7 @@ def test_the_calibration_fit_recovers_a_known_calibration() -> None:
     n = 20_000
     e_w = rng.beta(0.4, 2.0, n)
     e_r = np.clip(e_w + rng.beta(0.3, 3.0, n), 0, 1)
-    zeros = np.zeros(n)
-    pairs = pc.Pairs(
-        word=np.array(["w"] * n), photo=np.arange(n).astype(str), source=np.array(["s"] * n),
-        y=zeros, e_whole=e_w, e_region=e_r, face=zeros, broader=zeros.astype(int),
-    )  # fmt: skip
+    pairs = _synthetic_pairs(pc, e_w, e_r)
     p_true = pc.predict(pairs, 0.8, 0.5, 0.5)
     pairs.y = (rng.random(n) < p_true).astype(int)
     got = pc.fit(pairs, (0.0, 0.5, 1.0))
@@ -318,10 +326,7 @@ def test_the_busy_photo_variant_recovers_a_no_evidence_rate() -> None:
     busy = rng.integers(0, 30, n).astype(float)
     e_w = np.where(rng.random(n) < 0.3, rng.beta(0.5, 2.0, n), 0.0)
     zeros = np.zeros(n)
-    pairs = pc.Pairs(
-        word=np.array(["w"] * n), photo=np.arange(n).astype(str), source=np.array(["s"] * n),
-        y=zeros, e_whole=e_w, e_region=zeros, face=zeros, broader=zeros.astype(int),
-    )  # fmt: skip
+    pairs = _synthetic_pairs(pc, e_w, zeros)
     f = {"n_region": busy, "n_whole": zeros, "top": zeros}
     floor = 1 / (1 + np.exp(-(-4.0 + 0.6 * np.log1p(busy))))
     p_true = np.where(e_w > 0, pc.predict(pairs, 0.8, 0.5, 0.25), floor)

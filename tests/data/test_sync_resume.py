@@ -53,16 +53,24 @@ def _sync(photos: Path, col: Path, enc: ColourEncoder) -> None:
     )
 
 
-def test_a_stopped_run_resumes_without_reading_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """(photos, collection folder) after a run of 7 photos killed at the 5th: records every
+    2 photos, so 4 are recorded (2 + 2), the 5th lost, and no collection written."""
     monkeypatch.setattr(sync, "PARTIAL_EVERY", 2)
     photos = _folder(tmp_path)
-    whole = tmp_path / "whole"
-    _sync(photos, whole, ColourEncoder())
     col = tmp_path / "col"
     with pytest.raises(_Killed):
-        _sync(photos, col, _DiesAfter(5))  # 4 recorded (2 + 2), the 5th lost, then killed
+        _sync(photos, col, _DiesAfter(5))
+    return photos, col
+
+
+def test_a_stopped_run_resumes_without_reading_again(
+    tmp_path: Path, killed: tuple[Path, Path]
+) -> None:
+    photos, col = killed
+    whole = tmp_path / "whole"
+    _sync(photos, whole, ColourEncoder())
     assert partial_path(col).is_file() and not (col / "manifest.json").exists()
     again = ColourEncoder()
     _sync(photos, col, again)
@@ -73,14 +81,8 @@ def test_a_stopped_run_resumes_without_reading_again(
     np.testing.assert_array_equal(got.image_embeddings(), want.image_embeddings())
 
 
-def test_a_damaged_record_is_embedded_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sync, "PARTIAL_EVERY", 2)
-    photos = _folder(tmp_path)
-    col = tmp_path / "col"
-    with pytest.raises(_Killed):
-        _sync(photos, col, _DiesAfter(5))
+def test_a_damaged_record_is_embedded_again(tmp_path: Path, killed: tuple[Path, Path]) -> None:
+    photos, col = killed
     record = partial_path(col)
     data = bytearray(record.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -95,15 +97,9 @@ def test_a_damaged_record_is_embedded_again(
     )
 
 
-def test_a_replaced_photo_is_not_taken_from_the_record(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_replaced_photo_is_not_taken_from_the_record(killed: tuple[Path, Path]) -> None:
     """The record is keyed by file version: a photo replaced between the runs is read."""
-    monkeypatch.setattr(sync, "PARTIAL_EVERY", 2)
-    photos = _folder(tmp_path)
-    col = tmp_path / "col"
-    with pytest.raises(_Killed):
-        _sync(photos, col, _DiesAfter(5))
+    photos, col = killed
     picture(photos / "p0.jpg", 99)
     again = ColourEncoder()
     _sync(photos, col, again)
