@@ -43,14 +43,18 @@ def test_real_photo_data_is_consistent() -> None:
         assert bool(parsed.exclude) == bool(q["exclude"]), q["text"]
 
 
-def _closure(tags: list[str], implies: dict[str, list[str]]) -> set[str]:
-    """benchmarks/real_photos.py's closure: labels plus all they imply."""
+def _bench(name: str) -> Any:
+    """The benchmark script module ``name`` (benchmarks/NAME.py), imported from there."""
     sys.path.insert(0, str(BENCH))
     try:
-        from real_photos import closure
+        return __import__(name)
     finally:
         sys.path.remove(str(BENCH))
-    return closure(tags, implies)
+
+
+def _closure(tags: list[str], implies: dict[str, list[str]]) -> set[str]:
+    """benchmarks/real_photos.py's closure: labels plus all they imply."""
+    return _bench("real_photos").closure(tags, implies)
 
 
 def test_photo_pool_is_well_formed() -> None:
@@ -90,11 +94,7 @@ def test_photo_pool_is_well_formed() -> None:
 
 def _pool_problems(pool: dict, taken_ids: set[str]) -> list[str]:
     """What is wrong with a hand-labelled photo pool (real-photos format, no photos needed)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        from real_photos import closure
-    finally:
-        sys.path.remove(str(BENCH))
+    closure = _bench("real_photos").closure
     problems = []
     if pool.get("format") != "sparsemm.real-photos":
         problems.append("format")
@@ -163,11 +163,7 @@ def test_pool_check_finds_broken_entries() -> None:
 
 
 def test_verification_templates_parse_as_intended() -> None:
-    sys.path.insert(0, str(BENCH))
-    try:
-        import coco_concepts as cc
-    finally:
-        sys.path.remove(str(BENCH))
+    cc = _bench("coco_concepts")
     for phrasings in cc.TEMPLATES.values():
         assert len(phrasings) == 3
     for tpl in cc.TEMPLATES["affirmation"]:
@@ -196,11 +192,7 @@ def test_verification_templates_parse_as_intended() -> None:
 
 
 def test_photo_verification_rows_and_accuracy() -> None:
-    sys.path.insert(0, str(BENCH))
-    try:
-        import photo_verification as pv
-    finally:
-        sys.path.remove(str(BENCH))
+    pv = _bench("photo_verification")
     photo = {"source": "s", "maybe": []}
     labels = [["dog", "grass", "animal"], ["dog", "animal"], ["car", "apple"], ["apple", "grass"]]
     labels += [["dog", "animal", "car", "grass", "apple", "outdoor"]]
@@ -244,11 +236,7 @@ def test_photo_verification_rows_and_accuracy() -> None:
     ],
 )
 def test_benchmark_scripts_import(name: str) -> None:
-    sys.path.insert(0, str(BENCH))
-    try:
-        __import__(name)
-    finally:
-        sys.path.remove(str(BENCH))
+    _bench(name)
 
 
 def test_no_photo_is_in_two_labelled_files() -> None:
@@ -291,11 +279,7 @@ def test_the_calibration_fit_recovers_a_known_calibration() -> None:
     again, its reliability table has a small ECE, and a poor calibration a large one."""
     import numpy as np
 
-    sys.path.insert(0, str(BENCH))
-    try:
-        import photo_calibration as pc
-    finally:
-        sys.path.remove(str(BENCH))
+    pc = _bench("photo_calibration")
     rng = np.random.default_rng(0)
     n = 20_000
     e_w = rng.beta(0.4, 2.0, n)
@@ -315,12 +299,7 @@ def test_the_busy_photo_variant_recovers_a_no_evidence_rate() -> None:
     evidence growing with the photo's tile classes, where the served form keeps it at 0."""
     import numpy as np
 
-    sys.path.insert(0, str(BENCH))
-    try:
-        import photo_busy as pb
-        import photo_calibration as pc
-    finally:
-        sys.path.remove(str(BENCH))
+    pb, pc = _bench("photo_busy"), _bench("photo_calibration")
     rng = np.random.default_rng(1)
     n = 20_000
     busy = rng.integers(0, 30, n).astype(float)
@@ -344,11 +323,7 @@ def test_the_busy_photo_variant_recovers_a_no_evidence_rate() -> None:
 
 
 def test_calibration_measures() -> None:
-    sys.path.insert(0, str(BENCH))
-    try:
-        import coco_calibration as cal
-    finally:
-        sys.path.remove(str(BENCH))
+    cal = _bench("coco_calibration")
     rng = np.random.default_rng(0)
     p = rng.uniform(size=20000)
     y = (rng.uniform(size=p.size) < p).astype(float)  # calibrated by construction
@@ -373,14 +348,6 @@ def reserved(package: str) -> bool:
     """Whether ``package`` is one of the packages kept for independent evaluation."""
     key = package.lower().replace("-", "_").encode("utf-8")
     return hashlib.sha256(key).hexdigest()[:16] in RESERVED_SHA256
-
-
-def _bench(name: str):
-    sys.path.insert(0, str(BENCH))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.remove(str(BENCH))
 
 
 def test_fresh_photos_are_fresh_and_well_formed() -> None:
