@@ -293,7 +293,7 @@ def run_verification(
     and the dense cosine's."""
     from sparsemm.query.parse import parse_query
     from sparsemm.query.strategies import get_strategy
-    from sparsemm.query.two_stage import score_query
+    from sparsemm.query.strategies.ranking import score_query
 
     texts = sorted({c["text"] for it in items for c in it["captions"]})
     parsed = {t: parse_query(t) for t in texts}

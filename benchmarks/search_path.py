@@ -2,12 +2,11 @@
 
 Runs ``sparsemm search COLLECTION QUERY --no-server`` in this process (once to warm the
 caches, then traced) and records, with a profiler hook, every call that a function of the
-*orchestration* makes: the front end (``sparsemm.cli``, ``sparsemm.pipeline``), the
-request (``sparsemm.query.request``), the searcher, its term checks, its collection
-handle, explanations and hits (``query.searcher``, ``query.term_checks``, ``query.handle``,
-``query.like``, ``query.index_engine``, ``query.hits``) and ranking, served or not
-(``query.two_stage``).
-What those call into the engine (strategies, scorers, concepts, models, encoders, the
+*orchestration* makes: the front end (``sparsemm.cli``, ``sparsemm.pipeline``), the request
+(``sparsemm.query.request``), the searcher, its term checks, its collection handle,
+explanations and hits (``query.searcher``, ``query.term_checks``, ``query.handle``,
+``query.like``, ``query.index_engine``, ``query.hits``). What those call into the engine
+(strategies, whose ranking of a store is their own, scorers, concepts, models, encoders, the
 index) counts as one call each; the engine's own insides are not counted, as a reader
 following a search top to bottom stops at the scorer's interface. Reported:
 
@@ -55,7 +54,6 @@ ORCHESTRATION = (
     "sparsemm.query.like",
     "sparsemm.query.index_engine",
     "sparsemm.query.hits",
-    "sparsemm.query.two_stage",
 )
 
 

@@ -1,5 +1,5 @@
 """The served default through the index (certified candidates + exact rescoring,
-``sparsemm.query.two_stage``) against brute force over every item, in one run.
+``Match.rank_store``, ``Hybrid.rank_store``) against brute force over every item, in one run.
 
 For each query kind ("A but not B" label pairs; negated sentences from the ``queries.jsonl``
 of a ``sparsemm bench negation`` run) it prints:
@@ -48,8 +48,8 @@ from sparsemm.index import InvertedIndex
 from sparsemm.linalg import normalize_rows
 from sparsemm.query.parse import parse_query
 from sparsemm.query.searcher import Searcher
-from sparsemm.query.strategies import ExclusionContext
-from sparsemm.query.two_stage import rank_query, served_match, served_rank
+from sparsemm.query.strategies import ExclusionContext, get_strategy
+from sparsemm.query.strategies.ranking import rank_query
 from sparsemm.query.unit_lists import MIN_ITEMS, build_unit_lists
 
 
@@ -172,11 +172,13 @@ def main() -> None:
         for q, want in zip(parsed, truth, strict=True):
             t0 = time.perf_counter()
             if strategy == "match":
-                res = served_match(
-                    index, text, q, k=10, candidates=args.candidates, unit_lists=s.unit_lists
+                res = get_strategy("match", text).rank_store(
+                    index, q, k=10, candidates=args.candidates, unit_lists=s.unit_lists
                 )
             else:
-                res = served_rank(index, text, q, strategy, k=10, candidates=args.candidates)
+                res = get_strategy(strategy, text).rank_store(
+                    index, q, k=10, candidates=args.candidates
+                )
             st.append((time.perf_counter() - t0) * 1000)
             rec.append(len(set(res.rows.tolist()) & set(want)) / max(len(want), 1))
             cert.append(res.certified)

@@ -31,7 +31,7 @@ DENSE_STRATEGY = "avg_emb_0.5"  # the SR paper's strongest dense baseline
 # the plain dense query ("a photo of a A without a B" as one sentence): what the served
 # default is compared with, so the violations it avoids are visible side by side
 SLQ_STRATEGY = "slq"
-SPARSE_STRATEGY = "match"  # the served default (sparsemm.query.two_stage.DEFAULT_STRATEGY)
+SPARSE_STRATEGY = "match"  # the served default (sparsemm.query.request.DEFAULT_STRATEGY)
 N_CLOUD_WORDS = 30
 TABLE_METRICS = ("ap@10", "ndcg@10", "mrr@10", "violation@10", "inclusion@10")
 

@@ -81,7 +81,7 @@ def test_constants_written_out_in_the_cli_match_the_library() -> None:
     from sparsemm.cli import index, search
     from sparsemm.data.encode import BAD_IMAGE_POLICIES
     from sparsemm.index.backends import BACKENDS
-    from sparsemm.query.two_stage import DEFAULT_STRATEGY
+    from sparsemm.query.request import DEFAULT_STRATEGY
     from sparsemm_experiments.cli import encode
 
     assert encode.BAD_IMAGE_POLICIES == BAD_IMAGE_POLICIES

@@ -13,7 +13,7 @@ from sparsemm.cli.main import main
 from sparsemm.models.sr import SRConfig
 from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.strategies import ExclusionContext, ReferenceSet, sr_query_coder
-from sparsemm.query.two_stage import rank_query
+from sparsemm.query.strategies.ranking import rank_query
 from sparsemm.train.sr import SRTrainConfig, sr_pairs_from_collection, train_sr
 from sparsemm_experiments.eval.bench import captions_by_item
 from sparsemm_experiments.eval.negation import (

@@ -20,7 +20,7 @@ from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.scorers import UnitScorer, detector_scorer
 from sparsemm.query.strategies import ExclusionContext, get_strategy
 from sparsemm.query.strategies.match import Match
-from sparsemm.query.two_stage import count_matches, rank_query, served_match
+from sparsemm.query.strategies.ranking import rank_query
 
 # classes of a tiny photo model (ImageNet WordNet ids)
 CLASSES = {
@@ -110,14 +110,21 @@ def test_photo_index_path_equals_ranking_every_item(tmp_path: Path) -> None:
         query = parse_query(q)
         for k in (1, 10, 40):
             want_rows, want_scores = rank_query(full, query, "match", k=k)
-            got = served_match(index, text, query, k=k, candidates=16, nonnegative=True)
+            got = get_strategy("match", text).rank_store(
+                index, query, k=k, candidates=16, nonnegative=True
+            )
             assert got.certified
             np.testing.assert_array_equal(got.rows, want_rows, err_msg=q)
             np.testing.assert_allclose(got.scores, want_scores, atol=1e-9)
         m = get_strategy("match", full)
         for thr in (0.25, 0.5, 0.9):
             brute = int((m.probability(query.include, query.exclude) >= thr).sum())
-            assert count_matches(index, text, query, thr, candidates=16, nonnegative=True) == brute
+            assert (
+                get_strategy("match", text).count_store(
+                    index, query, thr, candidates=16, nonnegative=True
+                )
+                == brute
+            )
 
 
 # -- SR detectors --------------------------------------------------------------------------
@@ -153,19 +160,26 @@ def test_detector_index_path_equals_ranking_every_item(tmp_path: Path) -> None:
     ):
         query = parse_query(q)
         want_rows, want_scores = rank_query(full, query, "match", k=10)
-        got = served_match(index, text, query, k=10, candidates=16, nonnegative=True)
+        got = get_strategy("match", text).rank_store(
+            index, query, k=10, candidates=16, nonnegative=True
+        )
         np.testing.assert_array_equal(got.rows, want_rows, err_msg=q)
         np.testing.assert_allclose(got.scores, want_scores, atol=1e-9)
         m = get_strategy("match", full)
         brute = int((m.probability(query.include, query.exclude) >= 0.5).sum())
-        assert count_matches(index, text, query, 0.5, candidates=16, nonnegative=True) == brute
+        assert (
+            get_strategy("match", text).count_store(
+                index, query, 0.5, candidates=16, nonnegative=True
+            )
+            == brute
+        )
     # a like-query (a pinned code) is bounded by its code similarity on unit codes
     like = "like: item 3"
     for ctx in (full, text):
         ctx.pin_query_code(like, codes[3].toarray()[0])
     query = Query((like,), ("cat",))
     want_rows, _ = rank_query(full, query, "match", k=5)
-    got = served_match(index, text, query, k=5, candidates=16, nonnegative=True)
+    got = get_strategy("match", text).rank_store(index, query, k=5, candidates=16, nonnegative=True)
     np.testing.assert_array_equal(got.rows, want_rows)
 
 
@@ -290,7 +304,9 @@ def test_or_is_one_term_whose_evidence_is_the_alternatives_together(tmp_path: Pa
     text = photo_context(sp.csr_matrix((0, codes.shape[1]), dtype=np.float32), model)
     query = parse_query("a cat or a dog but not a bus")
     want_rows, want_scores = rank_query(photo_context(codes, model), query, "match", k=10)
-    got = served_match(index, text, query, k=10, candidates=16, nonnegative=True)
+    got = get_strategy("match", text).rank_store(
+        index, query, k=10, candidates=16, nonnegative=True
+    )
     np.testing.assert_array_equal(got.rows, want_rows)
     np.testing.assert_allclose(got.scores, want_scores, atol=1e-9)
 

@@ -368,7 +368,7 @@ def test_reference_labels_count_as_mentions() -> None:
 def test_hybrid_falls_back_to_code_arithmetic_without_captions() -> None:
     """No reference set (a collection without captions): hybrid = alpha cos(I) - gamma cos(B)."""
     from sparsemm.query.parse import Query
-    from sparsemm.query.two_stage import score_query
+    from sparsemm.query.strategies.ranking import score_query
 
     codes = sp.csr_matrix(np.array([[1, 0, 0], [1, 1, 0], [0, 1, 0], [0, 0, 1]], np.float32))
     ctx = ExclusionContext(

@@ -15,18 +15,12 @@ from sparsemm.errors import SparsemmError
 from sparsemm.index import InvertedIndex
 from sparsemm.linalg import normalize_rows
 from sparsemm.models.detectors import ConceptDetectors
-from sparsemm.query import two_stage
 from sparsemm.query.indexing import build_index
 from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.searcher import Searcher
-from sparsemm.query.strategies import ExclusionContext
-from sparsemm.query.two_stage import (
-    build_strategy,
-    proxy_vectors,
-    rank_query,
-    scan_rank,
-    served_rank,
-)
+from sparsemm.query.strategies import ExclusionContext, get_strategy, ranking
+from sparsemm.query.strategies.detectors import _proxy_vectors as proxy_vectors
+from sparsemm.query.strategies.ranking import build_strategy, rank_query, scan_rank
 
 WORDS = [
     f"{a}{b}" for a in ("red", "blue", "green", "gold") for b in ("fox", "owl", "elk", "ram", "yak")
@@ -45,7 +39,7 @@ def searcher(tmp_path: Path) -> Searcher:
 def test_toy_searcher_equals_brute_force(searcher: Searcher, text: str) -> None:
     q = parse_query(text)
     rows, scores = rank_query(searcher.context, q, "hybrid", k=5)
-    res = served_rank(searcher.index, searcher.context, q, k=5, candidates=2)
+    res = get_strategy("hybrid", searcher.context).rank_store(searcher.index, q, k=5, candidates=2)
     assert res.rows.tolist() == rows.tolist()
     assert np.array_equal(res.scores, scores)
     assert res.certified
@@ -54,9 +48,11 @@ def test_toy_searcher_equals_brute_force(searcher: Searcher, text: str) -> None:
 def test_bad_pool_sizes(searcher: Searcher) -> None:
     q = parse_query("dog")
     with pytest.raises(SparsemmError, match="candidates"):
-        served_rank(searcher.index, searcher.context, q, candidates=0)
+        get_strategy("hybrid", searcher.context).rank_store(searcher.index, q, candidates=0)
     with pytest.raises(SparsemmError, match="candidates"):
-        served_rank(searcher.index, searcher.context, q, candidates=10, max_candidates=5)
+        get_strategy("hybrid", searcher.context).rank_store(
+            searcher.index, q, candidates=10, max_candidates=5
+        )
 
 
 def _random_world(tmp_path: Path, n: int = 3000, seed: int = 0):
@@ -109,7 +105,9 @@ def test_random_codes_equal_brute_force(tmp_path: Path, seed: int, fetch: int | 
     for q in _queries(rng, 40):
         for k, offset in ((10, 0), (5, 7)):
             want_rows, want_scores = rank_query(full, q, "hybrid", k=k, offset=offset)
-            res = served_rank(index, text, q, k=k, offset=offset, candidates=32, fetch=fetch)
+            res = get_strategy("hybrid", text).rank_store(
+                index, q, k=k, offset=offset, candidates=32, fetch=fetch
+            )
             assert res.rows.tolist() == want_rows.tolist(), (q, k, offset)
             if res.mode == "scan":  # the pool would have passed a quarter of the items
                 assert res.searches == 0 and res.certified
@@ -153,7 +151,7 @@ def test_quantised_lists_fall_back_to_exact(
     monkeypatch.setattr(InvertedIndex, "search", counted)
     for q in _queries(rng, 30):
         want_rows, want_scores = rank_query(full, q, "hybrid", k=10)
-        res = served_rank(index, text, q, k=10, candidates=32, fetch=32)
+        res = get_strategy("hybrid", text).rank_store(index, q, k=10, candidates=32, fetch=32)
         assert res.rows.tolist() == want_rows.tolist(), q
         assert np.array_equal(res.scores, want_scores)
     assert calls["quantized"] > 0 and calls["exact"] > 0
@@ -166,7 +164,9 @@ def test_quantised_lists_fall_back_to_exact(
     ):
         monkeypatch.setattr(InvertedIndex, "search_quantized", fn)
         certified[name] = sum(
-            served_rank(index, text, q, k=10, candidates=32, max_candidates=32, fetch=32).certified
+            get_strategy("hybrid", text)
+            .rank_store(index, q, k=10, candidates=32, max_candidates=32, fetch=32)
+            .certified
             for q in _queries(np.random.default_rng(9), 30)
         )
     assert certified["loose"] == certified["exact"] > 0
@@ -181,19 +181,19 @@ def test_second_list_waits_while_the_first_pool_can_grow(
     _codes, index, full, rng = _random_world(tmp_path, seed=6)
     text = full.sub(sp.csr_matrix((0, D), dtype=np.float32))
     first_searches: list[tuple[int, int]] = []
-    top = two_stage._ProxyList.top
+    top = ranking.ProxyList.top
 
-    def spy(self: two_stage._ProxyList, source: object, n: int, fetch: int, cap: int) -> object:
+    def spy(self: ranking.ProxyList, source: object, n: int, fetch: int, cap: int) -> object:
         if not self.searches:
             first_searches.append((id(self), n))
         return top(self, source, n, fetch, cap)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(two_stage._ProxyList, "top", spy)
+    monkeypatch.setattr(ranking.ProxyList, "top", spy)
     second = 0
     for q in _queries(rng, 40):
         first_searches.clear()
         want_rows, _ = rank_query(full, q, "hybrid", k=10)
-        res = served_rank(index, text, q, k=10, candidates=32, fetch=512)
+        res = get_strategy("hybrid", text).rank_store(index, q, k=10, candidates=32, fetch=512)
         assert res.rows.tolist() == want_rows.tolist(), q
         if len(first_searches) == 2:
             second += 1
@@ -235,7 +235,7 @@ def test_negative_codes_are_scanned_not_bounded(tmp_path: Path) -> None:
     )
     text = ctx.sub(sp.csr_matrix((0, D), dtype=np.float32))
     for q in _queries(rng, 8):
-        res = served_rank(index, text, q, k=10)
+        res = get_strategy("hybrid", text).rank_store(index, q, k=10)
         assert res.mode == "scan"
         assert res.rows.tolist() == rank_query(ctx, q, "hybrid", k=10)[0].tolist()
 
@@ -245,7 +245,9 @@ def test_small_pool_cap_is_reported(tmp_path: Path) -> None:
     _, index, full, rng = _random_world(tmp_path, n=3000, seed=3)
     flags = []
     for q in _queries(rng, 20):
-        res = served_rank(index, full, q, k=10, candidates=10, max_candidates=10)
+        res = get_strategy("hybrid", full).rank_store(
+            index, q, k=10, candidates=10, max_candidates=10
+        )
         want = rank_query(full, q, "hybrid", k=10)[0].tolist()
         flags.append(res.certified)
         if res.certified:
@@ -261,7 +263,7 @@ def test_scan_equals_brute_force(tmp_path: Path) -> None:
         res = scan_rank(index, full, q, k=10, offset=2, chunk=128)
         assert res.rows.tolist() == want[0].tolist()
         assert np.array_equal(res.scores, want[1])
-        assert served_rank(index, full, q, k=10, offset=2).mode == "scan"
+        assert get_strategy("hybrid", full).rank_store(index, q, k=10, offset=2).mode == "scan"
 
 
 def test_a_strategy_over_some_rows_scores_them_as_the_full_context_does(
@@ -269,23 +271,12 @@ def test_a_strategy_over_some_rows_scores_them_as_the_full_context_does(
 ) -> None:
     """Strategy.over: the same strategy and parameters over a context of just the given rows
     (ExclusionContext.sub), sharing the text caches, so a served path's rescoring and a
-    ranking over every item agree; the match scorer given to served_match ranks as one it
-    builds, and refuses parameters it was not built with."""
+    ranking over every item agree."""
     q = parse_query("dog but not cat")
     full = build_strategy(searcher.context, "hybrid", beta=0.5)
     rows = np.array([0, 2, 3], dtype=np.int64)
     sub = full.over(searcher.context.items_codes[rows])
     assert type(sub) is type(full) and sub.p == full.p
     assert sub.ctx._emb is searcher.context._emb and sub.ctx.readings is searcher.context.readings
-    want = two_stage.score_query(searcher.context, q, full)[rows]
-    assert np.array_equal(two_stage.score_query(sub.ctx, q, sub), want)
-    _codes, index, full, rng = _random_world(tmp_path / "w", seed=0)
-    text = full.sub(sp.csr_matrix((0, D), dtype=np.float32))
-    match = build_strategy(text, "match")
-    for q in _queries(rng, 10):
-        given = two_stage.served_match(index, match, q, k=5, candidates=16)
-        built = two_stage.served_match(index, text, q, k=5, candidates=16)
-        assert given.rows.tolist() == built.rows.tolist()
-        assert np.array_equal(given.scores, built.scores)
-    with pytest.raises(SparsemmError, match="parameters"):
-        two_stage.served_match(index, match, q, k=3, resolution=0.1)
+    want = ranking.score_query(searcher.context, q, full)[rows]
+    assert np.array_equal(ranking.score_query(sub.ctx, q, sub), want)

@@ -29,7 +29,7 @@ from sparsemm.query.parse import parse_query
 from sparsemm.query.scorers import detector_scorer
 from sparsemm.query.searcher import Searcher
 from sparsemm.query.strategies import get_strategy
-from sparsemm.query.two_stage import count_matches, rank_query, served_match
+from sparsemm.query.strategies.ranking import rank_query
 from sparsemm.query.unit_lists import (
     MARGIN,
     UnitLists,
@@ -96,14 +96,19 @@ def test_served_match_from_unit_lists_equals_ranking_every_item(setup) -> None:
         query = parse_query(q)
         for k, offset in ((10, 0), (5, 7)):
             want_rows, want_scores = rank_query(full, query, "match", k=k, offset=offset)
-            got = served_match(
-                index, text, query, k=k, offset=offset, candidates=8, unit_lists=lists
+            got = get_strategy("match", text).rank_store(
+                index, query, k=k, offset=offset, candidates=8, unit_lists=lists
             )
             np.testing.assert_array_equal(got.rows, want_rows, err_msg=q)
             np.testing.assert_allclose(got.scores, want_scores, atol=1e-9)
             modes.add(got.mode)
         brute = int((m.probability(query.include, query.exclude) >= 0.5).sum())
-        assert count_matches(index, text, query, 0.5, candidates=8, unit_lists=lists) == brute
+        assert (
+            get_strategy("match", text).count_store(
+                index, query, 0.5, candidates=8, unit_lists=lists
+            )
+            == brute
+        )
     assert "unit lists" in modes  # the lists certified some queries on their own
 
 
@@ -159,7 +164,9 @@ def test_a_common_concept_is_certified_by_its_tie_break_list(setup, tmp_path) ->
         assert max(lists.top(u, 40)[1] for u, _ in c.units) >= 0.99, q
         for k, offset in ((10, 0), (5, 7)):
             want_rows, want_scores = rank_query(full, query, "match", k=k, offset=offset)
-            got = served_match(index, text, query, k=k, offset=offset, unit_lists=lists)
+            got = get_strategy("match", text).rank_store(
+                index, query, k=k, offset=offset, unit_lists=lists
+            )
             np.testing.assert_array_equal(got.rows, want_rows, err_msg=q)
             np.testing.assert_allclose(got.scores, want_scores, atol=1e-9)
             assert got.mode == "unit lists" and got.certified, q
@@ -177,7 +184,9 @@ def test_a_served_match_is_never_returned_unproven(setup) -> None:
     for q in ("dog but not cat", "a car", "a person without a bus", "vehicles"):
         query = parse_query(q)
         want_rows, _ = rank_query(full, query, "match", k=10)
-        got = served_match(index, text, query, k=10, candidates=16, max_candidates=16)
+        got = get_strategy("match", text).rank_store(
+            index, query, k=10, candidates=16, max_candidates=16
+        )
         assert got.certified, q
         np.testing.assert_array_equal(got.rows, want_rows, err_msg=q)
 
@@ -199,10 +208,10 @@ def test_a_served_match_reads_each_term_once(setup, monkeypatch) -> None:
 
     monkeypatch.setattr(type(scorer), "read", counted)
     query = parse_query("dog but not cat")
-    got = served_match(index, text, query, k=10, unit_lists=lists)
+    got = get_strategy("match", text).rank_store(index, query, k=10, unit_lists=lists)
     assert got.rounds > 1
     assert sorted(read) == ["cat", "dog"]
-    served_match(index, text, query, k=10, unit_lists=lists)
+    get_strategy("match", text).rank_store(index, query, k=10, unit_lists=lists)
     assert sorted(read) == ["cat", "dog"]
 
 
@@ -231,7 +240,7 @@ def test_a_broad_concept_is_rescored_once_a_round_and_scanned_past_the_pool(
     """A concept read through many units ("an animal", "objects") adds each round's new
     rows in one exact rescore, not one per unit; a pool grown past the largest one without
     proving the top k gives way to the scan, with the same answer as ranking every item."""
-    import sparsemm.query.two_stage as two_stage
+    from sparsemm.query.strategies import ranking
 
     det0, codes, index, _full, _text, _lists, _ = setup
     det = _sharp(det0)
@@ -239,25 +248,27 @@ def test_a_broad_concept_is_rescored_once_a_round_and_scanned_past_the_pool(
     text = sr_context(sp.csr_matrix((0, D), dtype=np.float32), det)
     lists = build_unit_lists(detector_scorer(det), text, codes, index, length=40)
     calls = []
-    real = two_stage._rescore
+    real = ranking._rescore
 
     def counted(source, strat, query, rows):
         calls.append(len(rows))
         return real(source, strat, query, rows)
 
-    monkeypatch.setattr(two_stage, "_rescore", counted)
+    monkeypatch.setattr(ranking, "_rescore", counted)
     for q in ("an animal but no car", "objects, no bus", "an organism"):
         query = parse_query(q)
         assert len(get_strategy("match", text).reading(query.include[0]).concepts[0].units) > 1
         want_rows, _ = rank_query(full, query, "match", k=10)
         calls.clear()
-        got = served_match(index, text, query, k=10, candidates=4, unit_lists=lists)
+        got = get_strategy("match", text).rank_store(
+            index, query, k=10, candidates=4, unit_lists=lists
+        )
         np.testing.assert_array_equal(got.rows, want_rows, err_msg=q)
         if got.mode == "unit lists":
             assert len(calls) <= got.rounds, q
         calls.clear()
-        capped = served_match(
-            index, text, query, k=10, candidates=4, max_candidates=8, unit_lists=lists
+        capped = get_strategy("match", text).rank_store(
+            index, query, k=10, candidates=4, max_candidates=8, unit_lists=lists
         )
         assert capped.mode == "scan" and capped.certified, q
         np.testing.assert_array_equal(capped.rows, want_rows, err_msg=q)
@@ -380,19 +391,19 @@ def test_an_uncertified_result_is_said(
     large collections), the CLI says so in a note and --json reports certified false."""
     import dataclasses
 
-    import sparsemm.query.searcher as searcher_mod
+    from sparsemm.query.strategies import Match
 
     objects = {f"i{i}": [WORDS[i % 4], WORDS[(i + 1) % 8]] for i in range(40)}
     col = keyword_collection(tmp_path / "col", _Words(), objects)
     sr = identity_sr(tmp_path / "sr", len(WORDS))
     assert main(["train", "detectors", str(sr), str(col), "--min-mentions", "3"]) == 0
     assert main(["index", str(col), "--model", str(sr), "--no-progress"]) == 0
-    real = searcher_mod.served_match
+    real = Match.rank_store
 
     def stopped(*args, **kwargs):
         return dataclasses.replace(real(*args, **kwargs), certified=False)
 
-    monkeypatch.setattr(searcher_mod, "served_match", stopped)
+    monkeypatch.setattr(Match, "rank_store", stopped)
     capsys.readouterr()
     assert main(["search", str(col), "dog but not cat", "--no-server"]) == 0
     assert "before proving these are the exact top results" in capsys.readouterr().err
@@ -404,7 +415,7 @@ def test_the_tie_list_bounds_every_items_code_similarity(setup) -> None:
     """The tie-break list's bound: an item outside the first m rows of the include text's
     code list has a code similarity (the match scorer's tie) of at most the list's bound,
     with the quantised search's err, and with the query cut to fewer dims than it has."""
-    from sparsemm.query.two_stage import _MARGIN, _cut, _ProxyList
+    from sparsemm.query.strategies.ranking import MARGIN, ProxyList, cut
 
     _det, _codes, index, full, _text, _lists, _ = setup
     m = get_strategy("match", full)
@@ -412,9 +423,9 @@ def test_the_tie_list_bounds_every_items_code_similarity(setup) -> None:
         tie = m.tie([text_])
         q = np.asarray(full.term_code(text_), dtype=np.float64)
         for proxy_dims in (3, 256):
-            dims, vals, residual = _cut(q / np.linalg.norm(q), proxy_dims)
+            dims, vals, residual = cut(q / np.linalg.norm(q), proxy_dims)
             for quantized in (True, False):
-                plist = _ProxyList(dims, vals, residual, _MARGIN)
+                plist = ProxyList(dims, vals, residual, MARGIN)
                 plist.quantized = quantized
                 for n in (1, 10, 100):
                     rows, bound = plist.top(index, n, 100, 400)

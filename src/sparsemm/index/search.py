@@ -138,7 +138,7 @@ class SegmentSearch:
     def nonnegative(self) -> bool:
         """True when no stored value is negative (each segment's per-dim minimum, computed
         once per segment): what the served path's candidate bounds assume
-        (:mod:`sparsemm.query.two_stage`)."""
+        (:mod:`sparsemm.query.strategies.ranking`)."""
         return all(bool((s.dim_bounds()[1] >= 0).all()) for s in self._segments)
 
     def _workspace(self, segs: list[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -443,7 +443,7 @@ class SegmentSearch:
         exact one. Hits carry approximate scores and no ids; ranking rule as in
         :meth:`search`, on the approximate scores. So an item outside the hits scores
         exactly at most the k-th approximate score + err: what candidate generation under
-        a certificate needs (the served path, :mod:`sparsemm.query.two_stage`). A posting
+        a certificate needs (the served path, :mod:`sparsemm.query.strategies.ranking`). A posting
         costs 3 bytes of memory traffic here against 6 in :meth:`search`, which is what a
         search over many long lists waits on. An index holding a negative value is searched
         exactly instead (err 0)."""

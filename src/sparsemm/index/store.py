@@ -6,13 +6,13 @@ each a string id and a sparse concept code ``(dim,)``. Two backends implement :c
 folder, the default) and :class:`sparsemm.index.qdrant.QdrantStore` (a Qdrant collection,
 extra ``qdrant``); :func:`sparsemm.index.backends.open_store` opens either by name.
 
-The served path (:mod:`sparsemm.query.two_stage`, :class:`~sparsemm.query.searcher.Searcher`)
-reads only what this interface holds: the number of items, their dimension, whether any
-stored value is negative, the codes of given rows, and exact top-k search (and its cheaper
-approximate form with an error bound, where a backend has one). Writing is not part of it:
-an :class:`~sparsemm.index.InvertedIndex` is built and appended to on its own terms
-(``build``/``add``), a Qdrant collection is uploaded to (resumably) through
-``QdrantStore.create``/``upload``.
+The served path (:mod:`sparsemm.query.strategies.ranking`,
+:class:`~sparsemm.query.searcher.Searcher`) reads only what this interface holds: the number
+of items, their dimension, whether any stored value is negative, the codes of given rows,
+and exact top-k search (and its cheaper approximate form with an error bound, where a
+backend has one). Writing is not part of it: an :class:`~sparsemm.index.InvertedIndex` is
+built and appended to on its own terms (``build``/``add``), a Qdrant collection is uploaded
+to (resumably) through ``QdrantStore.create``/``upload``.
 
 Result rule shared by every backend, so the same data gives the same results everywhere:
 ties are broken by the lower row, and scores are computed with one fixed float32 arithmetic

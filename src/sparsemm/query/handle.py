@@ -514,7 +514,7 @@ class IndexedCollection:
 
     def served(self, strategy: str, **params: Any) -> bool:
         """True when ``strategy`` is answered through the index (candidates + certified
-        exact rescoring, :mod:`sparsemm.query.two_stage`) rather than over every code in
+        exact rescoring, :mod:`sparsemm.query.strategies.ranking`) rather than over every code in
         memory: the default ``match`` (its term probabilities come from the model: detectors
         saved with SR, the photo model's units), and ``hybrid`` on codes with the model's own
         detectors (or on a collection with no captions or labels, where no term has one)."""

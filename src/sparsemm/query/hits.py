@@ -6,9 +6,9 @@ A :class:`Hit` is one ranked item with its score and three readings of why it ca
 ``evidence`` (per query term, the served scorer's own value for the item: P(term | item)
 with ``match``, with its source). :func:`explained_hits` builds the hits of ranked rows:
 :func:`explainer` computes, once per query, what explaining any of them needs (an
-:class:`Explainer`: the include code, each excluded term's dimensions and words), and
-:func:`match_evidence` and :func:`hybrid_evidence` give a term's per-item values and
-per-dimension weights, which :func:`term_evidence` reads for one hit.
+:class:`Explainer`: the include code, each excluded term's dimensions and words), and the
+strategy's own ``evidence`` (``Match.evidence``, ``Hybrid.evidence``) gives a term's
+per-item values and per-dimension weights, which :func:`term_evidence` reads for one hit.
 """
 
 from __future__ import annotations
@@ -19,11 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import scipy.sparse as sp
 
-from sparsemm.errors import SparsemmError
-from sparsemm.linalg import normalize_rows
 from sparsemm.query.parse import Query
 from sparsemm.query.request import evidence_text
-from sparsemm.query.scorers import DetectorScorer
 from sparsemm.query.strategies import HardFilter, Hybrid, Match, get_strategy
 
 if TYPE_CHECKING:
@@ -253,10 +250,8 @@ def explainer(
         match = None
     elif match is None:
         match = h.match_strategy()
-    if match is not None and isinstance(match.scorer, DetectorScorer):
-        match = None  # its units are detectors, not dimensions (reading_dims)
     for b in q.exclude:
-        units = reading_dims(match, b, h.dim) if match is not None else None
+        units = match.reading_dims(b) if match is not None else None
         if units is not None:
             # the dims of the units the match scorer read the term as (the photo model)
             on = np.zeros(h.dim, dtype=bool)
@@ -277,62 +272,11 @@ def explainer(
         checks.append((b, dims, on, words))
     include_code = ctx.term_code(a) if a else np.zeros(h.dim, np.float32)
     if match is not None and q.include:
-        dims = [u for t in q.include for u in (reading_dims(match, t, h.dim) or [])]
+        dims = [u for t in q.include for u in (match.reading_dims(t) or [])]
         if dims:  # the match scorer's own reading of the include terms
             include_code = np.zeros(h.dim, np.float32)
             include_code[dims] = 1.0
     return Explainer(include_code, checks, h.dim_labels, n_dims)
-
-
-def reading_dims(match: Match, term: str, dim: int) -> list[int] | None:
-    """Code dimensions a term was read as by a scorer whose units are dimensions (the
-    photo model: classes and the face unit, direct ones first; not a DetectorScorer's)."""
-    try:
-        reading = match.reading(term)
-    except SparsemmError:
-        return None
-    units = [
-        u for c in reading.concepts for u, w in sorted(c.units, key=lambda x: -x[1]) if u < dim
-    ]
-    return list(dict.fromkeys(units)) or None
-
-
-def match_evidence(
-    strat: Match, term: str, dim: int, excluded: bool = False
-) -> tuple[str, np.ndarray, np.ndarray, list[str]]:
-    """(kind, (n,) P(term | item), (d,) per-dimension weight, unit names) of one term
-    for the match scorer: the dims are the reading's units (the photo model), the
-    detector's weights (SR), or the phrase's query code; ``dim``: the code's length."""
-    reading = strat.reading(term)
-    d = dim
-    weight = np.zeros(d, dtype=np.float64)
-    names: list[str] = []
-    scorer = strat.scorer
-    if reading.kind == "similarity":
-        weight = np.asarray(normalize_rows(strat.ctx.term_code(term)), dtype=np.float64)
-    elif isinstance(scorer, DetectorScorer):
-        for c in reading.concepts:
-            for u, _ in c.units[:8]:
-                w, _, _ = scorer.detectors.column_at(u)
-                weight = np.maximum(weight, np.asarray(w, dtype=np.float64))
-    else:
-        for c in reading.concepts:
-            for u, w in c.units:
-                if u < d:
-                    weight[u] = max(weight[u], w)
-    for c in reading.concepts:
-        names.append(c.label)
-    kind = reading.source or reading.kind
-    return kind, strat.term_probability(term, excluded), weight, names
-
-
-def hybrid_evidence(strat: Hybrid, term: str) -> tuple[str, np.ndarray, np.ndarray]:
-    """(kind, (n,) value per item of the strategy's context, (d,) per-dimension weight)
-    of one query term."""
-    if strat.has_detector(term):
-        return "detector", strat.present(term), strat.detector_weights(term)
-    code = normalize_rows(strat.ctx.term_code(term))
-    return "code similarity", strat.similarity(term), np.asarray(code, dtype=np.float64)
 
 
 def explained_hits(
@@ -350,13 +294,13 @@ def explained_hits(
     probabilities, hybrid's detector values; none for other strategies). ``at_hits``: the
     strategy's context holds just the hits, in order (else every item)."""
     why = explainer(h, q, match=strat if isinstance(strat, Match) else None)
-    items, dim = h.collection.items, h.dim
+    items = h.collection.items
     terms: list[tuple[str, str, str, np.ndarray, np.ndarray, list[str]]] = []
-    for side, group in (("include", q.include), ("exclude", q.exclude)):
-        if isinstance(strat, Match):
-            terms += [(t, side, *match_evidence(strat, t, dim, side == "exclude")) for t in group]
-        elif isinstance(strat, Hybrid):
-            terms += [(t, side, *hybrid_evidence(strat, t), []) for t in group]
+    if isinstance(strat, (Match, Hybrid)):  # the strategies with evidence of their own
+        for side, group in (("include", q.include), ("exclude", q.exclude)):
+            for t in group:
+                kind, value, weight, *names = strat.evidence(t, side == "exclude")
+                terms.append((t, side, kind, value, weight, names[0] if names else []))
     hits = []
     for i, (r, sc) in enumerate(zip(rows, scores, strict=True)):
         item = items[int(r)]

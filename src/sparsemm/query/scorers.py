@@ -504,6 +504,15 @@ def unit_codes_scorer(scorer: Any) -> bool:
     return isinstance(scorer, DetectorScorer)
 
 
+def no_concept(term: str, side: str) -> SparsemmError:
+    """The refusal of a query term that means nothing to the model; ``side``: "search for"
+    or "exclude"."""
+    return SparsemmError(
+        f"{term!r} matches no concept of this collection's model, so it cannot {side} "
+        "anything; check the spelling or try another word"
+    )
+
+
 def refuse_self_exclusion(
     readings: Sequence[tuple[str, str, TermReading]], vocabulary: ConceptVocabulary
 ) -> None:

@@ -4,11 +4,11 @@ A :class:`Searcher` is an :class:`~sparsemm.query.handle.IndexedCollection` (the
 its index or another store holding the same codes, the model the index names) that answers
 parsed queries ("A but not B", several excluded terms allowed) with the model's default
 strategy (``match``: a calibrated match probability per item, served through the index by
-:mod:`sparsemm.query.two_stage`) or any registered one. Terms are checked first
-(:meth:`Searcher.check_terms` refuses a term that means nothing to the model,
-:meth:`Searcher.unknown_words` names words no vocabulary holds), each hit is explained
-(:mod:`sparsemm.query.hits`), and "more like this" puts a picture's code on the include
-side (:mod:`sparsemm.query.like`).
+its own :meth:`~sparsemm.query.strategies.match.Match.rank_store`) or any registered one.
+Terms are checked first (:meth:`Searcher.check_terms` refuses a term that means nothing
+to the model, :meth:`Searcher.unknown_words` names words no vocabulary holds), each hit is
+explained (:mod:`sparsemm.query.hits`), and "more like this" puts a picture's code on the
+include side (:mod:`sparsemm.query.like`).
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ from sparsemm.query.index_engine import filter_search
 from sparsemm.query.like import like_term, without_excluded_self
 from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.request import MATCH_THRESHOLD, QueryRequest, min_score_refusal
-from sparsemm.query.strategies import Match, Strategy, StrategySpec, available_strategies, get_spec
-from sparsemm.query.term_checks import TermChecks
-from sparsemm.query.two_stage import (
-    ServedResult,
-    count_matches,
-    rank_query,
-    served_match,
-    served_rank,
+from sparsemm.query.strategies import (
+    Hybrid,
+    Match,
+    StrategySpec,
+    available_strategies,
+    get_spec,
 )
+from sparsemm.query.strategies.ranking import ServedResult, rank_query
+from sparsemm.query.term_checks import TermChecks
 
 
 class Searcher(TermChecks):
@@ -46,8 +46,8 @@ class Searcher(TermChecks):
         self, query: str | Query, threshold: float = MATCH_THRESHOLD, strategy: str | None = None
     ) -> int | None:
         """How many items have a match probability of at least ``threshold`` (exactly, with
-        the index's bounds: :func:`~sparsemm.query.two_stage.count_matches`); None when the
-        strategy's scores are not probabilities."""
+        the index's bounds: :meth:`~sparsemm.query.strategies.match.Match.count_store`);
+        None when the strategy's scores are not probabilities."""
         if not self.probabilistic(strategy):
             return None
         return self._count(query if isinstance(query, Query) else parse_query(query), threshold)
@@ -56,9 +56,8 @@ class Searcher(TermChecks):
         """:meth:`count_matches` for the match scorer."""
         self.check_terms(q, "match")
         if self.served("match"):
-            return count_matches(
+            return self.match_strategy().count_store(
                 self.store,
-                self.text_context,
                 q,
                 threshold,
                 nonnegative=self.index.nonnegative,
@@ -174,10 +173,10 @@ class Searcher(TermChecks):
 
         The default scorer is served through the index (:meth:`served`: candidates, then
         exact rescoring, certified equal to ranking every item); other strategies rank
-        every item with :func:`sparsemm.query.two_stage.rank_query`, the function the benchmarks
-        use. Raises SparsemmError for bad input, including a term the model knows nothing
-        about (:meth:`check_terms`). :meth:`answer` is the same search with what the front
-        ends show around the hits."""
+        every item with :func:`sparsemm.query.strategies.ranking.rank_query`, the function
+        the benchmarks use. Raises SparsemmError for bad input, including a term the model
+        knows nothing about (:meth:`check_terms`). :meth:`answer` is the same search with
+        what the front ends show around the hits."""
         if k < 1 or offset < 0:
             raise SparsemmError("k must be >= 1 and offset >= 0")
         q = query if isinstance(query, Query) else parse_query(query, exclude=exclude)
@@ -188,36 +187,36 @@ class Searcher(TermChecks):
     ) -> tuple[list[Hit], ServedResult | None]:
         """The hits of a checked query and strategy, with how the index path served them
         (None: ranked over every code in memory)."""
-        strategy = spec.name
-        served = self.served(strategy, **params)
+        served = self.served(spec.name, **params)
         res: ServedResult | None = None
         if served:
-            # the match scorer ready over the text context (built once), or that context
-            base: Any = (
-                self.match_strategy() if strategy == "match" and not params else self.text_context
+            # the scorer over the text context, built once: it ranks the store's items
+            # (the match scorer without parameters is the handle's own)
+            strat = (
+                self.match_strategy()
+                if spec.name == "match" and not params
+                else spec.build(self.text_context, **params)
             )
-            if strategy == "match":
-                self._check_match(q, base if isinstance(base, Match) else self.match_strategy())
-                res = served_match(self.store, base, q, k=k, offset=offset,
-                                   nonnegative=self.index.nonnegative, unit_lists=self.unit_lists,
-                                   **params)  # fmt: skip
+            if isinstance(strat, Match):
+                (strat if not params else self.match_strategy()).check_query(q.include, q.exclude)
             else:  # served() means hybrid on codes; a remote store holds the same codes
+                assert isinstance(strat, Hybrid)
                 self.check_terms(q, "sparse")
-                res = served_rank(self.store, base, q, strategy, k=k, offset=offset,
-                                  nonnegative=self.index.nonnegative, **params)  # fmt: skip
+            res = strat.rank_store(
+                self.store, q, k, offset,
+                nonnegative=self.index.nonnegative, unit_lists=self.unit_lists,
+            )  # fmt: skip
             rows, scores = res.rows, res.scores
         else:
-            base = self.context
-            strat = spec.build(base, **params)
+            strat = spec.build(self.context, **params)
             self.check_terms(q, "match" if isinstance(strat, Match) else strat.kind)
-            rows, scores = rank_query(base, q, strat, k=k, offset=offset)
+            rows, scores = rank_query(self.context, q, strat, k=k, offset=offset)
         self.last_served = res
         # Explanations read only the hits' codes, from the index's row store; the served
-        # path's evidence is computed on a context of just those rows.
+        # path's evidence is computed on a scorer over just those rows.
         codes = self.item_codes(rows)
         if served:
-            over = isinstance(base, Strategy)
-            strat = base.over(codes) if over else spec.build(base.sub(codes), **params)
+            strat = strat.over(codes)
         if isinstance(strat, Match):
             # the probability itself, not the rank key (P at 1% with ties broken)
             p = strat.probability(q.include, q.exclude)

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from sparsemm.errors import SparsemmError
 from sparsemm.query.handle import IndexedCollection
 from sparsemm.query.parse import Query, parse_query
-from sparsemm.query.scorers import refuse_self_exclusion
-from sparsemm.query.strategies import Match, get_spec
+from sparsemm.query.scorers import no_concept
+from sparsemm.query.strategies import get_spec
+from sparsemm.query.strategies.context import CHECK_BATCH
 from sparsemm.text import singular, tokenize
-
-CHECK_BATCH = 16  # query terms embedded per encoder call when checking them
 
 
 class TermChecks(IndexedCollection):
@@ -69,16 +67,12 @@ class TermChecks(IndexedCollection):
         messages are those of the web API (:mod:`sparsemm.web.app`).
         """
         if strategy == "match":
-            self._check_match(query, self.match_strategy())
+            self.match_strategy().check_query(query.include, query.exclude)
             return
         kind = strategy if strategy in ("sparse", "dense") else get_spec(strategy).kind
         ctx = self.text_context
-        # Embed (and code) the terms in batches first: one at a time, the 32 terms of a full
-        # query were 66 encoder calls (seconds); batches of CHECK_BATCH stay on the light
-        # MiniLM path. Same vectors, cached for the search that follows.
-        unique = list(dict.fromkeys([*query.include, *query.exclude]))
-        for i in range(0, len(unique), CHECK_BATCH):
-            ctx.prefetch(unique[i : i + CHECK_BATCH], codes=kind == "sparse")
+        # embed (and code) the terms in batches first, cached for the search that follows
+        ctx.prefetch([*query.include, *query.exclude], codes=kind == "sparse", batch=CHECK_BATCH)
         for side, terms in (("search for", query.include), ("exclude", query.exclude)):
             for term in terms:
                 # A term without a letter or digit (emoji, symbols) names no concept, though
@@ -86,43 +80,7 @@ class TermChecks(IndexedCollection):
                 wordless = not any(ch.isalnum() for ch in term)
                 vec = ctx.term_code(term) if kind == "sparse" else ctx.term_embedding(term)
                 if wordless or not np.any(vec):
-                    raise SparsemmError(
-                        f"{term!r} matches no concept of this collection's model, so it "
-                        f"cannot {side} anything; check the spelling or try another word"
-                    )
-
-    def _check_match(self, query: Query, strat: Match) -> None:
-        """Raise SparsemmError for a term the match scorer ``strat`` (over the text context)
-        cannot read: no letter or digit, nothing the model can see (UnknownTerm, with the
-        closest concepts it knows), or a phrase whose code is empty. Readings are cached for
-        the search that follows."""
-        ctx = strat.ctx
-        readings = []
-        for side, terms in (("search for", query.include), ("exclude", query.exclude)):
-            for term in terms:
-                if not any(ch.isalnum() for ch in term):
-                    raise SparsemmError(
-                        f"{term!r} matches no concept of this collection's model, so it "
-                        f"cannot {side} anything; check the spelling or try another word"
-                    )
-                readings.append((side, term, strat.reading(term)))
-        # every text the search will embed or code, in batches: the terms, the include
-        # text (ties) and the words of the detectors a term is read through
-        texts = [*query.include, *query.exclude]
-        if query.include:
-            texts.append(strat.tie_text(query.include))
-        for _, _, reading in readings:
-            texts.extend(strat.scorer.texts(reading))
-        unique = list(dict.fromkeys(texts))
-        for i in range(0, len(unique), CHECK_BATCH):
-            ctx.prefetch(unique[i : i + CHECK_BATCH], codes=ctx.query_coder is not None)
-        for side, term, reading in readings:
-            if reading.kind == "similarity" and not np.any(ctx.term_code(term)):
-                raise SparsemmError(
-                    f"{term!r} matches no concept of this collection's model, so it "
-                    f"cannot {side} anything; check the spelling or try another word"
-                )
-        refuse_self_exclusion(readings, strat.scorer.vocabulary)
+                    raise no_concept(term, side)
 
     def notes(self, query: str | Query, strategy: str | None = None) -> list[str]:
         """What the served scorer says about how it read the query's terms ("'woman' is
@@ -137,17 +95,7 @@ class TermChecks(IndexedCollection):
         unknown = self.unknown_words(q)
         if strategy != "match":
             return [], unknown
-        notes: list[str] = []
-        read: set[str] = set()
-        strat = self.match_strategy()
-        for t in (*q.include, *q.exclude):
-            try:
-                reading = strat.reading(t)
-            except SparsemmError:
-                continue
-            notes += [n for n in reading.notes if n not in notes]
-            if reading.kind == "concepts":
-                read.update(tokenize(t))
+        notes, read = self.match_strategy().read_notes([*q.include, *q.exclude])
         return notes, [w for w in unknown if w not in read]
 
     def empty_note(self, q: Query) -> str | None:

@@ -1,11 +1,12 @@
 """Per-unit top lists: the items most likely to show each detector, for the served ``match``.
 
-The served path (:func:`sparsemm.query.two_stage.served_match`) must prove that no item
-left out of its candidates ranks in the top k. For SR, an include term's probability
-P(u | x) = sigmoid(a (w_u . x + b_u) + g cos(q_u, x) + c) is read from a detector whose
-weights w_u have negative entries, and the index can only bound it through their positive
-part, which is loose: on COCO codes resampled to 100,000 items, "car" is bounded above 0.5
-for most items while under 10% have P(car) > 0.5. So many queries had to scan every item.
+The served path (:meth:`Match.rank_store
+<sparsemm.query.strategies.match.Match.rank_store>`) must prove that no item left out of its
+candidates ranks in the top k. For SR, an include term's probability P(u | x) = sigmoid(a
+(w_u . x + b_u) + g cos(q_u, x) + c) is read from a detector whose weights w_u have negative
+entries, and the index can only bound it through their positive part, which is loose: on
+COCO codes resampled to 100,000 items, "car" is bounded above 0.5 for most items while under
+10% have P(car) > 0.5. So many queries had to scan every item.
 
 This module computes P(u | x) once for every item and every detector unit (the same
 formula as :class:`~sparsemm.query.scorers.DetectorScorer`) when the index is built, and

@@ -51,7 +51,7 @@ from sparsemm.query.strategies import (
     TextEncoder,
     get_spec,
 )
-from sparsemm.query.two_stage import rank_query
+from sparsemm.query.strategies.ranking import rank_query
 
 # register the baselines (slq, paper, cbe, ...) whether or not an install recorded the
 # sparsemm.strategies entry points
@@ -167,7 +167,7 @@ def evaluate_strategy(
     metrics: Sequence[str] = METRICS,
 ) -> dict[str, np.ndarray]:
     """Per-query metric arrays of strategy ``name`` with ``params`` on ``queries``, ranked
-    by :func:`sparsemm.query.two_stage.rank_query` (the served path) for "A but not B"."""
+    by :func:`sparsemm.query.strategies.ranking.rank_query` (the served path) for "A but not B"."""
     strategy = get_spec(name).build(ctx, **params)
     strategy.prepare({t for q in queries for t in (q.a, q.b)})
     rankings = np.full((len(queries), k), -1, dtype=np.int64)

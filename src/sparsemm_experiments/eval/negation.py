@@ -20,7 +20,7 @@ top 5 whose labels carry a negated object: "neg-violation@5") and parse exact ma
 parser's include and exclude, normalised, equal the truth's). Rows: dense on the raw
 sentence, dense on the caption without its negation (the reference: negation should cost
 nothing), the parsed query through every strategy, and the served default, all ranked by
-:func:`sparsemm.query.two_stage.rank_query`, the function the CLI, the web API and
+:func:`sparsemm.query.strategies.ranking.rank_query`, the function the CLI, the web API and
 ``Searcher.search`` call.
 """
 
@@ -43,6 +43,7 @@ from sparsemm.errors import SparsemmError
 from sparsemm.io import atomic_open, write_json
 from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query.parse import Query, parse_query
+from sparsemm.query.request import DEFAULT_STRATEGY
 from sparsemm.query.strategies import (
     STRATEGIES,
     ExclusionContext,
@@ -51,8 +52,8 @@ from sparsemm.query.strategies import (
     TextEncoder,
     get_spec,
 )
+from sparsemm.query.strategies.ranking import rank_query
 from sparsemm.query.text_parser import strip_filler_words
-from sparsemm.query.two_stage import DEFAULT_STRATEGY, rank_query
 from sparsemm.text import term_tokens
 
 # register the baselines (slq, paper, cbe, ...) whether or not an install recorded the

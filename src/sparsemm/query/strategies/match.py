@@ -24,15 +24,42 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from sparsemm.errors import SparsemmError
-from sparsemm.query.scorers import TermReading, TermScorer, detector_scorer
-from sparsemm.query.strategies.base import Strategy
-from sparsemm.query.strategies.context import ExclusionContext
+from sparsemm.linalg import normalize_rows
+from sparsemm.query.scorers import (
+    DetectorScorer,
+    TermBound,
+    TermReading,
+    TermScorer,
+    detector_scorer,
+    no_concept,
+    refuse_self_exclusion,
+    unit_codes_scorer,
+)
+from sparsemm.query.strategies.base import Strategy, top_rows
+from sparsemm.query.strategies.context import CHECK_BATCH, ExclusionContext
+from sparsemm.query.strategies.ranking import (
+    MARGIN,
+    SCAN_ROWS,
+    SCAN_SHARE,
+    ProxyList,
+    ServedResult,
+    add_rows,
+    cut,
+    pool_sizes,
+    scan_rank,
+)
 from sparsemm.query.strategies.registry import register_strategy
+from sparsemm.text import tokenize
+
+if TYPE_CHECKING:
+    from sparsemm.index.store import Store
+    from sparsemm.query.parse import Query
+    from sparsemm.query.unit_lists import UnitLists
 
 LIKE_PREFIX = "like: "  # the pseudo-term of a "more like this" picture (Searcher.like_term)
 
@@ -102,6 +129,89 @@ class Match(Strategy):
         for t in terms:
             self.reading(t)
 
+    def check_query(self, include: Sequence[str], exclude: Sequence[str]) -> None:
+        """Raise SparsemmError for a term this scorer (over the text context) cannot read: no
+        letter or digit, nothing the model can see (UnknownTerm, with the closest concepts
+        it knows), a phrase whose code is empty, or an excluded term that covers an included
+        one. Every text the search will embed or code is encoded here in batches (the terms,
+        the include text for ties, the words of the detectors a term is read through), and
+        the readings are cached for the search that follows."""
+        ctx = self.ctx
+        readings = []
+        for side, terms in (("search for", include), ("exclude", exclude)):
+            for term in terms:
+                if not any(ch.isalnum() for ch in term):
+                    raise no_concept(term, side)
+                readings.append((side, term, self.reading(term)))
+        texts = [*include, *exclude]
+        if include:
+            texts.append(self.tie_text(include))
+        for _, _, reading in readings:
+            texts.extend(self.scorer.texts(reading))
+        ctx.prefetch(texts, codes=ctx.query_coder is not None, batch=CHECK_BATCH)
+        for side, term, reading in readings:
+            if reading.kind == "similarity" and not np.any(ctx.term_code(term)):
+                raise no_concept(term, side)
+        refuse_self_exclusion(readings, self.scorer.vocabulary)
+
+    def read_notes(self, terms: Sequence[str]) -> tuple[list[str], set[str]]:
+        """(what the model says about how it read ``terms``, "'woman' is searched as
+        'person': ...", and the words of terms read as concepts: through the hierarchy, not
+        as subword pieces). Terms it cannot read are skipped."""
+        notes: list[str] = []
+        read: set[str] = set()
+        for t in terms:
+            try:
+                reading = self.reading(t)
+            except SparsemmError:
+                continue
+            notes += [n for n in reading.notes if n not in notes]
+            if reading.kind == "concepts":
+                read.update(tokenize(t))
+        return notes, read
+
+    def reading_dims(self, term: str) -> list[int] | None:
+        """Code dimensions ``term`` was read as, when this scorer's units are dimensions (the
+        photo model: classes and the face unit, direct ones first); None for a
+        DetectorScorer's units (detectors) or a term it cannot read."""
+        if isinstance(self.scorer, DetectorScorer):
+            return None
+        try:
+            reading = self.reading(term)
+        except SparsemmError:
+            return None
+        dim = self.ctx.dim
+        units = [
+            u for c in reading.concepts for u, w in sorted(c.units, key=lambda x: -x[1]) if u < dim
+        ]
+        return list(dict.fromkeys(units)) or None
+
+    def evidence(
+        self, term: str, excluded: bool = False
+    ) -> tuple[str, np.ndarray, np.ndarray, list[str]]:
+        """(kind, (n,) P(term | item), (d,) per-dimension weight, names of the concepts it
+        was read as) of one term: the dims are the reading's units (the photo model), the
+        detector's weights (SR), or the phrase's query code."""
+        reading = self.reading(term)
+        dim = self.ctx.dim
+        weight = np.zeros(dim, dtype=np.float64)
+        scorer = self.scorer
+        if reading.kind == "similarity":
+            weight = np.asarray(normalize_rows(self.ctx.term_code(term)), dtype=np.float64)
+        elif isinstance(scorer, DetectorScorer):
+            for c in reading.concepts:
+                for u, _ in c.units[:8]:
+                    w, _, _ = scorer.detectors.column_at(u)
+                    weight = np.maximum(weight, np.asarray(w, dtype=np.float64))
+        else:
+            for c in reading.concepts:
+                for u, w in c.units:
+                    if u < dim:
+                        weight[u] = max(weight[u], w)
+        names = [c.label for c in reading.concepts]
+        kind = reading.source or reading.kind
+        return kind, self.term_probability(term, excluded), weight, names
+
     # -- scores ----------------------------------------------------------------------------
     def probability(self, include: Sequence[str], exclude: Sequence[str]) -> np.ndarray:
         """(n_items,) P(match | item)."""
@@ -152,6 +262,357 @@ class Match(Strategy):
         """The largest rank key an item with P(match) <= p_bound can have."""
         r = float(self.p["resolution"])
         return math.floor(min(1.0, p_bound) / r + 1e-9) * r + 0.5 * r * min(1.0, tie_bound)
+
+    # -- served: a store's items, ranked or counted without reading every code ---------------
+    def rank_store(
+        self,
+        source: Store,
+        query: Query,
+        k: int = 10,
+        offset: int = 0,
+        *,
+        candidates: int = 256,
+        max_candidates: int = 65536,
+        proxy_dims: int = 256,
+        fetch: int | None = None,
+        nonnegative: bool | None = None,
+        unit_lists: UnitLists | None = None,
+    ) -> ServedResult:
+        """Top ``k`` items after ``offset`` by the match scorer (their rank keys as scores), as
+        ranking every item would give them (:mod:`~sparsemm.query.strategies.ranking`). This
+        scorer's context supplies the encoders, text caches and term scorer; its own items are
+        not read.
+
+        With ``unit_lists`` (:class:`~sparsemm.query.unit_lists.UnitLists` of the model's
+        detectors over this index) an include term read through detectors is bounded by its
+        units' lists first, which are exact: see :func:`_served_units`. When those do not
+        certify the result, every row is scanned; when the query has no such term, the code
+        lists below are used.
+
+        The match probability is at most that of any one include term, and the term scorer
+        bounds a term's probability by a non-decreasing function of a few inner products of
+        the code with non-negative weights (:class:`~sparsemm.query.scorers.TermBound`: one
+        per detector of a concept, or the photo model's class and face units). So the include
+        term with the fewest such lists is searched: each list's top ``n`` rows come from the
+        index, every row in any list is rescored exactly, and an item in none of them has a
+        match probability of at most value(n-th score + residual + err of each list), hence a
+        rank key of at most :meth:`~sparsemm.query.strategies.match.Match.key_bound` of it.
+        When the k-th rescored key beats that the result is certified; else the pool grows
+        fourfold, as for ``hybrid`` (:meth:`Hybrid.rank_store
+        <sparsemm.query.strategies.detectors.Hybrid.rank_store>`), up to a scan of the row store. A
+        result that the largest pool (``max_candidates``) does not prove is ranked by the scan
+        too, so a served match is always exact ("A but not B" where nearly every A has B, whose
+        top k sit deep below the lists' bounds). Exclusion-only queries, negative codes and
+        terms without a bound are scanned.
+        """
+        if k < 1 or offset < 0:
+            raise SparsemmError("k must be >= 1 and offset >= 0")
+        units = _listed_units(self, query) if unit_lists is not None else None
+        if units is not None:
+            res = _served_units(source, query, self, units, unit_lists, k, offset, candidates,
+                                proxy_dims, fetch, max_candidates)  # fmt: skip
+            # the unit lists bound P exactly and the code lists only looser: a pool of these
+            # that proves what those did not would be near a scan's cost anyway
+            return res if res is not None else scan_rank(source, self.ctx, query, self, k, offset)
+        if nonnegative is None:
+            nonnegative = source.nonnegative
+        bound = _match_bound(self, query) if nonnegative and query.include else None
+        if bound is None:
+            return scan_rank(source, self.ctx, query, self, k, offset)
+        return _served_codes(
+            source, self, query, bound, k, offset, candidates, max_candidates, proxy_dims, fetch
+        )
+
+    def count_store(
+        self,
+        source: Store,
+        query: Query,
+        threshold: float,
+        *,
+        candidates: int = 1024,
+        proxy_dims: int = 256,
+        nonnegative: bool | None = None,
+        unit_lists: UnitLists | None = None,
+    ) -> int:
+        """How many items have P(match) >= ``threshold``, exactly: an item outside the lists of
+        the most selective include term (as :meth:`rank_store` reads them: unit lists first,
+        when given) has at most the bound's probability, so the lists grow until that bound is
+        below the threshold and the items in them are counted; queries without such a bound
+        (and pools past a quarter of the items) are counted by a scan of the row store."""
+        if not 0.0 < threshold <= 1.0:
+            raise SparsemmError(f"the match threshold must be in (0, 1], got {threshold}")
+        if nonnegative is None:
+            nonnegative = source.nonnegative
+
+        def p_of(rows: np.ndarray) -> np.ndarray:
+            sub = self.over(source.codes(rows))
+            assert isinstance(sub, Match)
+            return sub.probability(query.include, query.exclude)
+
+        units = _listed_units(self, query) if unit_lists is not None else None
+        if units is not None and unit_lists is not None:
+            n = min(candidates, unit_lists.length)
+            while True:
+                listed: list[np.ndarray] = []
+                bound_u = -np.inf
+                for u, weight in units:
+                    unit_rows, b = unit_lists.top(u, n)
+                    listed.append(unit_rows)
+                    bound_u = max(bound_u, weight * b) if b > -np.inf else bound_u
+                if bound_u < threshold:
+                    pool = np.unique(np.concatenate(listed))
+                    return int((p_of(pool) >= threshold).sum()) if len(pool) else 0
+                if n >= unit_lists.length:
+                    break
+                n = min(n * 4, unit_lists.length)
+
+        bound = _match_bound(self, query) if nonnegative and query.include else None
+        total = len(source)
+        n = min(candidates, total)
+        while bound is not None and n * SCAN_SHARE < total:
+            norm = float(getattr(self.scorer, "code_norm", 1.0))
+            tops: list[np.ndarray] = []
+            bounds: list[float] = []
+            for w in bound.weights:
+                dims, vals, residual = cut(np.asarray(w, dtype=np.float64), proxy_dims)
+                plist = ProxyList(dims, vals, residual * norm, 0.0)
+                plist.quantized = False
+                rows, list_bound = plist.top(source, n, n, n)
+                tops.append(rows)
+                bounds.append(max(0.0, list_bound))
+            if bound.value(bounds) < threshold:
+                rows = np.unique(np.concatenate(tops)) if tops else np.zeros(0, np.int64)
+                return int((p_of(rows) >= threshold).sum()) if len(rows) else 0
+            n *= 4
+        count = 0
+        for lo in range(0, total, SCAN_ROWS):
+            count += int(
+                (p_of(np.arange(lo, min(lo + SCAN_ROWS, total), dtype=np.int64)) >= threshold).sum()
+            )
+        return count
+
+
+def _served_codes(
+    source: Store,
+    strat: Any,
+    query: Query,
+    bound: Any,
+    k: int,
+    offset: int,
+    candidates: int,
+    max_candidates: int,
+    proxy_dims: int,
+    fetch: int | None,
+) -> ServedResult:
+    """:func:`served_match` from the code lists of one include term's probability ``bound``
+    (a :class:`~sparsemm.query.scorers.TermBound`): pools grown fourfold until the k-th
+    rescored key beats the key bound of an item outside them, else a scan."""
+    want = offset + k
+    # the tie-break is at most the include text's code similarity (times prod (1 - P(b))):
+    # when that text is the bounded term itself, its lists bound the tie too
+    cosine = bound.cosine if len(query.include) == 1 else None
+
+    def key_of(list_bounds: list[float]) -> float:
+        s = [max(0.0, b) for b in list_bounds]
+        return strat.key_bound(bound.value(s), cosine(s) if cosine is not None else 1.0)
+
+    norm = float(getattr(strat.scorer, "code_norm", 1.0))
+    lists = []
+    for w in bound.weights:
+        dims, vals, residual = cut(np.asarray(w, dtype=np.float64), proxy_dims)
+        lists.append(ProxyList(dims, vals, residual * norm, 0.0))
+    n = max(candidates, want)
+    fetch, cap = pool_sizes(len(source), n, fetch, max_candidates)
+    margin = 1e-7
+    rounds = 0
+    cand = np.zeros(0, np.int64)
+    scores = np.zeros(0)
+    while True:
+        rounds += 1
+        per_list = []
+        exact_per_list = []
+        every = False  # some list returned every item: nothing lies outside
+        for plist in lists:
+            rows, list_bound = plist.top(source, n, fetch, cap)
+            if list_bound == -np.inf:
+                every = True
+            per_list.append(list_bound)
+            exact_per_list.append(list_bound - plist.used_err)
+            cand, scores = add_rows(source, strat, query, cand, scores, rows)
+        top = top_rows(scores, want)
+        kth = float(scores[top[-1]]) if len(top) == want else -np.inf
+        if every:
+            key_bound = -np.inf
+        else:
+            key_bound = key_of(per_list)
+        certified = bool(key_bound == -np.inf or kth > key_bound + margin)
+        last = n >= max_candidates or n >= len(source)
+        if not certified and not every:
+            exact_bound = key_of(exact_per_list)
+            err_lists = [p for p in lists if p.used_err > 0 and p.quantized]
+            grow = min(n * 4, max_candidates)
+            if (
+                err_lists
+                and kth > exact_bound + margin
+                and (last or any(grow > p.asked for p in err_lists))
+            ):
+                for plist in err_lists:  # only the quantised searches' err stood in the way
+                    plist.exact(source)
+                rounds -= 1
+                continue
+        if not certified and n >= len(source):
+            # every row was asked for and some were not returned (a store leaves out rows
+            # with no positive score), yet they may still score: a scan is exact
+            return scan_rank(source, strat.ctx, query, strat, k, offset)
+        if not certified and last:
+            # the largest pool did not prove the top k: the scan is exact (a served match
+            # is never returned unproven)
+            return scan_rank(source, strat.ctx, query, strat, k, offset)
+        if certified:
+            top = top[offset:]
+            searches = sum(p.searches for p in lists)
+            return ServedResult(
+                cand[top], scores[top], len(cand), certified, rounds, "two-stage", searches
+            )
+        n = min(n * 4, max_candidates)
+        if n * SCAN_SHARE >= len(source):
+            return scan_rank(source, strat.ctx, query, strat, k, offset)
+
+
+def _listed_units(strat: Any, query: Query) -> list[tuple[int, float]] | None:
+    """The (unit, weight) pairs of the include concept read through the fewest detector
+    units (P(match) <= P(concept) = max_u weight_u P(u | x)); None when no include term is
+    read through an SR model's detectors."""
+    if not isinstance(strat.scorer, DetectorScorer):
+        return None
+    best: list[tuple[int, float]] | None = None
+    for t in query.include:
+        reading = strat.reading(t)
+        if reading.kind != "concepts":
+            continue
+        for c in reading.concepts:
+            units = [(int(u), float(w)) for u, w in c.units]
+            if units and (best is None or len(units) < len(best)):
+                best = units
+    return best
+
+
+def _served_units(
+    source: Store,
+    query: Query,
+    strat: Any,
+    units: list[tuple[int, float]],
+    lists: Any,
+    k: int,
+    offset: int,
+    candidates: int,
+    proxy_dims: int = 256,
+    fetch: int | None = None,
+    max_candidates: int = 65536,
+) -> ServedResult | None:
+    """The top ``k`` after ``offset`` from the unit lists of one include concept: the first
+    ``n`` rows of each unit's list are rescored exactly; an item outside all of them has
+    P(match) <= max_u weight_u ub_u(n), so when the k-th rescored key beats that key bound
+    the result is exact.
+
+    The rank key is P at 1% plus half a step times the tie-break (the include text's code
+    similarity times prod (1 - P(b)), at most that similarity), and the top k of a common
+    concept all sit in the top step (P >= 0.99 for thousands of items): no list short enough
+    to rescore ends below that step, so the tie is bounded too. Once P's bound alone would
+    certify the result with a tie of 0, the index is searched for the include text's code
+    (the positive part of the unit query code, cut to ``proxy_dims`` dims as for
+    ``hybrid``): an item outside its first ``m`` rows has a code similarity of at most its
+    m-th score plus the cut's residual, the quantised search's err and a float32 margin, and
+    an item outside both the unit lists and that list has a key of at most key_bound(P
+    bound, tie bound). Each pool grows fourfold while it is what stands in the way: the unit
+    lists' up to their length, the tie list's within the rows its search fetched, then by
+    one larger search. None when neither can prove the top k (the caller scans)."""
+    want = offset + k
+    n = max(candidates, want)
+    m = n  # the tie list's pool
+    tie: ProxyList | None = None
+    cand = np.zeros(0, np.int64)
+    scores = np.zeros(0)
+    rounds = 0
+    fetch, cap = pool_sizes(len(source), n, fetch, max_candidates)
+    ctx = strat.ctx
+    no_tie = ctx.query_coder is None  # the tie-break is 0 for every item
+    while True:
+        rounds += 1
+        bound = -np.inf
+        found = []
+        for u, w in units:
+            rows, b = lists.top(u, n)
+            if b > -np.inf:
+                bound = max(bound, w * b)
+            found.append(rows)
+        # one exact rescore of the round's new rows (a broad concept has tens of units)
+        cand, scores = add_rows(source, strat, query, cand, scores, np.concatenate(found))
+        tie_bound = 0.0 if no_tie else 1.0
+        if tie is not None:
+            rows, tb = tie.top(source, m, fetch, cap)
+            cand, scores = add_rows(source, strat, query, cand, scores, rows)
+            tie_bound = -np.inf if tb == -np.inf else min(1.0, max(0.0, tb))
+        top = top_rows(scores, want)
+        kth = float(scores[top[-1]]) if len(top) == want else -np.inf
+        if bound == -np.inf or tie_bound == -np.inf:  # every item was rescored
+            certified = True
+        else:
+            certified = kth > strat.key_bound(bound, tie_bound) + 1e-7
+        if certified:
+            top = top[offset:]
+            searches = tie.searches if tie is not None else 0
+            return ServedResult(
+                cand[top], scores[top], len(cand), True, rounds, "unit lists", searches
+            )
+        if len(cand) > cap:
+            return None  # rescored past the largest pool and still unproven: the caller scans
+        tie_blocks = kth > strat.key_bound(bound, 0.0) + 1e-7  # P's bound would do
+        if n < lists.length and not tie_blocks:
+            n = min(n * 4, lists.length)
+            continue
+        if tie is None and not no_tie:
+            # the tie is in the way, or the lists ran out in the top step: the tie list
+            # bounds the tie-break and brings the items that lead that step
+            q = np.asarray(ctx.term_code(strat.tie_text(query.include)), dtype=np.float64)
+            nrm = float(np.linalg.norm(q))
+            if nrm > 0.0:
+                dims, vals, residual = cut(q / nrm, proxy_dims)
+                tie = ProxyList(dims, vals, residual, MARGIN)
+                continue
+        if tie is not None and tie_blocks and m < cap:
+            if (
+                tie.used_err > 0
+                and tie.quantized
+                and kth > strat.key_bound(bound, tie_bound - tie.used_err) + 1e-7
+            ):
+                tie.exact(source)  # only the quantised search's err stood in the way
+            else:
+                m = min(m * 4, cap)
+            continue
+        # P's bound stays above the k-th key past the lists (nearly every A has B), or
+        # the tie list reached its largest pool
+        return None
+
+
+def _match_bound(strat: Any, query: Query) -> Any:
+    """The include term whose probability bound reads the fewest lists (None: none has a
+    bound, or nothing is included). A "more like this" picture is bounded by its code
+    similarity, linear in unit codes (SR); the photo model's codes are not unit-length."""
+    ctx, best = strat.ctx, None
+    for t in query.include:
+        reading = strat.reading(t)
+        if reading.kind == "like":
+            if not unit_codes_scorer(strat.scorer):
+                continue
+            q = np.asarray(ctx.term_code(t), dtype=np.float64)
+            q = np.maximum(q / max(float(np.linalg.norm(q)), 1e-12), 0.0)
+            b = TermBound((q,), lambda s: min(1.0, max(0.0, s[0])))
+        else:
+            b = strat.scorer.bound(reading, ctx)
+        if b is not None and b.weights and (best is None or len(b.weights) < len(best.weights)):
+            best = b
+    return best
 
 
 register_strategy(
