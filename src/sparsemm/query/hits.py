@@ -14,17 +14,15 @@ per-item values and per-dimension weights, which :func:`term_evidence` reads for
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
+from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query.parse import Query
 from sparsemm.query.request import evidence_text
-from sparsemm.query.strategies import HardFilter, Hybrid, Match, get_strategy
-
-if TYPE_CHECKING:
-    from sparsemm.query.handle import IndexedCollection
+from sparsemm.query.strategies import ExclusionContext, HardFilter, Hybrid, Match, get_strategy
 
 
 @dataclass
@@ -234,27 +232,29 @@ class Answer:
 
 
 def explainer(
-    h: IndexedCollection, q: Query, n_dims: int = 5, match: Match | None = None
+    q: Query,
+    ctx: ExclusionContext,
+    labels: list[list[str]],
+    detectors: ConceptDetectors | None,
+    match: Match | None = None,
+    n_dims: int = 5,
 ) -> Explainer:
     """What explaining any hit of ``q`` needs, computed once per query: the include
     code and each excluded term's dimensions with their words: the 6 its detector
-    weighs most when the model has one, else those the ``filter`` strategy drops items
-    on (the active dims of the term's query code). ``match``: the match scorer that ranked
-    them (it reads terms as the handle's does), when it did."""
-    ctx = h.text_context
+    weighs most when the model has ``detectors``, else those the ``filter`` strategy drops
+    items on (the active dims of the term's query code over the text context ``ctx``).
+    ``labels``: each code dimension's words; ``match``: the match scorer whose readings
+    name the dimensions of a model whose units are dimensions (the photo model), if any."""
     a = q.include_text
+    dim = ctx.dim
     filt: HardFilter | None = None  # built only for a term nothing else reads
     checks = []
-    model = h.model.detectors
-    if h.default_strategy != "match":
-        match = None
-    elif match is None:
-        match = h.match_strategy()
+    model = detectors
     for b in q.exclude:
         units = match.reading_dims(b) if match is not None else None
         if units is not None:
             # the dims of the units the match scorer read the term as (the photo model)
-            on = np.zeros(h.dim, dtype=bool)
+            on = np.zeros(dim, dtype=bool)
             on[units] = True
         elif model is not None and b in model:
             # The dims the term's detector weighs most: what says "b is here".
@@ -268,19 +268,18 @@ def explainer(
                 filt = built
             on = filt.b_weights(a, b) > 0  # (d,) bool: the dims `filter` drops items on
         dims = [int(j) for j in np.flatnonzero(on)]
-        words = sorted({w for j in dims[:3] for w in h.dim_labels[j][:2]})
+        words = sorted({w for j in dims[:3] for w in labels[j][:2]})
         checks.append((b, dims, on, words))
-    include_code = ctx.term_code(a) if a else np.zeros(h.dim, np.float32)
+    include_code = ctx.term_code(a) if a else np.zeros(dim, np.float32)
     if match is not None and q.include:
         dims = [u for t in q.include for u in (match.reading_dims(t) or [])]
         if dims:  # the match scorer's own reading of the include terms
-            include_code = np.zeros(h.dim, np.float32)
+            include_code = np.zeros(dim, np.float32)
             include_code[dims] = 1.0
-    return Explainer(include_code, checks, h.dim_labels, n_dims)
+    return Explainer(include_code, checks, labels, n_dims)
 
 
 def explained_hits(
-    h: IndexedCollection,
     q: Query,
     strat: Any,
     rows: Any,
@@ -288,13 +287,14 @@ def explained_hits(
     codes: sp.csr_matrix,
     offset: int,
     at_hits: bool,
+    items: list[dict[str, Any]],
+    why: Explainer,
 ) -> list[Hit]:
     """The hits of ranked ``rows`` (codes: theirs, sorted CSR), each with its
     explanation and the evidence of every query term by ``strat`` (the match scorer's
     probabilities, hybrid's detector values; none for other strategies). ``at_hits``: the
-    strategy's context holds just the hits, in order (else every item)."""
-    why = explainer(h, q, match=strat if isinstance(strat, Match) else None)
-    items = h.collection.items
+    strategy's context holds just the hits, in order (else every item); ``items``: the
+    collection's items (ids, captions, labels); ``why``: the query's :func:`explainer`."""
     terms: list[tuple[str, str, str, np.ndarray, np.ndarray, list[str]]] = []
     if isinstance(strat, (Match, Hybrid)):  # the strategies with evidence of their own
         for side, group in (("include", q.include), ("exclude", q.exclude)):

@@ -14,7 +14,6 @@ import numpy as np
 
 from sparsemm.errors import SparsemmError
 from sparsemm.index import Exclusion
-from sparsemm.query.hits import Hit, explained_hits
 from sparsemm.query.parse import Query
 from sparsemm.query.strategies import HardFilter, get_strategy
 
@@ -22,9 +21,11 @@ if TYPE_CHECKING:
     from sparsemm.query.handle import IndexedCollection
 
 
-def filter_search(h: IndexedCollection, q: Query, k: int = 10, **params: Any) -> list[Hit]:
-    """Top ``k`` hits of a checked query by ``filter`` through the index (see the module
-    docstring)."""
+def filter_search(
+    h: IndexedCollection, q: Query, k: int = 10, **params: Any
+) -> tuple[HardFilter, np.ndarray, list[float]]:
+    """(the strategy, rows, scores) of the top ``k`` of a checked query by ``filter``
+    through the index (see the module docstring)."""
     strat = get_strategy("filter", h.text_context, **{"dims": "query", **params})
     assert isinstance(strat, HardFilter)
     if not q.include:
@@ -45,4 +46,4 @@ def filter_search(h: IndexedCollection, q: Query, k: int = 10, **params: Any) ->
     keep = [i for i, s in enumerate(res.scores) if s > 0]  # no concept in common: no match
     rows = np.asarray(res.rows, dtype=np.int64)[keep]
     scores = [res.scores[i] for i in keep]
-    return explained_hits(h, q, strat, rows, scores, h.item_codes(rows), 0, at_hits=True)
+    return strat, rows, scores

@@ -20,7 +20,15 @@ from typing import Any
 import numpy as np
 
 from sparsemm.errors import SparsemmError
-from sparsemm.query.hits import Answer, Concept, ExcludedCheck, Hit, explained_hits, explainer
+from sparsemm.query.hits import (
+    Answer,
+    Concept,
+    ExcludedCheck,
+    Explainer,
+    Hit,
+    explained_hits,
+    explainer,
+)
 from sparsemm.query.index_engine import filter_search
 from sparsemm.query.like import like_term, without_excluded_self
 from sparsemm.query.parse import Query, parse_query
@@ -221,14 +229,30 @@ class Searcher(TermChecks):
             # the probability itself, not the rank key (P at 1% with ties broken)
             p = strat.probability(q.include, q.exclude)
             scores = p if served else p[np.asarray(rows, dtype=np.int64)]
-        hits = explained_hits(self, q, strat, rows, scores, codes, offset, at_hits=served)
-        return hits, res
+        return self._explained(q, strat, rows, scores, codes, offset, served), res
+
+    def _explained(
+        self, q: Query, strat: Any, rows: Any, scores: Any, codes: Any, offset: int, at: bool
+    ) -> list[Hit]:
+        """The hits of ranked rows, explained (:func:`~sparsemm.query.hits.explained_hits`;
+        ``at``: the strategy's context holds just these rows)."""
+        why = self._explainer(q, strat if isinstance(strat, Match) else None)
+        return explained_hits(q, strat, rows, scores, codes, offset, at, self.collection.items, why)
+
+    def _explainer(self, q: Query, match: Match | None = None, n_dims: int = 5) -> Explainer:
+        """What explaining hits of ``q`` needs (:func:`~sparsemm.query.hits.explainer`),
+        with the match scorer's readings when it is the model's default."""
+        if self.default_strategy != "match":
+            match = None
+        elif match is None:
+            match = self.match_strategy()
+        return explainer(q, self.text_context, self.dim_labels, self.model.detectors, match, n_dims)
 
     def explain(
         self, row: int, q: Query, n_dims: int = 5
     ) -> tuple[list[Concept], list[ExcludedCheck]]:
         """Matched concepts (top q_j x_j over the include code) and excluded-term checks."""
-        return explainer(self, q, n_dims).explain(self.item_code(row), 0)
+        return self._explainer(q, n_dims=n_dims).explain(self.item_code(row), 0)
 
     def search_index(
         self, query: str | Query, k: int = 10, exclude: tuple[str, ...] = (), **params: Any
@@ -237,7 +261,8 @@ class Searcher(TermChecks):
         (:func:`~sparsemm.query.index_engine.filter_search`)."""
         q = query if isinstance(query, Query) else parse_query(query, exclude=exclude)
         self.check_terms(q, "sparse")
-        return filter_search(self, q, k, **params)
+        strat, rows, scores = filter_search(self, q, k, **params)
+        return self._explained(q, strat, rows, scores, self.item_codes(rows), 0, True)
 
     def search_like(
         self,
