@@ -71,6 +71,27 @@ class TermBound:
     cosine: Callable[[Sequence[float]], float] | None = None
 
 
+class ItemContext(Protocol):
+    """What a term scorer reads of the items it scores (an
+    :class:`~sparsemm.query.strategies.ExclusionContext` has all of it): their codes, unit
+    codes and dense embeddings, and the query texts' codes and embeddings."""
+
+    n_items: int
+    items_codes: sp.csr_matrix | None
+    items_dense: np.ndarray | None
+
+    @property
+    def codes_unit(self) -> sp.csr_matrix: ...
+
+    def term_code(self, term: str) -> np.ndarray: ...
+
+    def term_embedding(self, term: str) -> np.ndarray: ...
+
+    def code_scores(self, query: np.ndarray) -> np.ndarray: ...
+
+    def codes_scores(self, queries: np.ndarray) -> np.ndarray: ...
+
+
 class TermScorer(Protocol):
     """What the match scorer needs of a model."""
 
@@ -78,9 +99,11 @@ class TermScorer(Protocol):
 
     def read(self, term: str) -> TermReading: ...
 
-    def probability(self, reading: TermReading, ctx: Any, excluded: bool = False) -> np.ndarray: ...
+    def probability(
+        self, reading: TermReading, ctx: ItemContext, excluded: bool = False
+    ) -> np.ndarray: ...
 
-    def bound(self, reading: TermReading, ctx: Any) -> TermBound | None: ...
+    def bound(self, reading: TermReading, ctx: ItemContext) -> TermBound | None: ...
 
     def texts(self, reading: TermReading) -> tuple[str, ...]: ...
 
@@ -187,8 +210,11 @@ class UnitScorer:
         """Texts its probability embeds besides the term: none (unit probabilities)."""
         return ()
 
-    def probability(self, reading: TermReading, ctx: Any, excluded: bool = False) -> np.ndarray:
+    def probability(
+        self, reading: TermReading, ctx: ItemContext, excluded: bool = False
+    ) -> np.ndarray:
         codes = ctx.items_codes
+        assert codes is not None  # the match scorer requires codes
         out = np.ones(codes.shape[0])
         for c in reading.concepts:
             out = out * self.concept_probability(c, codes, excluded=excluded)
@@ -196,7 +222,7 @@ class UnitScorer:
                 out = out * float(getattr(self.model.config, "broader_share", 1.0))
         return out
 
-    def bound(self, reading: TermReading, ctx: Any) -> TermBound | None:
+    def bound(self, reading: TermReading, ctx: ItemContext) -> TermBound | None:
         """P(concept) <= presence(class evidence) + P_face: presence is non-decreasing in the
         evidence, which is linear in the code (one list), and the face unit is one
         dimension (a second list). Any one concept bounds the product of a reading."""
@@ -368,20 +394,20 @@ class DetectorScorer:
                     out.append(str(self.detectors.terms[u]))
         return tuple(out)
 
-    def term_code(self, unit: int, ctx: Any) -> np.ndarray:
+    def term_code(self, unit: int, ctx: ItemContext) -> np.ndarray:
         """The query code of a unit's word: as the calibration read it (stored with the
         detectors), or coded by the context's text encoder for detectors without them."""
         if self.detectors.term_codes is not None:
             return np.asarray(self.detectors.term_codes[:, unit])
         return np.asarray(ctx.term_code(self.detectors.terms[unit]))
 
-    def unit_probability(self, unit: int, ctx: Any, excluded: bool = False) -> np.ndarray:
+    def unit_probability(self, unit: int, ctx: ItemContext, excluded: bool = False) -> np.ndarray:
         """(n,) P(unit's term | item); ``excluded``: the cautious reading of a term to leave
         out (:meth:`probability`)."""
         return self.units_probability([unit], ctx, excluded)[:, 0]
 
     def units_probability(
-        self, units: Sequence[int], ctx: Any, excluded: bool = False
+        self, units: Sequence[int], ctx: ItemContext, excluded: bool = False
     ) -> np.ndarray:
         """(n, len(units)) P(each unit's term | item), one product of the item codes with
         the units' detector weights (and with their term codes, when calibrated in)."""
@@ -402,7 +428,9 @@ class DetectorScorer:
     def _caution(self, z: np.ndarray, excluded: bool) -> np.ndarray:
         return z + self.calibration.exclude_shift if excluded else z
 
-    def probability(self, reading: TermReading, ctx: Any, excluded: bool = False) -> np.ndarray:
+    def probability(
+        self, reading: TermReading, ctx: ItemContext, excluded: bool = False
+    ) -> np.ndarray:
         """P(term | item); ``excluded``: as a term to leave out, the cautious reading
         (``calibration.exclude_shift`` added to every log-odds, as if misses weighed
         :data:`EXCLUDE_MISS_WEIGHT` times a false alarm): an item that may show the thing
@@ -424,7 +452,7 @@ class DetectorScorer:
             out = out * best
         return out
 
-    def bound(self, reading: TermReading, ctx: Any) -> TermBound | None:
+    def bound(self, reading: TermReading, ctx: ItemContext) -> TermBound | None:
         """P <= sum_u sigmoid(a (w_u+ . x + b_u) + g cos_u + c) <= sum_u sigmoid(...) with
         cos_u = q_u . x folded into the list (q_u the unit query code): one list per unit
         over w_u' = a w_u + g q_u, positive part."""
@@ -581,12 +609,14 @@ class ZeroShotScorer:
         stored in the model)."""
         return ()
 
-    def _images(self, ctx: Any) -> np.ndarray:
+    def _images(self, ctx: ItemContext) -> np.ndarray:
         if ctx.items_dense is not None:
             return np.asarray(ctx.items_dense, dtype=np.float64)
         return np.asarray(self.model.decomposer().recompose(ctx.items_codes), dtype=np.float64)
 
-    def probability(self, reading: TermReading, ctx: Any, excluded: bool = False) -> np.ndarray:
+    def probability(
+        self, reading: TermReading, ctx: ItemContext, excluded: bool = False
+    ) -> np.ndarray:
         x = self._images(ctx)
         p = self.model.probability(x @ np.asarray(ctx.term_embedding(reading.term), np.float64))
         emb = self.model.concept_emb.numpy()
@@ -599,5 +629,5 @@ class ZeroShotScorer:
                 )
         return p
 
-    def bound(self, reading: TermReading, ctx: Any) -> TermBound | None:
+    def bound(self, reading: TermReading, ctx: ItemContext) -> TermBound | None:
         return None  # zero-shot scores read dense embeddings: ranked by a scan
