@@ -941,6 +941,45 @@ def test_a_search_while_up_runs_says_so_and_a_second_up_waits(
     assert main(["search", str(photos), "a cat", "--no-server"]) == 0
 
 
+def test_new_photos_are_read_before_the_collection_takes_them_so_searches_keep_answering(
+    tmp_path: Path,
+    model_cache: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reading a new photo's concepts takes about 0.4 s, and `up` used to do it after
+    writing the collection, while the collection was ahead of its index: every search in
+    that time was refused ("updating"). The photos are now read before the collection takes
+    them: a search meanwhile answers from the old index, and coding them afterwards reads
+    no photo."""
+    from sparsemm.models import concept_evidence
+
+    photos = tmp_path / "photos"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    up_dir = photos / ".sparsemm"
+    assert _up(photos, up_dir, capsys)[0] == 0
+    _photo(photos / "p3.png", 3)
+    _photo(photos / "p4.png", 4)
+    read_real = concept_evidence.EvidenceReader.read
+    read_during: list[list[str]] = []
+    answered: list[int] = []
+
+    def read(self: object, images: list[str], progress: bool = False) -> list[object]:
+        read_during.append([Path(str(i)).name for i in images])
+        answered.append(main(["search", str(photos), "a cat", "--no-server"]))
+        return read_real(self, images, progress)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(concept_evidence.EvidenceReader, "read", read)
+    capsys.readouterr()
+    assert _up(photos, up_dir, capsys)[0] == 0
+    assert read_during == [["p3.png", "p4.png"]]  # read once, ahead; not again at indexing
+    assert answered == [0]  # the search during the read answered (the old three photos)
+    capsys.readouterr()
+    assert main(["search", str(photos), "a cat", "--no-server", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total"] == 5  # the new photos are in
+
+
 def test_up_records_pooled_norms_only_for_a_model_that_reads_them(
     tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -316,6 +316,7 @@ def sync_folder(
     source: str | Path,
     batch_size: int = 32,
     progress: bool = True,
+    before_write: Callable[[Path, list[Item]], None] | None = None,
 ) -> SyncReport:
     """Bring the collection at ``out`` in step with ``items`` (from :func:`read_photos`).
 
@@ -323,7 +324,10 @@ def sync_folder(
     captions, or is a zero-argument callable returning the encoder (built only when
     captions need embedding); ``text_info`` (name, dim, model) is recorded as the
     collection's text encoder, the one query texts are embedded with. Unreadable images
-    are left out and reported (SparsemmError when none can be read).
+    are left out and reported (SparsemmError when none can be read). ``before_write``:
+    called, when a collection is there already, with its folder and the new or changed
+    photos just embedded, before the collection takes them (``sparsemm up`` reads their
+    concepts then, while the collection still matches its index).
     """
     out = Path(out)
     with collection_lock(out):
@@ -344,8 +348,9 @@ def sync_folder(
                 logger.warning("the collection at %s is unusable (%s); re-encoding", out, exc)
                 old = None
         return _sync(
-            items, out, old, image_encoder, text_encoder, text_info, source, batch_size, progress
-        )
+            items, out, old, image_encoder, text_encoder, text_info, source, batch_size, progress,
+            before_write,
+        )  # fmt: skip
 
 
 def _check_arrays(col: Collection) -> None:
@@ -446,6 +451,7 @@ def _sync(
     source: str | Path,
     batch_size: int,
     progress: bool,
+    before_write: Callable[[Path, list[Item]], None] | None = None,
 ) -> SyncReport:
     old_items = {it["id"]: (i, it) for i, it in enumerate(old.items)} if old else {}
     report = SyncReport(collection=old, created=old is None)  # type: ignore[arg-type]
@@ -512,6 +518,9 @@ def _sync(
     texts, text_emb = _texts(
         kept, old, old_rows, set(report.added + report.changed), text_encoder, text_info
     )
+    if before_write is not None and old is not None:
+        fresh = set(report.added + report.changed)
+        before_write(old.root, [it for it in kept if it["id"] in fresh])
     manifest_extra = {
         "image_kind": "pixels",
         "orientation": ORIENTATION_MARK,

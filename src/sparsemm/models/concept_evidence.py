@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -337,15 +337,19 @@ def evidence_entry_digest(key: str, entry: Any) -> str:
 
 
 def record_evidence(
-    collection_root: str | Path, fresh: dict[str, PhotoEvidence], source: dict[str, Any]
+    collection_root: str | Path,
+    fresh: dict[str, PhotoEvidence],
+    source: dict[str, Any],
+    keep: Iterable[str] = (),
 ) -> None:
     """Merge ``fresh`` into the collection's evidence (atomic write); entries of image
-    versions the collection no longer holds are dropped."""
+    versions the collection no longer holds are dropped, but for the keys in ``keep``
+    (photos read ahead of the collection that will hold them: :func:`read_ahead`)."""
     from sparsemm.io import write_json
 
     root = Path(collection_root)
     merged = {**read_evidence(root, source), **fresh}
-    live = _live_keys(root)
+    live = _live_keys(root) | set(keep)
     (root / NORMS_DIR).mkdir(exist_ok=True)
     items = {k: v.to_json() for k, v in sorted(merged.items()) if k in live}
     write_json(
@@ -371,36 +375,62 @@ def photo_evidence(
             f"{collection.manifest.get('image_kind')} embeddings; encode a folder of images "
             "(sparsemm up PHOTOS, or sparsemm encode PHOTOS -o COL)"
         )
-    keys = []
     for it in collection.items:
         if not it.get("image"):
             raise SparsemmError(f"item {it['id']!r} of {collection.root} has no image path")
-        keys.append(photo_key(it))
-    known = read_evidence(collection.root, reader.source)
-    pending = _by_file_version(collection.items, keys, known)  # recorded under content keys
+    return _evidence_of(collection.root, collection.items, reader, progress, ahead=False)
+
+
+def read_ahead(
+    collection_root: str | Path,
+    items: Sequence[dict[str, Any]],
+    reader: EvidenceReader,
+    progress: bool = False,
+) -> None:
+    """Read and record the evidence of ``items``, photos the collection at
+    ``collection_root`` does not hold yet (``sparsemm up`` about to add them), so that
+    coding them once they are in costs no photo read: the collection keeps matching its
+    index (and answering searches) while the photos are read."""
+    _evidence_of(Path(collection_root), items, reader, progress, ahead=True)
+
+
+def _evidence_of(
+    root: Path,
+    items: Sequence[dict[str, Any]],
+    reader: EvidenceReader,
+    progress: bool,
+    ahead: bool,
+) -> list[PhotoEvidence]:
+    """The evidence of ``items`` (image files), read with ``reader`` for those that have
+    none recorded in the collection at ``root`` yet, and recorded every
+    :data:`EVIDENCE_CHUNK` photos, so a run stopped midway resumes where it was; ``ahead``:
+    the items are not in the collection yet (their keys are kept all the same)."""
+    keys = [photo_key(it) for it in items]
+    known = read_evidence(root, reader.source)
+    pending = _by_file_version(items, keys, known)  # recorded under content keys
     known.update(pending)
     missing = [i for i, k in enumerate(keys) if k not in known]
     if missing:
         log.info("reading concepts in %d photos", len(missing))
-    # recorded every EVIDENCE_CHUNK photos, so a run stopped midway resumes where it was
     from tqdm.auto import tqdm
 
+    keep = set(keys) if ahead else set()
     writable = True
     regions = getattr(getattr(getattr(reader, "model", None), "config", None), "regions", False)
     desc = "classes, regions and faces" if regions else "classes and faces"
     bar = tqdm(total=len(missing), desc=desc, disable=not progress, unit="img")
     for at in range(0, len(missing), EVIDENCE_CHUNK):
         part = missing[at : at + EVIDENCE_CHUNK]
-        got = reader.read([collection.items[i]["image"] for i in part])
+        got = reader.read([items[i]["image"] for i in part])
         bar.update(len(part))
         fresh = {keys[i]: ev for i, ev in zip(part, got, strict=True)}
         known.update(fresh)
         pending.update(fresh)
         if writable:
-            writable, pending = _record(collection.root, pending, reader.source), {}
+            writable, pending = _record(root, pending, reader.source, keep), {}
     bar.close()
     if pending and writable:
-        _record(collection.root, pending, reader.source)
+        _record(root, pending, reader.source, keep)
     return [known[k] for k in keys]
 
 
@@ -422,11 +452,13 @@ def _by_file_version(
     return out
 
 
-def _record(root: Path, fresh: dict[str, PhotoEvidence], source: dict[str, Any]) -> bool:
+def _record(
+    root: Path, fresh: dict[str, PhotoEvidence], source: dict[str, Any], keep: set[str]
+) -> bool:
     """Record ``fresh``; False when the collection cannot be written (it still gets its
     codes)."""
     try:
-        record_evidence(root, fresh, source)
+        record_evidence(root, fresh, source, keep)
     except OSError as exc:
         log.warning("could not record the photo evidence in %s (%s)", root, exc)
         return False

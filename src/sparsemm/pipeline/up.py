@@ -499,6 +499,7 @@ def _up(
             source=photos,
             batch_size=batch_size,
             progress=progress,
+            before_write=None if clip or train else _reader_ahead(model_dir, progress),
         )
         if report.norms and _reads_norms(model_dir):
             from sparsemm.models.concept_evidence import record_norms
@@ -538,6 +539,22 @@ def _up(
             concepts_per_item=per_item,
             seconds=time.perf_counter() - t0,
         )
+
+
+def _reader_ahead(model_dir: Path, progress: bool) -> Callable[[Path, list[Any]], None]:
+    """What reads the concepts of new photos before the collection takes them, for a model
+    that reads photos (the photo concept model; others need nothing read): searches keep
+    answering from the old index meanwhile, where they would be refused while the new
+    collection is ahead of it (about 0.4 s a photo)."""
+
+    def read(root: Path, new: list[Any]) -> None:
+        from sparsemm.query.code_models import load_code_model
+
+        ahead = getattr(load_code_model(model_dir), "read_ahead", None)
+        if new and ahead is not None:
+            ahead(root, new, progress=progress)
+
+    return read
 
 
 def _reads_norms(model_dir: Path) -> bool:

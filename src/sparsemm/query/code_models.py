@@ -154,6 +154,17 @@ class ConceptCodeModel:
             return self.model.codes_from_evidence(evidence, self.top_k)
         return self.model.encode_pooled(pooled_features(collection, progress=progress), self.top_k)
 
+    def read_ahead(
+        self, collection_root: Path, items: Sequence[dict[str, Any]], progress: bool = False
+    ) -> None:
+        """Read and record the evidence of photos about to join the collection at
+        ``collection_root`` (version 2; version 1 codes the collection's embeddings), so
+        coding them once they are in reads no photo."""
+        if self.version >= 2:
+            from sparsemm.models.concept_evidence import read_ahead
+
+            read_ahead(collection_root, items, self._evidence_reader(), progress=progress)
+
     def _evidence_reader(self) -> Any:
         from sparsemm.models.concept_evidence import EvidenceReader
 
