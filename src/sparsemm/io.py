@@ -26,7 +26,7 @@ import tempfile
 import threading
 import tokenize
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -437,9 +437,12 @@ def lock_path(target: str | Path) -> Path:
 
 
 @contextlib.contextmanager
-def exclusive_lock(path: str | Path, what: str) -> Iterator[None]:
+def exclusive_lock(
+    path: str | Path, what: str, busy: Callable[[str], str] | None = None
+) -> Iterator[None]:
     """Hold the lock file ``path`` (``fcntl.flock``, exclusive, non-blocking) or raise
-    SparsemmError at once, naming ``what`` (e.g. "collection runs/x") and the holder's pid.
+    SparsemmError at once, naming ``what`` (e.g. "collection runs/x") and the holder's pid;
+    ``busy``: the message instead, from the holder (" (pid N)", or "").
 
     Re-entrant within one thread. The kernel drops the lock when its process dies (kill -9
     included), so a crash never leaves a stale lock; the file is deleted on release, and a
@@ -471,8 +474,10 @@ def exclusive_lock(path: str | Path, what: str) -> Iterator[None]:
             os.close(fd)
             if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 raise SparsemmError(
-                    f"{what} is being written by another process{holder} (lock file {path}); "
-                    "wait for it to finish, then retry"
+                    busy(holder)
+                    if busy is not None
+                    else f"{what} is being written by another process{holder} (lock file "
+                    f"{path}); wait for it to finish, then retry"
                 ) from exc
             raise
         try:
@@ -515,16 +520,22 @@ def lock_holder(path: str | Path) -> int | None:
     or None: no file, or the pid it names has ended (killed: the kernel released its lock).
     Reads only, so a writer taking the lock at that moment is never refused for it."""
     try:
-        text = Path(path).read_text("ascii").strip()
-    except (OSError, UnicodeDecodeError):
+        pid = _pid_in(Path(path).read_bytes()[:32])
+    except OSError:
         return None
-    return int(text) if text.isdigit() and pid_alive(int(text)) else None
+    return pid if pid is not None and pid_alive(pid) else None
 
 
 def _lock_holder(fd: int) -> str:
-    """' (pid N)' from a lock file's content, or '' when it holds none."""
+    """' (pid N)' from an open lock file's content, or '' when it holds none."""
     try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        pid = _pid_in(os.pread(fd, 32, 0))
     except OSError:
         return ""
-    return f" (pid {text})" if text.isdigit() else ""
+    return f" (pid {pid})" if pid is not None else ""
+
+
+def _pid_in(content: bytes) -> int | None:
+    """The pid a lock file holds (its holder writes it), or None."""
+    text = content.decode("ascii", "replace").strip()
+    return int(text) if text.isdigit() else None

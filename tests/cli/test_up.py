@@ -929,7 +929,8 @@ def test_a_search_while_up_runs_says_so_and_a_second_up_waits(
         code, _, err = _up(photos, up_dir, capsys)
         assert code == 2  # one `up` at a time
         err = _one_error_line(err)
-        assert "another sparsemm up" in err and "wait for it to finish" in err, err
+        assert f"`sparsemm up {photos}` is already running on" in err, err
+        assert "(pid " in err and "wait for it to finish" in err, err
     finally:
         done.set()
         holder.join()

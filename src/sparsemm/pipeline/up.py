@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
 import time
 from collections.abc import Callable
@@ -464,7 +465,12 @@ def _up(
     out = out_dir if out_dir is not None else photos / UP_DIR_NAME  # hidden, in the folder
     check_out_dir(out)
     # one `up` at a time per folder; a search meanwhile can tell it is running (query.handle)
-    with exclusive_lock(out / UP_LOCK, f"{out} (another sparsemm up)"):
+    running = f"`sparsemm up {shlex.quote(str(photos))}`"
+    with exclusive_lock(
+        out / UP_LOCK,
+        f"{out} (another sparsemm up)",
+        lambda pid: f"{running} is already running on {out}{pid}; wait for it to finish",
+    ):
         col_dir = out / COLLECTION
         say(f"{len(items)} photos in {photos} -> {out}")
         clip = encoder_name != "efficientnet"
