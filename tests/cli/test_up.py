@@ -929,7 +929,7 @@ def test_a_search_while_up_runs_says_so_and_a_second_up_waits(
         code, _, err = _up(photos, up_dir, capsys)
         assert code == 2  # one `up` at a time
         err = _one_error_line(err)
-        assert f"`sparsemm up {photos}` is already running on" in err, err
+        assert "another `sparsemm up` is updating" in err, err
         assert "(pid " in err and "wait for it to finish" in err, err
     finally:
         done.set()
@@ -979,6 +979,38 @@ def test_new_photos_are_read_before_the_collection_takes_them_so_searches_keep_a
     capsys.readouterr()
     assert main(["search", str(photos), "a cat", "--no-server", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["total"] == 5  # the new photos are in
+
+
+def test_the_evidence_of_changed_or_removed_photos_is_dropped(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """New photos are read ahead, while the collection still holds the old ones: what a
+    changed or removed photo left in the evidence file is dropped once the collection
+    holds its photos, whether or not that run read any."""
+    from sparsemm.data.collection import open_collection
+    from sparsemm.models.concept_evidence import EVIDENCE_FILE, NORMS_DIR, photo_key
+
+    photos = tmp_path / "photos"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    up_dir = photos / ".sparsemm"
+    col = up_dir / "collection"
+
+    def recorded() -> set[str]:
+        return set(json.loads((col / NORMS_DIR / EVIDENCE_FILE).read_text())["items"])
+
+    def live() -> set[str]:
+        return {photo_key(it) for it in open_collection(col).items}
+
+    assert _up(photos, up_dir, capsys)[0] == 0
+    assert recorded() == live() and len(live()) == 3
+    _photo(photos / "p1.png", 7)  # changed: read again (ahead)
+    (photos / "p2.png").unlink()
+    assert _up(photos, up_dir, capsys)[0] == 0
+    assert recorded() == live() and len(live()) == 2
+    (photos / "p0.png").unlink()  # a run that reads nothing
+    assert _up(photos, up_dir, capsys)[0] == 0
+    assert recorded() == live() and len(live()) == 1
 
 
 def test_up_records_pooled_norms_only_for_a_model_that_reads_them(

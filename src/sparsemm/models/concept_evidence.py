@@ -52,8 +52,13 @@ def _live_keys(root: Path) -> set[str]:
     size, mtime): entries of other images are dropped from its per-photo tables."""
     from sparsemm.data.collection import open_collection
 
+    return _keys_of(open_collection(root, verify=False).items)
+
+
+def _keys_of(items: Sequence[dict[str, Any]]) -> set[str]:
+    """The keys of ``items``' images, by content and by file version."""
     live: set[str] = set()
-    for it in open_collection(root, verify=False).items:
+    for it in items:
         if it.get("sha256"):
             live.add(photo_key(it))
         if it.get("image"):
@@ -407,6 +412,9 @@ def _evidence_of(
     the items are not in the collection yet (their keys are kept all the same)."""
     keys = [photo_key(it) for it in items]
     known = read_evidence(root, reader.source)
+    # entries of photos read ahead and since changed or removed are dropped once the
+    # collection holds its photos: the file is rewritten when it holds a key no item has
+    stale = not ahead and bool(set(known) - _keys_of(items))
     pending = _by_file_version(items, keys, known)  # recorded under content keys
     known.update(pending)
     missing = [i for i, k in enumerate(keys) if k not in known]
@@ -429,7 +437,7 @@ def _evidence_of(
         if writable:
             writable, pending = _record(root, pending, reader.source, keep), {}
     bar.close()
-    if pending and writable:
+    if (pending or (stale and not missing)) and writable:
         _record(root, pending, reader.source, keep)
     return [known[k] for k in keys]
 

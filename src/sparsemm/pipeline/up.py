@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import shutil
 import time
 from collections.abc import Callable
@@ -464,13 +463,7 @@ def _up(
     items = read_photos(photos, captions)
     out = out_dir if out_dir is not None else photos / UP_DIR_NAME  # hidden, in the folder
     check_out_dir(out)
-    # one `up` at a time per folder; a search meanwhile can tell it is running (query.handle)
-    running = f"`sparsemm up {shlex.quote(str(photos))}`"
-    with exclusive_lock(
-        out / UP_LOCK,
-        f"{out} (another sparsemm up)",
-        lambda pid: f"{running} is already running on {out}{pid}; wait for it to finish",
-    ):
+    with _up_lock(out):
         col_dir = out / COLLECTION
         say(f"{len(items)} photos in {photos} -> {out}")
         clip = encoder_name != "efficientnet"
@@ -547,6 +540,16 @@ def _up(
         )
 
 
+def _up_lock(out: Path) -> Any:
+    """The lock one `up` of ``out`` holds for its whole run; a search meanwhile can tell it
+    is running (:mod:`sparsemm.query.handle`), and a second `up` stops with one line."""
+    return exclusive_lock(
+        out / UP_LOCK,
+        f"{out} (another sparsemm up)",
+        lambda pid: f"another `sparsemm up` is updating {out}{pid}; wait for it to finish",
+    )
+
+
 def _reader_ahead(model_dir: Path, progress: bool) -> Callable[[Path, list[Any]], None]:
     """What reads the concepts of new photos before the collection takes them, for a model
     that reads photos (the photo concept model; others need nothing read): searches keep
@@ -556,8 +559,10 @@ def _reader_ahead(model_dir: Path, progress: bool) -> Callable[[Path, list[Any]]
     def read(root: Path, new: list[Any]) -> None:
         from sparsemm.query.code_models import load_code_model
 
+        if not new:
+            return
         ahead = getattr(load_code_model(model_dir), "read_ahead", None)
-        if new and ahead is not None:
+        if ahead is not None:
             ahead(root, new, progress=progress)
 
     return read
