@@ -5,7 +5,7 @@ For each query kind ("A but not B" label pairs; negated sentences from the ``que
 of a ``sparsemm bench negation`` run) it prints:
 
 * brute force: ``rank_query`` over a context holding every code (the reference);
-* served, retrieval: ``served_rank`` alone (index candidates, rescoring, certificate);
+* served, retrieval: ``Hybrid.rank_store`` alone (index candidates, rescoring, certificate);
 * served, end to end: ``Searcher.search`` as the CLI and web API run it (parse, text
   encoding, retrieval, rescoring, explanations and evidence), the in-memory text caches
   cleared before every query: "never seen" with an empty text-embedding store (MiniLM runs

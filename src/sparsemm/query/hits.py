@@ -299,8 +299,7 @@ def explained_hits(
     if isinstance(strat, (Match, Hybrid)):  # the strategies with evidence of their own
         for side, group in (("include", q.include), ("exclude", q.exclude)):
             for t in group:
-                kind, value, weight, *names = strat.evidence(t, side == "exclude")
-                terms.append((t, side, kind, value, weight, names[0] if names else []))
+                terms.append((t, side, *strat.evidence(t, side == "exclude")))
     hits = []
     for i, (r, sc) in enumerate(zip(rows, scores, strict=True)):
         item = items[int(r)]

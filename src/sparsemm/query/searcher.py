@@ -206,7 +206,7 @@ class Searcher(TermChecks):
                 else spec.build(self.text_context, **params)
             )
             if isinstance(strat, Match):
-                (strat if not params else self.match_strategy()).check_query(q.include, q.exclude)
+                self.match_strategy().check_query(q.include, q.exclude)  # its readings, cached
             else:  # served() means hybrid on codes; a remote store holds the same codes
                 assert isinstance(strat, Hybrid)
                 self.check_terms(q, "sparse")

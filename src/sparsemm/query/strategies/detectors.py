@@ -414,14 +414,17 @@ class Hybrid(Detector):
                     drop |= (sim_b >= sim_i) & (sim_b > 0)
         return np.where(drop, -np.inf, s)
 
-    def evidence(self, term: str, excluded: bool = False) -> tuple[str, np.ndarray, np.ndarray]:
-        """(kind, (n,) value per item, (d,) per-dimension weight) of one query term:
+    def evidence(
+        self, term: str, excluded: bool = False
+    ) -> tuple[str, np.ndarray, np.ndarray, list[str]]:
+        """(kind, (n,) value per item, (d,) per-dimension weight, []) of one query term, as
+        :meth:`Match.evidence <sparsemm.query.strategies.match.Match.evidence>` gives them:
         "detector", P(term present | item) from its detector, or "code similarity" (no
         detector for the word), the cosine of its query code with the item's code."""
         if self.has_detector(term):
-            return "detector", self.present(term), self.detector_weights(term)
+            return "detector", self.present(term), self.detector_weights(term), []
         code = normalize_rows(self.ctx.term_code(term))
-        return "code similarity", self.similarity(term), np.asarray(code, dtype=np.float64)
+        return "code similarity", self.similarity(term), np.asarray(code, dtype=np.float64), []
 
     # -- served: a store's items, ranked without reading every code -------------------------
     def rank_store(
@@ -447,7 +450,8 @@ class Hybrid(Detector):
         of the items and :data:`~sparsemm.query.strategies.ranking.FETCH_MAX`);
         ``nonnegative``: whether the source's codes have no negative value (None: ask the
         source; a source that cannot vouch is scanned, as are queries :func:`_bounded`
-        refuses)."""
+        refuses). A result the largest pool does not prove comes back with
+        ``certified=False``; ``unit_lists`` are the match scorer's and not read here."""
         if k < 1 or offset < 0:
             raise SparsemmError("k must be >= 1 and offset >= 0")
         if candidates < 1 or max_candidates < candidates:
@@ -556,7 +560,7 @@ def _proxy_vectors(strat: Hybrid, query: Query) -> tuple[np.ndarray, np.ndarray 
             va = va - p["gamma"] * _unit(ctx.term_code(b))
     if not (p["delta"] and detected):
         return va, None, 0.0
-    # Only a model's detectors are linear in the code (see :func:`bounded`): a context
+    # Only a model's detectors are linear in the code (see :func:`_bounded`): a context
     # without them and without a reference set has no detected terms.
     model = strat.model_detectors
     assert model is not None

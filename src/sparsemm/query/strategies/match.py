@@ -404,7 +404,7 @@ def _served_codes(
     proxy_dims: int,
     fetch: int | None,
 ) -> ServedResult:
-    """:func:`served_match` from the code lists of one include term's probability ``bound``
+    """:meth:`Match.rank_store` from the code lists of one include term's probability ``bound``
     (a :class:`~sparsemm.query.scorers.TermBound`): pools grown fourfold until the k-th
     rescored key beats the key bound of an item outside them, else a scan."""
     want = offset + k

@@ -70,7 +70,7 @@ SCAN_ROWS = 65536  # rows per chunk when a query is ranked by scanning the row s
 # Rows an index search fetches by default: the largest pool size (the first pool times a
 # power of 4) within 1 / FETCH_SHARE of the items and FETCH_MAX. The heap of a larger fetch
 # costs every search; a smaller one sends the queries whose pool outgrows it to a second
-# search. Measured with served_rank alone on one core (benchmarks/two_stage.py): at 100k
+# search. Measured with Hybrid.rank_store alone on one core (benchmarks/two_stage.py): at 100k
 # items 256 rows beat 1,024 (COCO label pairs p50 3.09 / 3.73 ms, collages 0.99 / 1.54 ms);
 # at 1M, 1,024 beat 4,096 (COCO 26.7 / 29.3 ms) and 512 (mean 40.2 / 47.4 ms: more second
 # searches).
@@ -134,7 +134,7 @@ class ServedResult:
     candidates: int  # rows rescored (the last round's pool, or every row for a scan)
     certified: bool  # provably the brute-force top k (always True for a scan)
     rounds: int  # pool sizes tried (0: scanned)
-    mode: str  # "two-stage" | "scan"
+    mode: str  # "two-stage" | "unit lists" | "scan"
     searches: int = 0  # index searches run (each list is searched again only past `fetch`)
 
 
