@@ -45,14 +45,19 @@ def test_toy_searcher_equals_brute_force(searcher: Searcher, text: str) -> None:
     assert res.certified
 
 
-def test_bad_pool_sizes(searcher: Searcher) -> None:
+def test_bad_pool_sizes(searcher: Searcher, tmp_path: Path) -> None:
+    """Both served strategies refuse pool sizes that cannot grow (the match scorer used to
+    take them and fail later, or never)."""
     q = parse_query("dog")
-    with pytest.raises(SparsemmError, match="candidates"):
-        get_strategy("hybrid", searcher.context).rank_store(searcher.index, q, candidates=0)
-    with pytest.raises(SparsemmError, match="candidates"):
-        get_strategy("hybrid", searcher.context).rank_store(
-            searcher.index, q, candidates=10, max_candidates=5
-        )
+    _codes, index, full, _rng = _random_world(tmp_path, n=200)
+    for strat, store in (
+        (get_strategy("hybrid", searcher.context), searcher.index),
+        (get_strategy("match", full), index),
+    ):
+        with pytest.raises(SparsemmError, match="candidates"):
+            strat.rank_store(store, q, candidates=0)
+        with pytest.raises(SparsemmError, match="candidates"):
+            strat.rank_store(store, q, candidates=10, max_candidates=5)
 
 
 def _random_world(tmp_path: Path, n: int = 3000, seed: int = 0):

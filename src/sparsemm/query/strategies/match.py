@@ -307,6 +307,8 @@ class Match(Strategy):
         """
         if k < 1 or offset < 0:
             raise SparsemmError("k must be >= 1 and offset >= 0")
+        if candidates < 1 or max_candidates < candidates:
+            raise SparsemmError("need 1 <= candidates <= max_candidates")
         units = _listed_units(self, query) if unit_lists is not None else None
         if units is not None:
             res = _served_units(source, query, self, units, unit_lists, k, offset, candidates,
