@@ -1013,6 +1013,26 @@ def test_the_evidence_of_changed_or_removed_photos_is_dropped(
     assert recorded() == live() and len(live()) == 1
 
 
+def test_a_copied_folder_says_why_its_index_is_built_again(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copied folder's index names the model in the original folder, so `up` on the copy
+    builds it again (from the recorded evidence: no photo is read); it said "the model
+    changed", which it had not."""
+    import shutil
+
+    photos = tmp_path / "photos"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    assert _up(photos, photos / ".sparsemm", capsys)[0] == 0
+    copy = tmp_path / "copy"
+    shutil.copytree(photos, copy)
+    code, out, err = _up(copy, copy / ".sparsemm", capsys)
+    assert code == 0, err
+    assert "the folder was copied or moved" in out and "the model changed" not in out, out
+    assert "(0 new, 0 changed, 3 unchanged)" in out, out
+
+
 def test_up_records_pooled_norms_only_for_a_model_that_reads_them(
     tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -426,7 +426,7 @@ def _evidence_of(
     writable = True
     regions = getattr(getattr(getattr(reader, "model", None), "config", None), "regions", False)
     desc = "classes, regions and faces" if regions else "classes and faces"
-    bar = tqdm(total=len(missing), desc=desc, disable=not progress, unit="img")
+    bar = tqdm(total=len(missing), desc=desc, disable=not (progress and missing), unit="img")
     for at in range(0, len(missing), EVIDENCE_CHUNK):
         part = missing[at : at + EVIDENCE_CHUNK]
         got = reader.read([items[i]["image"] for i in part])

@@ -306,9 +306,16 @@ def index_collection(
     if index is not None:
         meta = index.meta or {}
         ids, n_old = col.ids, len(index)
+        weights = model_weights_sha256(model_dir)
         same_model = (
             meta.get("model") == str(model_dir.resolve())
-            and meta.get("model_sha256") in (None, model_weights_sha256(model_dir))
+            and meta.get("model_sha256") in (None, weights)
+            and meta.get("model_config_sha256") in (None, config_digest(model_dir))
+        )
+        # a copied or moved folder's index names the same model where it was before
+        moved = (
+            meta.get("model") != str(model_dir.resolve())
+            and meta.get("model_sha256") == weights
             and meta.get("model_config_sha256") in (None, config_digest(model_dir))
         )
         prefix = list(index.ids) == ids[:n_old]
@@ -330,7 +337,9 @@ def index_collection(
             index.add(codes, ids[n_old:])
             return index, f"added {len(ids) - n_old} items to the index"
         reason = (
-            "the model changed"
+            "the folder was copied or moved: its index named the model where it was"
+            if moved
+            else "the model changed"
             if not same_model
             else "photos changed or were removed"
             if not prefix
