@@ -22,6 +22,8 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         calls.append({"app": app, **kwargs})
 
     monkeypatch.setattr(uvicorn, "run", fake_run)
+    # nothing is bound: a server the developer runs on the default port changes nothing
+    monkeypatch.setattr("sparsemm.pipeline.serve.check_port_free", lambda host, port: None)
     return calls
 
 
@@ -54,6 +56,27 @@ def test_serve_errors(tmp_path: Path, served: list[dict[str, Any]], capsys) -> N
     assert main(["serve", str(tmp_path / "nothing")]) == 2
     assert "not a sparsemm collection" in capsys.readouterr().err
     assert not served
+
+
+def test_a_busy_port_is_one_error_line_before_the_collection_loads(
+    web_collection: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`serve` on a port another server holds printed "serving ... at" and then uvicorn's
+    own error ("address already in use", exit 3); `up` already checked. It is one line."""
+    import socket
+
+    def never(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("uvicorn must not start")
+
+    monkeypatch.setattr(uvicorn, "run", never)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        assert main(["serve", str(web_collection), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err, err
+    assert "serving" not in err
 
 
 def test_host_helpers() -> None:

@@ -116,6 +116,7 @@ def serve(
     from sparsemm.web.service import DEFAULT_WORKERS
 
     check_address(host, port)
+    check_port_free(host, port)  # one line, before the collection loads, not uvicorn's
     if max_connections < 1:
         raise SparsemmError(f"--max-connections must be at least 1, got {max_connections}")
     threads = DEFAULT_WORKERS if search_threads is None else search_threads
