@@ -391,11 +391,14 @@ def test_search_scores_are_match_percentages_with_a_threshold(
     for argv, message in (
         (["--min-score", "150%"], "--min-score: a probability in (0, 1]"),
         (["--min-score", "abc"], "--min-score: not a probability"),
+        (["--min-score", "60"], "got '60'; did you mean 60%?"),
         (["-k", "0"], "-k must be at least 1"),
     ):
         assert main(["search", col, "a cat", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert main(["search", col, "a cat", "--offset", "50", "--no-server"]) == 0
+    assert "note: --offset 50 is past the last of 3 items" in capsys.readouterr().err
     assert main(["search", str(tmp_path / "nowhere"), "a cat"]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["search", col, "?!.,;"]) == 2

@@ -300,6 +300,9 @@ def render(answer: Answer, args: argparse.Namespace, image: Callable[[Hit], str 
         print(unknown_note(answer.unknown_words), file=sys.stderr)
     for note in answer.notes:
         print(f"note: {note}", file=sys.stderr)
+    offset = getattr(args, "offset", 0) or 0
+    if not hits and answer.total is not None and offset and offset >= answer.total:
+        print(f"note: --offset {offset} is past the last of {answer.total} items", file=sys.stderr)
     if args.paths:
         end = "\0" if args.null else "\n"
         for h in hits:

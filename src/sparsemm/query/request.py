@@ -100,7 +100,8 @@ def parse_probability(value: float | str, name: str = "min_score") -> float:
     except ValueError:
         raise SparsemmError(f"{name}: not a probability: {value!r} (use 0.6 or 60%)") from None
     if not 0.0 < p <= 1.0:
-        raise SparsemmError(f"{name}: a probability in (0, 1] (or 1%-100%), got {value!r}")
+        hint = f"; did you mean {text}%?" if not text.endswith("%") and 1.0 < p <= 100.0 else ""
+        raise SparsemmError(f"{name}: a probability in (0, 1] (or 1%-100%), got {value!r}{hint}")
     return p
 
 
