@@ -117,3 +117,16 @@ def test_units_are_placed_at_their_caption_sense() -> None:
     assert unit_synset("sport ball") is not None
     assert unit_synset("xqzvbl") is None
     assert wn.lexname(unit_synset("plant")) != "artifact"  # not a factory
+
+
+def test_chickens_are_imagenets_hen_and_cock() -> None:
+    """ImageNet's hen and cock are WordNet's adult female and male bird of any kind; its
+    photos (and people) mean chickens, so "chicken", "poultry" and "fowl" cover both."""
+    wn = wordnet()
+    ids = {"hen": "n01514859", "cock": "n01514668", "ostrich": "n01518878"}
+    vocab = ConceptVocabulary(
+        list(ids), [wn.by_wnid(w) for w in ids.values()], {}, similar=lambda term, k: []
+    )
+    for term in ("a chicken", "chickens", "poultry", "fowl"):
+        assert units(vocab, term) == {"hen", "cock"}, term
+    assert units(vocab, "a bird") == {"hen", "cock", "ostrich"}

@@ -29,10 +29,13 @@ FORMAT = "sparsemm.wordnet-nouns"
 # Is-a edges sparsemm adds to WordNet 3.0, where everyday usage and WordNet disagree:
 # WordNet files buses and trains under "public transport", a conveyance, not a vehicle, and
 # a mug (ImageNet's "coffee mug") beside the cup under "drinking vessel", where people (and
-# COCO's "cup" category) call a mug a cup.
+# COCO's "cup" category) call a mug a cup; ImageNet's "hen" and "cock" are WordNet's
+# adult female and male bird of any kind, where its photos (and people) mean chickens.
 EXTRA_PARENTS = {
     "n04019101": ("n04524313",),  # public transport -> vehicle
     "n03797390": ("n03147509",),  # mug -> cup
+    "n01514859": ("n01791625",),  # hen -> chicken (Gallus gallus), so domestic fowl
+    "n01514668": ("n01791625",),  # cock -> chicken
 }
 
 # WordNet's noun detachment rules (morphy): suffix -> replacement, tried in this order
