@@ -41,6 +41,7 @@ from sparsemm.query.strategies.ranking import (
     ProxyList,
     ServedResult,
     add_rows,
+    check_pool,
     cut,
     pool_sizes,
     scan_rank,
@@ -452,10 +453,7 @@ class Hybrid(Detector):
         source; a source that cannot vouch is scanned, as are queries :func:`_bounded`
         refuses). A result the largest pool does not prove comes back with
         ``certified=False``; ``unit_lists`` are the match scorer's and not read here."""
-        if k < 1 or offset < 0:
-            raise SparsemmError("k must be >= 1 and offset >= 0")
-        if candidates < 1 or max_candidates < candidates:
-            raise SparsemmError("need 1 <= candidates <= max_candidates")
+        check_pool(k, offset, candidates, max_candidates)
         want = offset + k
         if nonnegative is None:
             nonnegative = source.nonnegative

@@ -49,6 +49,7 @@ from sparsemm.query.strategies.ranking import (
     ProxyList,
     ServedResult,
     add_rows,
+    check_pool,
     cut,
     pool_sizes,
     scan_rank,
@@ -305,10 +306,7 @@ class Match(Strategy):
         top k sit deep below the lists' bounds). Exclusion-only queries, negative codes and
         terms without a bound are scanned.
         """
-        if k < 1 or offset < 0:
-            raise SparsemmError("k must be >= 1 and offset >= 0")
-        if candidates < 1 or max_candidates < candidates:
-            raise SparsemmError("need 1 <= candidates <= max_candidates")
+        check_pool(k, offset, candidates, max_candidates)
         units = _listed_units(self, query) if unit_lists is not None else None
         if units is not None:
             res = _served_units(source, query, self, units, unit_lists, k, offset, candidates,

@@ -216,6 +216,14 @@ def _rescore(source: Store, strat: Strategy, query: Query, rows: np.ndarray) -> 
     return score_query(sub.ctx, query, sub)
 
 
+def check_pool(k: int, offset: int, candidates: int, max_candidates: int) -> None:
+    """SparsemmError for a page or a candidate pool a served ranking cannot take."""
+    if k < 1 or offset < 0:
+        raise SparsemmError("k must be >= 1 and offset >= 0")
+    if candidates < 1 or max_candidates < candidates:
+        raise SparsemmError("need 1 <= candidates <= max_candidates")
+
+
 def pool_sizes(total: int, n: int, fetch: int | None, cap: int) -> tuple[int, int]:
     """(fetch, cap) for a first pool of ``n`` of ``total`` items: the rows each index search
     returns (None: a pool size n, 4n, ... within 1 / FETCH_SHARE of the items and FETCH_MAX,
