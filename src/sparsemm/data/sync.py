@@ -515,11 +515,9 @@ def _sync(
     if not kept:
         raise SparsemmError(f"none of the images under {source} could be read")
 
-    texts, text_emb = _texts(
-        kept, old, old_rows, set(report.added + report.changed), text_encoder, text_info
-    )
+    fresh = set(report.added + report.changed)
+    texts, text_emb = _texts(kept, old, old_rows, fresh, text_encoder, text_info)
     if before_write is not None and old is not None:
-        fresh = set(report.added + report.changed)
         before_write(old.root, [it for it in kept if it["id"] in fresh])
     manifest_extra = {
         "image_kind": "pixels",

@@ -307,17 +307,11 @@ def index_collection(
         meta = index.meta or {}
         ids, n_old = col.ids, len(index)
         weights = model_weights_sha256(model_dir)
-        same_model = (
-            meta.get("model") == str(model_dir.resolve())
-            and meta.get("model_sha256") in (None, weights)
-            and meta.get("model_config_sha256") in (None, config_digest(model_dir))
-        )
+        same_path = meta.get("model") == str(model_dir.resolve())
+        same_config = meta.get("model_config_sha256") in (None, config_digest(model_dir))
+        same_model = same_path and same_config and meta.get("model_sha256") in (None, weights)
         # a copied or moved folder's index names the same model where it was before
-        moved = (
-            meta.get("model") != str(model_dir.resolve())
-            and meta.get("model_sha256") == weights
-            and meta.get("model_config_sha256") in (None, config_digest(model_dir))
-        )
+        moved = not same_path and same_config and meta.get("model_sha256") == weights
         prefix = list(index.ids) == ids[:n_old]
         model = load_code_model(model_dir, int(meta.get("top_k") or 0) or None)
         names = model.dim_names()

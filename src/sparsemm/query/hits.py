@@ -249,16 +249,15 @@ def explainer(
     dim = ctx.dim
     filt: HardFilter | None = None  # built only for a term nothing else reads
     checks = []
-    model = detectors
     for b in q.exclude:
         units = match.reading_dims(b) if match is not None else None
         if units is not None:
             # the dims of the units the match scorer read the term as (the photo model)
             on = np.zeros(dim, dtype=bool)
             on[units] = True
-        elif model is not None and b in model:
+        elif detectors is not None and b in detectors:
             # The dims the term's detector weighs most: what says "b is here".
-            w = model.column(b)[0]
+            w = detectors.column(b)[0]
             on = np.zeros(len(w), dtype=bool)
             on[[j for j in np.argsort(-w, kind="stable")[:6] if w[j] > 0]] = True
         else:

@@ -36,6 +36,7 @@ from sparsemm.query.request import MATCH_THRESHOLD, QueryRequest, min_score_refu
 from sparsemm.query.strategies import (
     Hybrid,
     Match,
+    Strategy,
     StrategySpec,
     available_strategies,
     get_spec,
@@ -197,27 +198,22 @@ class Searcher(TermChecks):
         (None: ranked over every code in memory)."""
         served = self.served(spec.name, **params)
         res: ServedResult | None = None
-        if served:
-            # the scorer over the text context, built once: it ranks the store's items
-            # (the match scorer without parameters is the handle's own)
-            strat = (
-                self.match_strategy()
-                if spec.name == "match" and not params
-                else spec.build(self.text_context, **params)
-            )
-            if isinstance(strat, Match):
-                self.match_strategy().check_query(q.include, q.exclude)  # its readings, cached
-            else:  # served() means hybrid on codes; a remote store holds the same codes
-                assert isinstance(strat, Hybrid)
-                self.check_terms(q, "sparse")
+        # the scorer, built once: over the text context when it ranks the store's items
+        # (the match scorer without parameters is the handle's own), else over every item
+        strat: Strategy = (
+            self.match_strategy()
+            if served and spec.name == "match" and not params
+            else spec.build(self.text_context if served else self.context, **params)
+        )
+        self.check_terms(q, "match" if isinstance(strat, Match) else strat.kind)
+        if served:  # match, or hybrid on codes; a remote store holds the same codes
+            assert isinstance(strat, Match | Hybrid)
             res = strat.rank_store(
                 self.store, q, k, offset,
                 nonnegative=self.index.nonnegative, unit_lists=self.unit_lists,
             )  # fmt: skip
             rows, scores = res.rows, res.scores
         else:
-            strat = spec.build(self.context, **params)
-            self.check_terms(q, "match" if isinstance(strat, Match) else strat.kind)
             rows, scores = rank_query(self.context, q, strat, k=k, offset=offset)
         self.last_served = res
         # Explanations read only the hits' codes, from the index's row store; the served
