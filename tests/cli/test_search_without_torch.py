@@ -84,11 +84,11 @@ def _fill_store_and_search(
 ) -> str:
     """Run the search here once (torch is imported in this process anyway), its texts
     embedded by the stand-in and kept in ``store``; return what it printed."""
-    import sparsemm.query.handle as handle_module
+    import sparsemm.encoders.base as encoders_base
 
     fake = _HashMiniLM()
     monkeypatch.setenv("SPARSEMM_TEXT_STORE", str(store))
-    monkeypatch.setattr(handle_module, "get_encoder", lambda name, **kw: fake)
+    monkeypatch.setattr(encoders_base, "get_encoder", lambda name, **kw: fake)
     capsys.readouterr()
     assert main(argv) == 0
     assert fake.calls, "the search embedded no text: the store is not exercised"

@@ -11,6 +11,7 @@ into one clear SparsemmError.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
 
 import numpy as np
@@ -166,6 +167,23 @@ def get_encoder(name: str, **kwargs: Any) -> Encoder:
     if name not in _REGISTRY:
         raise SparsemmError(f"unknown encoder {name!r}; available: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name](**kwargs)
+
+
+def collection_encoder(info: dict[str, Any], dim: int, side: str) -> Encoder:
+    """The encoder a collection manifest names for its ``side`` ("images" or "texts"),
+    checked to give the collection's ``dim``-d vectors. A text encoder gets the recorded
+    model; an image encoder only a local model folder (a packaged one, efficientnet-lite0,
+    is recorded by its name)."""
+    model = info.get("model")
+    local = bool(model) and Path(str(model)).expanduser().is_dir()
+    kwargs = {"model": model} if model and (side == "texts" or local) else {}
+    enc = get_encoder(str(info["name"]), **kwargs)
+    if int(enc.dim) != dim:
+        raise SparsemmError(
+            f"the {info['name']} encoder gives {enc.dim}-d vectors but the collection's "
+            f"{side} are {dim}-d; re-encode the collection"
+        )
+    return enc
 
 
 # Row-wise L2 normalisation of encoder outputs (n, d) -> float32, zero rows stay zero.

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from sparsemm.encoders.base import collection_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.io import atomic_open
 from sparsemm.linalg import normalize_rows
@@ -440,3 +441,16 @@ class StoredTextEncoder:
         else:
             self.store.touch()
         return np.stack([found[t] for t in texts])
+
+
+def query_text_encoder(info: dict[str, Any], dim: int) -> Any:
+    """The text encoder of a collection whose manifest names it ``info`` (``dim``-d texts),
+    for query texts: texts embedded before (by any process) come from the user's
+    :class:`TextEmbeddingStore`, and the encoder is built only for a text the store does
+    not hold (:class:`StoredTextEncoder`)."""
+
+    def build() -> Any:
+        return collection_encoder(info, dim, "texts")
+
+    store = TextEmbeddingStore.for_encoder({**info, "dim": dim})
+    return build() if store is None else StoredTextEncoder(build, store, str(info["name"]), dim)

@@ -550,6 +550,10 @@ def _same_encoder(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return bool(Path(str(ma)).name == Path(str(mb)).name)
 
 
+class EncoderMismatch(SparsemmError):
+    """A model was trained on other encoders than a collection's (:func:`check_encoders`)."""
+
+
 def check_encoders(
     training: Mapping[str, Any] | None,
     manifest: Mapping[str, Any],
@@ -571,7 +575,7 @@ def check_encoders(
                 f"{_describe(here[f'{side}_encoder'])}"
             )
     if diffs:
-        raise SparsemmError(
+        raise EncoderMismatch(
             f"the model {model_dir} was trained on a collection from other encoders than "
             f"{collection_dir} ({'; '.join(diffs)}), so its codes would mean nothing there; "
             "train a model on this collection or encode it with the model's encoders"

@@ -87,11 +87,9 @@ def ensure_model(
     from sparsemm.query.code_models import load_code_model
 
     if model is not None:
-        from sparsemm.models.base import check_encoders
-
         # a clear error now, not after encoding: the model must read these encoders
         manifest = {"encoder": EFFICIENTNET_INFO, "text_encoder": minilm_info()}
-        check_encoders(load_code_model(model).training_info, manifest, model, out / COLLECTION)
+        load_code_model(model, collection=(manifest, out / COLLECTION))
         return model
     target = out / MODEL
     if target.is_dir() and any(target.iterdir()) and not (target / CONFIG_FILE).is_file():

@@ -17,7 +17,7 @@ in its ``config.json``:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ from sparsemm.data.collection import Collection
 from sparsemm.encoders.base import as_image_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.io import read_json
+from sparsemm.models.base import check_encoders, config_digest
 from sparsemm.models.detectors import ConceptDetectors, has_detectors
 from sparsemm.query.strategies import QueryCoder, sr_query_coder
 from sparsemm.text import term_text
@@ -282,8 +283,35 @@ MODEL_TYPES: dict[str, Any] = {
 }
 
 
-def load_code_model(path: str | Path, top_k: int | None = None) -> CodeModel:
-    """Load a saved sparse model folder as a :class:`CodeModel` (by its ``model_type``)."""
+class SettingsChanged(SparsemmError):
+    """The model's config.json is not the one an index was built with (checksums differ)."""
+
+
+def load_code_model(
+    path: str | Path,
+    top_k: int | None = None,
+    *,
+    collection: tuple[Mapping[str, Any], str | Path] | None = None,
+    config_sha256: str | None = None,
+) -> CodeModel:
+    """Load a saved sparse model folder as a :class:`CodeModel` (by its ``model_type``).
+
+    With ``collection`` (a collection's manifest, and its folder as the user named it),
+    refuse a model trained on other encoders than the collection's
+    (:func:`~sparsemm.models.base.check_encoders`); with ``config_sha256`` (what an index
+    recorded), raise :class:`SettingsChanged` when the folder's settings were edited since."""
+    model = _load(path, top_k)
+    if config_sha256 is not None and config_sha256 != config_digest(path):
+        raise SettingsChanged(
+            f"the settings in {path}/config.json changed since the index was built"
+        )
+    if collection is not None:
+        check_encoders(model.training_info, collection[0], path, collection[1])
+    return model
+
+
+def _load(path: str | Path, top_k: int | None) -> CodeModel:
+    """:func:`load_code_model` without its checks against a collection or an index."""
     cfg = Path(path) / "config.json"
     if not Path(path).exists():
         raise SparsemmError(f"model folder not found: {path}; check the path")

@@ -30,16 +30,16 @@ from sparsemm.data.collection import (
     relocated,
 )
 from sparsemm.data.sources import text_name
-from sparsemm.encoders.base import CachedTextEncoder, get_encoder
+from sparsemm.encoders.base import CachedTextEncoder, collection_encoder
 from sparsemm.encoders.batching import MAX_BATCH, BatchingTextEncoder
-from sparsemm.encoders.text_store import StoredTextEncoder, TextEmbeddingStore
+from sparsemm.encoders.text_store import query_text_encoder
 from sparsemm.errors import SparsemmError
 from sparsemm.index import InvertedIndex
 from sparsemm.index.store import Store
 from sparsemm.io import lock_holder, read_json
-from sparsemm.models.base import check_encoders, config_digest
+from sparsemm.models.base import EncoderMismatch, check_encoders
 from sparsemm.models.lit_lite import AlignedTextEncoder, AlignerLite
-from sparsemm.query.code_models import load_code_model
+from sparsemm.query.code_models import SettingsChanged, load_code_model
 from sparsemm.query.strategies import (
     STRATEGIES,
     ExclusionContext,
@@ -288,14 +288,13 @@ class IndexedCollection:
     def _open_model(self, collection_dir: str | Path, root: Path, meta: dict[str, Any]) -> None:
         """Load the model the index names; refuse edited settings or other encoders."""
         try:
-            self.model = load_code_model(meta["model"], self.top_k)
-        except SparsemmError as exc:
-            photos = self._up_model(meta["model"])
-            if photos is None:
-                raise
-            raise _up_again(exc, photos) from exc
-        recorded = meta.get("model_config_sha256")
-        if recorded is not None and recorded != config_digest(meta["model"]):
+            self.model = load_code_model(
+                meta["model"],
+                self.top_k,
+                collection=(self.collection.manifest, collection_dir),
+                config_sha256=meta.get("model_config_sha256"),
+            )
+        except SettingsChanged:
             photos = _up_photos(self.collection)
             again = (
                 f"run `sparsemm up {photos}` again"
@@ -307,11 +306,15 @@ class IndexedCollection:
                 f"the settings in {meta['model']}/config.json changed since the index in "
                 f"{root} was built (their checksum differs from the one the index recorded); "
                 f"restore them, or {again}"
-            )
+            ) from None
+        except EncoderMismatch:
+            raise
+        except SparsemmError as exc:
+            photos = self._up_model(meta["model"])
+            if photos is None:
+                raise
+            raise _up_again(exc, photos) from exc
         self.default_strategy: str = self.model.default_strategy
-        check_encoders(
-            self.model.training_info, self.collection.manifest, meta["model"], collection_dir
-        )
 
     def _up_model(self, model: Any) -> str | None:
         """The `sparsemm up` arguments that repair ``model``: when the collection is up's
@@ -379,25 +382,7 @@ class IndexedCollection:
         """The collection's own text encoder (same name and model), for query texts."""
         if self._encoder is None:
             info = self.collection.manifest.get("text_encoder", self.collection.manifest["encoder"])
-            kwargs = {"model": info["model"]} if info.get("model") else {}
-            text_dim = self.collection.text_dim
-
-            def build() -> Any:
-                enc = get_encoder(str(info["name"]), **kwargs)
-                if int(enc.dim) != text_dim:
-                    raise SparsemmError(
-                        f"the {info['name']} encoder gives {enc.dim}-d vectors but the "
-                        f"collection's texts are {text_dim}-d; re-encode the collection"
-                    )
-                return enc
-
-            # Texts embedded before (by any process) come from the user's store: the
-            # encoder is built only for a text the store does not hold.
-            store = TextEmbeddingStore.for_encoder({**info, "dim": text_dim})
-            if store is None:
-                self._encoder = build()
-            else:
-                self._encoder = StoredTextEncoder(build, store, str(info["name"]), text_dim)
+            self._encoder = query_text_encoder(info, self.collection.text_dim)
         return self._encoder
 
     def batch_text_encoding(self, max_batch: int = MAX_BATCH) -> None:
@@ -608,17 +593,7 @@ class IndexedCollection:
         """The collection's own image encoder (same name and model), for query images."""
         if self._image_encoder is None:
             info = self.collection.manifest["encoder"]
-            # a packaged model is recorded by its name (efficientnet-lite0), a local one by
-            # its folder; only the folder is an argument of the encoder
-            model = info.get("model")
-            kwargs = {"model": model} if model and Path(str(model)).expanduser().is_dir() else {}
-            enc = get_encoder(str(info["name"]), **kwargs)
-            if int(enc.dim) != self.collection.dim:
-                raise SparsemmError(
-                    f"the {info['name']} encoder gives {enc.dim}-d vectors but the collection's "
-                    f"images are {self.collection.dim}-d; re-encode the collection"
-                )
-            self._image_encoder = enc
+            self._image_encoder = collection_encoder(info, self.collection.dim, "images")
         return self._image_encoder
 
     def row_of(self, item_id: str) -> int:

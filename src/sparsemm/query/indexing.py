@@ -49,8 +49,7 @@ def build_index(
     unaligned backbones.
     """
     col = open_collection(collection_dir)
-    model = load_code_model(model_dir, top_k)
-    check_encoders(model.training_info, col.manifest, model_dir, collection_dir)
+    model = load_code_model(model_dir, top_k, collection=(col.manifest, collection_dir))
     if dense_model is not None:
         aligner = AlignerLite.from_pretrained(dense_model)
         check_encoders(aligner.training_info, col.manifest, dense_model, collection_dir)
