@@ -45,6 +45,24 @@ def test_toy_searcher_equals_brute_force(searcher: Searcher, text: str) -> None:
     assert res.certified
 
 
+@pytest.mark.parametrize("text", ["dog but not cat", "a dog and a tree, no ball", "no ball"])
+def test_a_search_reads_each_hit_code_once(searcher: Searcher, text: str) -> None:
+    """The served ranking keeps the codes it read to rescore its candidates, so a search
+    reads no row of the store twice (explaining a hit used to read its code again: for
+    a Qdrant store, one more round trip a search)."""
+    read: list[int] = []
+    codes_of = searcher.store.codes
+
+    def counting(rows):  # type: ignore[no-untyped-def]
+        read.extend(int(r) for r in rows)
+        return codes_of(rows)
+
+    searcher.store.codes = counting  # type: ignore[method-assign]
+    hits = searcher.search(text, k=3)
+    assert hits and read
+    assert len(read) == len(set(read)), sorted(read)
+
+
 def test_bad_pool_sizes(searcher: Searcher, tmp_path: Path) -> None:
     """Both served strategies refuse pool sizes that cannot grow (the match scorer used to
     take them and fail later, or never)."""
@@ -104,7 +122,7 @@ def test_random_codes_equal_brute_force(tmp_path: Path, seed: int, fetch: int | 
     offset, with pools far smaller than the collection; the pool grows within the rows
     each search fetched, and a list is searched again past them (fetch = 40, and the
     default: the first pool on an index this small)."""
-    _codes, index, full, rng = _random_world(tmp_path, seed=seed)
+    codes, index, full, rng = _random_world(tmp_path, seed=seed)
     text = full.sub(sp.csr_matrix((0, D), dtype=np.float32))  # no items at all
     certified = researched = scanned = 0
     for q in _queries(rng, 40):
@@ -114,6 +132,9 @@ def test_random_codes_equal_brute_force(tmp_path: Path, seed: int, fetch: int | 
                 index, q, k=k, offset=offset, candidates=32, fetch=fetch
             )
             assert res.rows.tolist() == want_rows.tolist(), (q, k, offset)
+            # the hits' codes come back with them, as the index stores them
+            assert res.codes.has_sorted_indices
+            assert abs(res.codes - codes[res.rows]).max() < 1e-6 if len(res.rows) else True
             if res.mode == "scan":  # the pool would have passed a quarter of the items
                 assert res.searches == 0 and res.certified
                 scanned += 1
@@ -262,11 +283,12 @@ def test_small_pool_cap_is_reported(tmp_path: Path) -> None:
 
 def test_scan_equals_brute_force(tmp_path: Path) -> None:
     """Exclusion-only queries are ranked by scanning the row store in chunks."""
-    _, index, full, _rng = _random_world(tmp_path, n=1000)
+    codes, index, full, _rng = _random_world(tmp_path, n=1000)
     for q in [Query((), (WORDS[3],)), Query((), (WORDS[1], WORDS[7]))]:
         want = rank_query(full, q, "hybrid", k=10, offset=2)
         res = scan_rank(index, full, q, k=10, offset=2, chunk=128)
         assert res.rows.tolist() == want[0].tolist()
+        assert abs(res.codes - codes[res.rows]).max() < 1e-6
         assert np.array_equal(res.scores, want[1])
         assert get_strategy("hybrid", full).rank_store(index, q, k=10, offset=2).mode == "scan"
 

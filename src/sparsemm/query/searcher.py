@@ -212,15 +212,14 @@ class Searcher(TermChecks):
                 self.store, q, k, offset,
                 nonnegative=self.index.nonnegative, unit_lists=self.unit_lists,
             )  # fmt: skip
-            rows, scores = res.rows, res.scores
+            rows, scores, codes = res.rows, res.scores, res.codes
+            # the hits' evidence is computed on a scorer over just their codes (those the
+            # ranking read to rescore them)
+            strat = strat.over(codes)
         else:
             rows, scores = rank_query(self.context, q, strat, k=k, offset=offset)
+            codes = self.codes[np.asarray(rows, dtype=np.int64)]
         self.last_served = res
-        # Explanations read only the hits' codes, from the index's row store; the served
-        # path's evidence is computed on a scorer over just those rows.
-        codes = self.item_codes(rows)
-        if served:
-            strat = strat.over(codes)
         if isinstance(strat, Match):
             # the probability itself, not the rank key (P at 1% with ties broken)
             p = strat.probability(q.include, q.exclude)

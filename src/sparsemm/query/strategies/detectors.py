@@ -38,9 +38,9 @@ from sparsemm.query.strategies.context import (
 from sparsemm.query.strategies.ranking import (
     MARGIN,
     SCAN_SHARE,
+    Pool,
     ProxyList,
     ServedResult,
-    add_rows,
     check_pool,
     cut,
     pool_sizes,
@@ -468,8 +468,7 @@ class Hybrid(Detector):
         n = max(candidates, want)
         fetch, cap = pool_sizes(len(source), n, fetch, max_candidates)
         rounds = 0
-        cand = np.zeros(0, np.int64)  # rows rescored so far (every round's lists), ascending
-        scores = np.zeros(0)
+        pool = Pool(source.dim)  # rows rescored so far (every round's lists)
         while True:
             rounds += 1
             # The lists are searched one at a time: when the first (A) already certifies the
@@ -489,9 +488,9 @@ class Hybrid(Detector):
                 rows, list_bound = plist.top(source, n, fetch, cap)
                 bound = min(bound, list_bound)
                 bound_exact = min(bound_exact, list_bound - plist.used_err)
-                cand, scores = add_rows(source, self, query, cand, scores, rows)
-                top = top_rows(scores, want)  # finite scores only
-                kth = float(scores[top[-1]]) if len(top) == want else -np.inf
+                pool.add(source, self, query, rows)
+                top = top_rows(pool.scores, want)  # finite scores only
+                kth = float(pool.scores[top[-1]]) if len(top) == want else -np.inf
                 certified = bool(bound == -np.inf or kth > bound + margin)
                 if certified:
                     break
@@ -515,9 +514,7 @@ class Hybrid(Detector):
             if certified or n >= max_candidates or n >= len(source):
                 top = top[offset:]
                 searches = sum(p.searches for p in lists)
-                return ServedResult(
-                    cand[top], scores[top], len(cand), certified, rounds, "two-stage", searches
-                )
+                return pool.served(top, certified, rounds, "two-stage", searches)
             n = min(n * 4, max_candidates)
             if n * SCAN_SHARE >= len(source):
                 # rescoring a quarter of the items costs about what reading them all does, and

@@ -46,9 +46,9 @@ from sparsemm.query.strategies.ranking import (
     MARGIN,
     SCAN_ROWS,
     SCAN_SHARE,
+    Pool,
     ProxyList,
     ServedResult,
-    add_rows,
     check_pool,
     cut,
     pool_sizes,
@@ -425,8 +425,7 @@ def _served_codes(
     fetch, cap = pool_sizes(len(source), n, fetch, max_candidates)
     margin = 1e-7
     rounds = 0
-    cand = np.zeros(0, np.int64)
-    scores = np.zeros(0)
+    pool = Pool(source.dim)
     while True:
         rounds += 1
         per_list = []
@@ -438,9 +437,9 @@ def _served_codes(
                 every = True
             per_list.append(list_bound)
             exact_per_list.append(list_bound - plist.used_err)
-            cand, scores = add_rows(source, strat, query, cand, scores, rows)
-        top = top_rows(scores, want)
-        kth = float(scores[top[-1]]) if len(top) == want else -np.inf
+            pool.add(source, strat, query, rows)
+        top = top_rows(pool.scores, want)
+        kth = float(pool.scores[top[-1]]) if len(top) == want else -np.inf
         if every:
             key_bound = -np.inf
         else:
@@ -471,9 +470,7 @@ def _served_codes(
         if certified:
             top = top[offset:]
             searches = sum(p.searches for p in lists)
-            return ServedResult(
-                cand[top], scores[top], len(cand), certified, rounds, "two-stage", searches
-            )
+            return pool.served(top, certified, rounds, "two-stage", searches)
         n = min(n * 4, max_candidates)
         if n * SCAN_SHARE >= len(source):
             return scan_rank(source, strat.ctx, query, strat, k, offset)
@@ -531,8 +528,7 @@ def _served_units(
     n = max(candidates, want)
     m = n  # the tie list's pool
     tie: ProxyList | None = None
-    cand = np.zeros(0, np.int64)
-    scores = np.zeros(0)
+    pool = Pool(source.dim)
     rounds = 0
     fetch, cap = pool_sizes(len(source), n, fetch, max_candidates)
     ctx = strat.ctx
@@ -547,14 +543,14 @@ def _served_units(
                 bound = max(bound, w * b)
             found.append(rows)
         # one exact rescore of the round's new rows (a broad concept has tens of units)
-        cand, scores = add_rows(source, strat, query, cand, scores, np.concatenate(found))
+        pool.add(source, strat, query, np.concatenate(found))
         tie_bound = 0.0 if no_tie else 1.0
         if tie is not None:
             rows, tb = tie.top(source, m, fetch, cap)
-            cand, scores = add_rows(source, strat, query, cand, scores, rows)
+            pool.add(source, strat, query, rows)
             tie_bound = -np.inf if tb == -np.inf else min(1.0, max(0.0, tb))
-        top = top_rows(scores, want)
-        kth = float(scores[top[-1]]) if len(top) == want else -np.inf
+        top = top_rows(pool.scores, want)
+        kth = float(pool.scores[top[-1]]) if len(top) == want else -np.inf
         if bound == -np.inf or tie_bound == -np.inf:  # every item was rescored
             certified = True
         else:
@@ -562,10 +558,8 @@ def _served_units(
         if certified:
             top = top[offset:]
             searches = tie.searches if tie is not None else 0
-            return ServedResult(
-                cand[top], scores[top], len(cand), True, rounds, "unit lists", searches
-            )
-        if len(cand) > cap:
+            return pool.served(top, True, rounds, "unit lists", searches)
+        if len(pool) > cap:
             return None  # rescored past the largest pool and still unproven: the caller scans
         tie_blocks = kth > strat.key_bound(bound, 0.0) + 1e-7  # P's bound would do
         if n < lists.length and not tie_blocks:

@@ -29,7 +29,8 @@ parts below:
    a million items reads tens of millions of postings: memory traffic is what it waits on.
 2. **Rescoring.** The candidates' codes are read from the store's row store and scored by
    the full strategy (the same ``score_query`` as over every item, including the "no
-   concept in common" rule), in a context of just those rows (:func:`add_rows`).
+   concept in common" rule), in a context of just those rows (:class:`Pool`); the hits
+   keep the codes read for them, so a search reads each hit's code once.
 3. **Certificate.** An item outside every list scores at most the bound the lists' n-th
    scores give. When the k-th best rescored candidate beats it (by a float32 margin) the
    result is provably the top k of ranking every item. When only the err stands in the
@@ -51,6 +52,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from sparsemm.errors import SparsemmError
 from sparsemm.query.parse import Query
@@ -135,7 +137,9 @@ class ServedResult:
     certified: bool  # provably the brute-force top k (always True for a scan)
     rounds: int  # pool sizes tried (0: scanned)
     mode: str  # "two-stage" | "unit lists" | "scan"
-    searches: int = 0  # index searches run (each list is searched again only past `fetch`)
+    searches: int  # index searches run (each list is searched again only past `fetch`)
+    # (k, dim) sorted CSR codes of ``rows``: those read to rescore them (none is read twice)
+    codes: sp.csr_matrix
 
 
 def cut(v: np.ndarray, proxy_dims: int) -> tuple[np.ndarray, np.ndarray, float]:
@@ -210,10 +214,14 @@ class ProxyList:
         self._search(source)
 
 
-def _rescore(source: Store, strat: Strategy, query: Query, rows: np.ndarray) -> np.ndarray:
-    """(len(rows),) exact scores of ``rows`` (ascending) by the full strategy."""
-    sub = strat.over(source.codes(rows))
-    return score_query(sub.ctx, query, sub)
+def _rescore(
+    source: Store, strat: Strategy, query: Query, rows: np.ndarray
+) -> tuple[np.ndarray, sp.csr_matrix]:
+    """(len(rows),) exact scores of ``rows`` (ascending) by the full strategy, and the codes
+    read for them."""
+    codes = source.codes(rows)
+    sub = strat.over(codes)
+    return score_query(sub.ctx, query, sub), codes
 
 
 def check_pool(k: int, offset: int, candidates: int, max_candidates: int) -> None:
@@ -236,23 +244,56 @@ def pool_sizes(total: int, n: int, fetch: int | None, cap: int) -> tuple[int, in
     return max(fetch, n), max(n, min(cap, total // SCAN_SHARE))
 
 
-def add_rows(
-    source: Store,
-    strat: Strategy,
-    query: Query,
-    cand: np.ndarray,
-    scores: np.ndarray,
-    rows: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The candidates (ascending rows, exact scores) with those of ``rows`` not among them
-    yet rescored exactly and merged in."""
-    new = np.setdiff1d(rows, cand)  # sorted, unique
-    if not len(new):
-        return cand, scores
-    # rows ascending, as over every item (ties in top_rows go to the lower row)
-    r = np.concatenate([cand, new])
-    order = np.argsort(r, kind="stable")
-    return r[order], np.concatenate([scores, _rescore(source, strat, query, new)])[order]
+class Pool:
+    """A served ranking's candidates: the rows rescored so far (ascending, as over every
+    item: ties in ``top_rows`` go to the lower row), their exact scores, and the codes read
+    to rescore them, kept so the hits it returns carry their codes (read once a search)."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self.rows = np.zeros(0, np.int64)
+        self.scores = np.zeros(0)
+        self._blocks: list[tuple[np.ndarray, sp.csr_matrix]] = []  # rows as read, codes
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, source: Store, strat: Strategy, query: Query, rows: np.ndarray) -> None:
+        """Rescore the rows of ``rows`` not among the candidates yet and merge them in."""
+        new = np.setdiff1d(rows, self.rows)  # sorted, unique
+        if not len(new):
+            return
+        scores, codes = _rescore(source, strat, query, new)
+        self._blocks.append((new, codes))
+        r = np.concatenate([self.rows, new])
+        order = np.argsort(r, kind="stable")
+        self.rows, self.scores = r[order], np.concatenate([self.scores, scores])[order]
+
+    def served(
+        self, top: np.ndarray, certified: bool, rounds: int, mode: str, searches: int
+    ) -> ServedResult:
+        """The result of the candidates at positions ``top`` (best first), with their codes."""
+        rows = self.rows[top]
+        return ServedResult(
+            rows, self.scores[top], len(self), certified, rounds, mode, searches,
+            self.codes_of(rows),
+        )  # fmt: skip
+
+    def codes_of(self, rows: np.ndarray) -> sp.csr_matrix:
+        """(len(rows), dim) sorted CSR codes of candidate ``rows``, from the blocks read."""
+        if not len(rows):
+            return sp.csr_matrix((0, self.dim), dtype=np.float32)
+        read = np.concatenate([r for r, _ in self._blocks])
+        order = np.argsort(read, kind="stable")
+        at = order[np.searchsorted(read, rows, sorter=order)]  # position among rows read
+        starts = np.cumsum([0] + [len(r) for r, _ in self._blocks])
+        block = np.searchsorted(starts, at, side="right") - 1
+        codes = sp.vstack(
+            [self._blocks[b][1][int(i - starts[b])] for b, i in zip(block, at, strict=True)],
+            format="csr",
+        )
+        codes.sort_indices()
+        return codes
 
 
 def scan_rank(
@@ -271,16 +312,19 @@ def scan_rank(
     want = offset + k
     best_rows = np.zeros(0, np.int64)
     best_scores = np.zeros(0)
+    best_codes = sp.csr_matrix((0, source.dim), dtype=np.float32)
     n = len(source)
     for lo in range(0, n, chunk):
         rows = np.arange(lo, min(lo + chunk, n), dtype=np.int64)
-        s = _rescore(source, strat, query, rows)
+        s, codes = _rescore(source, strat, query, rows)
         top = top_rows(s, want)
         r = np.concatenate([best_rows, rows[top]])
         v = np.concatenate([best_scores, s[top]])
         # ties go to the lower row: order by (-score, row)
         keep = np.lexsort((r, -v))[:want]
         best_rows, best_scores = r[keep], v[keep]
-    sel = np.isfinite(best_scores)
-    best_rows, best_scores = best_rows[sel][offset:], best_scores[sel][offset:]
-    return ServedResult(best_rows, best_scores, n, True, 0, "scan")
+        best_codes = sp.vstack([best_codes, codes[top]], format="csr")[keep]
+    sel = np.flatnonzero(np.isfinite(best_scores))[offset:]
+    best_codes = sp.csr_matrix(best_codes[sel])
+    best_codes.sort_indices()
+    return ServedResult(best_rows[sel], best_scores[sel], n, True, 0, "scan", 0, best_codes)
