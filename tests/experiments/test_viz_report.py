@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from sparsemm.errors import SparsemmError
-from sparsemm.query.hits import Concept, ExcludedCheck, Hit
+from sparsemm.query.hits import ExcludedCheck, Hit, MatchedConcept
 from sparsemm_experiments.viz.report import (
     DemoReport,
     QueryPanel,
@@ -291,7 +291,7 @@ def test_from_hit_reads_searcher_hits() -> None:
         score=0.75,
         caption="a sneaker and a bag",
         labels=["sneaker", "Bag"],
-        matched=[Concept(dim=2, weight=0.5, words=["sneaker"])],
+        matched=[MatchedConcept(dim=2, weight=0.5, words=["sneaker"])],
         excluded=[ExcludedCheck(term="bag", dims=[5], item_mass=0.3, words=["bag"])],
     )
     item = ResultItem.from_hit(hit, "x.png", exclude=["bag"])

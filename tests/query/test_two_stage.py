@@ -19,7 +19,7 @@ from sparsemm.query.indexing import build_index
 from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.searcher import Searcher
 from sparsemm.query.strategies import ExclusionContext, get_strategy, ranking
-from sparsemm.query.strategies.detectors import _proxy_vectors as proxy_vectors
+from sparsemm.query.strategies.hybrid import _proxy_vectors as proxy_vectors
 from sparsemm.query.strategies.ranking import build_strategy, rank_query, scan_rank
 
 WORDS = [

@@ -26,7 +26,9 @@ from sparsemm.query.strategies import ExclusionContext, HardFilter, Hybrid, Matc
 
 
 @dataclass
-class Concept:
+class MatchedConcept:
+    """A code dimension behind a hit: its contribution to the include score, its words."""
+
     dim: int
     weight: float  # contribution q_j * x_j to the include score
     words: list[str]
@@ -78,7 +80,7 @@ class Hit:
     score: float
     caption: str
     labels: list[str]
-    matched: list[Concept] = field(default_factory=list)
+    matched: list[MatchedConcept] = field(default_factory=list)
     excluded: list[ExcludedCheck] = field(default_factory=list)
     # How the served scorer judged each query term: "detector" (the model's, or one fitted
     # on the collection's captions) or "code similarity" (no detector for that word).
@@ -107,7 +109,7 @@ class Hit:
             score=float(d["score"]),
             caption=str(d.get("caption") or ""),
             labels=list(d.get("labels") or []),
-            matched=[Concept(int(c["dim"]), float(c["weight"]), list(c["words"]))
+            matched=[MatchedConcept(int(c["dim"]), float(c["weight"]), list(c["words"]))
                      for c in d.get("matched") or []],
             excluded=[
                 ExcludedCheck(str(e["term"]), list(e["dims"]), float(e["item_mass"]),
@@ -134,14 +136,16 @@ class Explainer:
     labels: list[list[str]]  # each code dimension's words (IndexedCollection.dim_labels)
     n_dims: int = 5
 
-    def explain(self, codes: sp.csr_matrix, row: int) -> tuple[list[Concept], list[ExcludedCheck]]:
+    def explain(
+        self, codes: sp.csr_matrix, row: int
+    ) -> tuple[list[MatchedConcept], list[ExcludedCheck]]:
         """Matched concepts and excluded-term checks of item ``row`` (codes: sorted CSR)."""
         lo, hi = codes.indptr[row], codes.indptr[row + 1]
         dims, vals = codes.indices[lo:hi], codes.data[lo:hi]  # the row's non-zeros
         contrib = self.include_code[dims] * vals
         order = np.argsort(-contrib, kind="stable")[: self.n_dims]
         matched = [
-            Concept(int(dims[i]), float(contrib[i]), self.labels[int(dims[i])])
+            MatchedConcept(int(dims[i]), float(contrib[i]), self.labels[int(dims[i])])
             for i in order
             if contrib[i] > 0
         ]

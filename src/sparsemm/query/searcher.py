@@ -22,10 +22,10 @@ import numpy as np
 from sparsemm.errors import SparsemmError
 from sparsemm.query.hits import (
     Answer,
-    Concept,
     ExcludedCheck,
     Explainer,
     Hit,
+    MatchedConcept,
     explained_hits,
     explainer,
 )
@@ -245,7 +245,7 @@ class Searcher(TermChecks):
 
     def explain(
         self, row: int, q: Query, n_dims: int = 5
-    ) -> tuple[list[Concept], list[ExcludedCheck]]:
+    ) -> tuple[list[MatchedConcept], list[ExcludedCheck]]:
         """Matched concepts (top q_j x_j over the include code) and excluded-term checks."""
         return self._explainer(q, n_dims=n_dims).explain(self.item_code(row), 0)
 
@@ -284,7 +284,7 @@ class Searcher(TermChecks):
 
     def explain_like(
         self, row: int, like: Any, exclude: tuple[str, ...] = (), n_dims: int = 5
-    ) -> tuple[list[Concept], list[ExcludedCheck]]:
+    ) -> tuple[list[MatchedConcept], list[ExcludedCheck]]:
         """:meth:`explain` for a like-query: the concepts item ``row`` shares with ``like``."""
         with like_term(self, like) as term:
             return self.explain(row, Query((term,), tuple(exclude)), n_dims)

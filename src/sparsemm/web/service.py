@@ -26,7 +26,7 @@ from sparsemm.data.collection import Collection
 from sparsemm.errors import SparsemmError
 from sparsemm.io import json_sha256, read_json
 from sparsemm.query.handle import INDEX_DIR
-from sparsemm.query.hits import Concept, ExcludedCheck, Hit, TermEvidence
+from sparsemm.query.hits import ExcludedCheck, Hit, MatchedConcept, TermEvidence
 from sparsemm.query.parse import MAX_QUERY_CHARS, Query
 from sparsemm.query.request import MATCH_THRESHOLD, QueryRequest, build_request
 from sparsemm.query.searcher import Searcher
@@ -416,7 +416,7 @@ class SearchService:
         }
 
     @staticmethod
-    def _concepts(concepts: Sequence[Concept]) -> list[ConceptOut]:
+    def _concepts(concepts: Sequence[MatchedConcept]) -> list[ConceptOut]:
         return [ConceptOut(dim=c.dim, weight=c.weight, words=list(c.words)) for c in concepts]
 
     def _checks(

@@ -45,7 +45,7 @@ are chosen on a tuning split and frozen for the test split (``sparsemm bench exc
 One module per part: :mod:`~sparsemm.query.strategies.context` (the shared input and its
 caches), :mod:`~sparsemm.query.strategies.base` (the interface and ranking helpers),
 :mod:`~sparsemm.query.strategies.registry`, and the families
-:mod:`~sparsemm.query.strategies.sparse`, :mod:`~sparsemm.query.strategies.detectors` and
+:mod:`~sparsemm.query.strategies.sparse`, :mod:`~sparsemm.query.strategies.hybrid` and
 :mod:`~sparsemm.query.strategies.match`.
 """
 
@@ -60,7 +60,7 @@ from sparsemm.query.strategies.context import (
     TextEncoder,
     sr_query_coder,
 )
-from sparsemm.query.strategies.detectors import Detector, Hybrid
+from sparsemm.query.strategies.hybrid import Detector, Hybrid
 from sparsemm.query.strategies.match import Match
 from sparsemm.query.strategies.registry import (
     STRATEGIES,

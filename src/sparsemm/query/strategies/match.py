@@ -300,7 +300,7 @@ class Match(Strategy):
         rank key of at most :meth:`~sparsemm.query.strategies.match.Match.key_bound` of it.
         When the k-th rescored key beats that the result is certified; else the pool grows
         fourfold, as for ``hybrid`` (:meth:`Hybrid.rank_store
-        <sparsemm.query.strategies.detectors.Hybrid.rank_store>`), up to a scan of the row store. A
+        <sparsemm.query.strategies.hybrid.Hybrid.rank_store>`), up to a scan of the row store. A
         result that the largest pool (``max_candidates``) does not prove is ranked by the scan
         too, so a served match is always exact ("A but not B" where nearly every A has B, whose
         top k sit deep below the lists' bounds). Exclusion-only queries, negative codes and

@@ -13,7 +13,7 @@ How ``sparsemm search``, the web API and :class:`~sparsemm.query.searcher.Search
 query without scoring (or loading) every item's code: the default scorer ranks a
 :class:`~sparsemm.index.store.Store` with :meth:`Match.rank_store
 <sparsemm.query.strategies.match.Match.rank_store>` and ``hybrid`` with :meth:`Hybrid.rank_store
-<sparsemm.query.strategies.detectors.Hybrid.rank_store>`, in the same three steps, from the
+<sparsemm.query.strategies.hybrid.Hybrid.rank_store>`, in the same three steps, from the
 parts below:
 
 1. **Candidates.** Each score is bounded from above by a non-decreasing function of inner
