@@ -11,6 +11,8 @@ index) counts as one call each; the engine's own insides are not counted, as a r
 following a search top to bottom stops at the scorer's interface. Reported:
 
 * calls: those calls, each counted once per caller and callee (a loop over hits is one);
+* functions: the distinct functions those calls join (callers and callees), the unit of
+  "touches at most N functions";
 * modules: the distinct sparsemm modules they land in;
 * climbs: calls, anywhere in the search, from a module into a higher layer (the layers of
   ``tests/test_layers.py``; calls within one package are not climbs);
@@ -116,6 +118,12 @@ def trace(argv: list[str]) -> dict[str, Any]:
     }
 
 
+def functions(calls: list[tuple[str, str]]) -> set[str]:
+    """The distinct functions a search touches on the counted path: every caller and
+    callee of ``calls``, a comprehension or closure counted as the function it is in."""
+    return {name.split(".<locals>")[0] for pair in calls for name in pair}
+
+
 def _module(name: str) -> str:
     """sparsemm.query.searcher.Searcher.answer -> sparsemm.query.searcher."""
     import importlib
@@ -149,8 +157,8 @@ def main() -> int:
     first = next((ln for ln in res["printed"] if ln.lstrip()[:1].isdigit()), "(no hit)")
     print(f"first hit: {first.strip()}")
     print(
-        f"calls {len(res['calls'])}  modules {len(modules)}  climbs {len(res['climbs'])}  "
-        f"parse_query runs {res['parses']}"
+        f"calls {len(res['calls'])}  functions {len(functions(res['calls']))}  modules "
+        f"{len(modules)}  climbs {len(res['climbs'])}  parse_query runs {res['parses']}"
     )
     for caller, callee in res["climbs"]:
         print(f"  climb: {caller} -> {callee}")
