@@ -267,3 +267,26 @@ def test_serve_announces_itself_while_it_runs(
     assert seen["sigterm"] is not before  # exits through Python, so the record goes
     assert running.find_server(collection) is None
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_explain_names_what_in_the_photo_carries_each_term(capsys) -> None:
+    """--explain prints, per term with some evidence, the words of the dimensions that
+    carry it ("'dogs' from: silky terrier (in part of the photo)"): why a photo with no
+    dog in its main classes can still be judged as possibly showing one."""
+    from sparsemm.cli.search import print_hits
+
+    ev = [
+        {"term": "people", "side": "include", "kind": "classifier", "value": 1.0,
+         "dims": [1000], "words": ["person (face)"], "read_as": ["person"]},
+        {"term": "dogs", "side": "exclude", "kind": "classifier", "value": 0.59,
+         "dims": [1202], "words": ["silky terrier (in part of the photo)"], "read_as": ["dog"]},
+        {"term": "cats", "side": "exclude", "kind": "classifier", "value": 0.0,
+         "dims": [], "words": [], "read_as": ["cat"]},
+    ]  # fmt: skip
+    hit = {"rank": 1, "id": "beach.jpg", "score": 0.4, "caption": "", "matched": [],
+           "excluded": [], "evidence": ev}  # fmt: skip
+    print_hits([hit], explain=True, probabilistic=True)
+    out = capsys.readouterr().out.splitlines()
+    assert "       'people' from: person (face)" in out
+    assert "       'dogs' from: silky terrier (in part of the photo)" in out
+    assert not any("'cats' from" in line for line in out)  # nothing carries it

@@ -269,6 +269,30 @@ def test_a_region_raises_the_evidence_and_the_bound_holds() -> None:
         assert bound.value(s) >= p[i] - 1e-12
 
 
+def test_a_hit_explains_an_excluded_thing_seen_only_in_a_tile() -> None:
+    """A thing to leave out that only a tile shows gives the photo a probability of showing
+    it; the explanation names that tile's class (its evidence dims, and the dims checked),
+    where it named no dimension and a mass of 0."""
+    from sparsemm.query.scorers import UnitScorer
+    from sparsemm.query.strategies import ExclusionContext, get_strategy
+
+    m = model(item_top_k=3, min_prob=0.01, regions=True, exclude_region_weight=0.8)
+    scorer = UnitScorer(m, m.vocabulary())
+    ev = [
+        PhotoEvidence(((0, 0.9),), (), ((2, 0.6), (0, 0.9))),  # a canoe in a tile only
+        PhotoEvidence(((0, 0.9),), (), ((0, 0.95),)),  # no canoe anywhere
+    ]
+    codes = m.codes_from_evidence(ev)
+    match = get_strategy("match", ExclusionContext(items_codes=codes, concepts=scorer))
+    tile = m.region_offset + 2  # the canoe class in the region block
+    kind, p, weight, names = match.evidence("canoe", excluded=True)
+    assert kind == "classifier" and p[0] > p[1] and names == ["canoe"]
+    assert weight[2] == 1.0 and weight[tile] == pytest.approx(0.8)
+    assert codes[0, tile] > 0 and codes[0, 2] == 0  # what carries it is the tile's dim
+    assert match.reading_dims("canoe") == [2]  # as a wanted thing: its class
+    assert match.reading_dims("canoe", excluded=True) == [2, tile]
+
+
 @pytest.mark.parametrize("size", [(1732, 1155), (600, 800), (500, 500), (4000, 500), (40, 30)])
 def test_a_finer_grid_of_tiles_covers_the_photo_too(size: tuple[int, int]) -> None:
     from sparsemm.models.concept_evidence import tile_boxes

@@ -189,7 +189,8 @@ def test_a_parked_collection_still_finds_its_index(searcher: Searcher, tmp_path:
 
 def test_models_trained_on_other_encoders_are_refused(tmp_path: Path) -> None:
     from sparsemm.data.collection import open_collection
-    from sparsemm.models.base import encoder_record
+    from sparsemm.models.base import EncoderMismatch, encoder_record
+    from sparsemm.query.code_models import load_code_model
 
     col = _collection(tmp_path)
     sr = _identity_sr(tmp_path)
@@ -203,9 +204,15 @@ def test_models_trained_on_other_encoders_are_refused(tmp_path: Path) -> None:
         "text_encoder": {"name": "clip", "model": "openai/clip-vit-base-patch32", "dim": 6},
     }
     model.save_pretrained(sr)
-    for fn in (lambda: build_index(col, sr), lambda: Searcher(col)):
-        with pytest.raises(SparsemmError, match=r"trained on clip .*the collection has toykw"):
+    manifest = open_collection(col).manifest
+    for fn in (
+        lambda: build_index(col, sr),
+        lambda: Searcher(col),
+        lambda: load_code_model(sr, collection=(manifest, col)),
+    ):
+        with pytest.raises(EncoderMismatch, match=r"trained on clip .*the collection has toykw"):
             fn()
+    load_code_model(sr)  # without a collection to check against, it loads
 
 
 def test_cli_json_paths_and_strategy_list(tmp_path: Path, capsys) -> None:

@@ -355,6 +355,9 @@ def print_hits(hits: list[dict], explain: bool, probabilistic: bool = False) -> 
                     for e in evidence
                 )
                 print(f"       evidence: {ev}")
+            for e in evidence:  # what in the photo carries each term (its dims' words)
+                if e.get("words") and e["value"] >= 0.01:
+                    print(f"       '{e['term']}' from: {', '.join(dict.fromkeys(e['words']))}")
             for e in evidence:
                 if e["read_as"] and e["read_as"] != [e["term"]]:
                     print(f"       '{e['term']}' read as: {', '.join(e['read_as'])}")

@@ -303,7 +303,8 @@ def load_code_model(
     model = _load(path, top_k)
     if config_sha256 is not None and config_sha256 != config_digest(path):
         raise SettingsChanged(
-            f"the settings in {path}/config.json changed since the index was built"
+            f"the settings in {path}/config.json changed since the index was built; restore "
+            f"them, or rebuild the index with `sparsemm index COLLECTION --model {path}`"
         )
     if collection is not None:
         check_encoders(model.training_info, collection[0], path, collection[1])

@@ -254,7 +254,7 @@ def explainer(
     filt: HardFilter | None = None  # built only for a term nothing else reads
     checks = []
     for b in q.exclude:
-        units = match.reading_dims(b) if match is not None else None
+        units = match.reading_dims(b, excluded=True) if match is not None else None
         if units is not None:
             # the dims of the units the match scorer read the term as (the photo model)
             on = np.zeros(dim, dtype=bool)

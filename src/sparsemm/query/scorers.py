@@ -173,6 +173,17 @@ class UnitScorer:
         r[off : off + n] = w[:n]
         return r
 
+    def evidence_weights(self, concept: Concept, excluded: bool = False) -> np.ndarray:
+        """(n_dims,) what each code dimension weighs in a concept's evidence: its units, and
+        with regions its classes' tile dimensions times the region weight of its side
+        (:meth:`class_evidence`): the dimensions an explanation names."""
+        w = self._unit_weights(concept).copy()
+        r = self._region_weights(w)
+        if r is not None:
+            cfg = self.model.config
+            w += float(cfg.exclude_region_weight if excluded else cfg.region_weight) * r
+        return w
+
     def class_evidence(
         self, w: np.ndarray, codes: sp.csr_matrix, excluded: bool = False
     ) -> np.ndarray:

@@ -468,7 +468,7 @@ class Hybrid(Detector):
         n = max(candidates, want)
         fetch, cap = pool_sizes(len(source), n, fetch, max_candidates)
         rounds = 0
-        pool = Pool(source.dim)  # rows rescored so far (every round's lists)
+        pool = Pool(source.dim, want)  # rows rescored so far (every round's lists)
         while True:
             rounds += 1
             # The lists are searched one at a time: when the first (A) already certifies the
@@ -489,7 +489,7 @@ class Hybrid(Detector):
                 bound = min(bound, list_bound)
                 bound_exact = min(bound_exact, list_bound - plist.used_err)
                 pool.add(source, self, query, rows)
-                top = top_rows(pool.scores, want)  # finite scores only
+                top = pool.top  # the best `want`, finite scores only
                 kth = float(pool.scores[top[-1]]) if len(top) == want else -np.inf
                 certified = bool(bound == -np.inf or kth > bound + margin)
                 if certified:
@@ -512,9 +512,8 @@ class Hybrid(Detector):
                 rounds -= 1
                 continue
             if certified or n >= max_candidates or n >= len(source):
-                top = top[offset:]
                 searches = sum(p.searches for p in lists)
-                return pool.served(top, certified, rounds, "two-stage", searches)
+                return pool.served(certified, rounds, "two-stage", searches, offset)
             n = min(n * 4, max_candidates)
             if n * SCAN_SHARE >= len(source):
                 # rescoring a quarter of the items costs about what reading them all does, and

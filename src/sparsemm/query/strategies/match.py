@@ -40,7 +40,7 @@ from sparsemm.query.scorers import (
     refuse_self_exclusion,
     unit_codes_scorer,
 )
-from sparsemm.query.strategies.base import Strategy, top_rows
+from sparsemm.query.strategies.base import Strategy
 from sparsemm.query.strategies.context import CHECK_BATCH, ExclusionContext
 from sparsemm.query.strategies.ranking import (
     MARGIN,
@@ -171,10 +171,11 @@ class Match(Strategy):
                 read.update(tokenize(t))
         return notes, read
 
-    def reading_dims(self, term: str) -> list[int] | None:
+    def reading_dims(self, term: str, excluded: bool = False) -> list[int] | None:
         """Code dimensions ``term`` was read as, when this scorer's units are dimensions (the
-        photo model: classes and the face unit, direct ones first); None for a
-        DetectorScorer's units (detectors) or a term it cannot read."""
+        photo model: classes and the face unit, direct ones first); ``excluded``: also the
+        dimensions of the parts of a photo (tiles) its evidence as a term to leave out reads.
+        None for a DetectorScorer's units (detectors) or a term it cannot read."""
         if isinstance(self.scorer, DetectorScorer):
             return None
         try:
@@ -185,6 +186,11 @@ class Match(Strategy):
         units = [
             u for c in reading.concepts for u, w in sorted(c.units, key=lambda x: -x[1]) if u < dim
         ]
+        weights = getattr(self.scorer, "evidence_weights", None)
+        if excluded and weights is not None:
+            for c in reading.concepts:
+                w = weights(c, excluded=True)
+                units += [u for u in np.flatnonzero(w[:dim]).tolist() if u not in units]
         return list(dict.fromkeys(units)) or None
 
     def evidence(
@@ -204,8 +210,12 @@ class Match(Strategy):
                 for u, _ in c.units[:8]:
                     w, _, _ = scorer.detectors.column_at(u)
                     weight = np.maximum(weight, np.asarray(w, dtype=np.float64))
-        else:
+        else:  # units, and the tiles' dimensions of their classes (the photo model)
+            weights = getattr(scorer, "evidence_weights", None)
             for c in reading.concepts:
+                if weights is not None:
+                    weight = np.maximum(weight, weights(c, excluded)[:dim])
+                    continue
                 for u, w in c.units:
                     if u < dim:
                         weight[u] = max(weight[u], w)
@@ -425,7 +435,7 @@ def _served_codes(
     fetch, cap = pool_sizes(len(source), n, fetch, max_candidates)
     margin = 1e-7
     rounds = 0
-    pool = Pool(source.dim)
+    pool = Pool(source.dim, want)
     while True:
         rounds += 1
         per_list = []
@@ -438,7 +448,7 @@ def _served_codes(
             per_list.append(list_bound)
             exact_per_list.append(list_bound - plist.used_err)
             pool.add(source, strat, query, rows)
-        top = top_rows(pool.scores, want)
+        top = pool.top
         kth = float(pool.scores[top[-1]]) if len(top) == want else -np.inf
         if every:
             key_bound = -np.inf
@@ -468,9 +478,8 @@ def _served_codes(
             # is never returned unproven)
             return scan_rank(source, strat.ctx, query, strat, k, offset)
         if certified:
-            top = top[offset:]
             searches = sum(p.searches for p in lists)
-            return pool.served(top, certified, rounds, "two-stage", searches)
+            return pool.served(certified, rounds, "two-stage", searches, offset)
         n = min(n * 4, max_candidates)
         if n * SCAN_SHARE >= len(source):
             return scan_rank(source, strat.ctx, query, strat, k, offset)
@@ -528,7 +537,7 @@ def _served_units(
     n = max(candidates, want)
     m = n  # the tie list's pool
     tie: ProxyList | None = None
-    pool = Pool(source.dim)
+    pool = Pool(source.dim, want)
     rounds = 0
     fetch, cap = pool_sizes(len(source), n, fetch, max_candidates)
     ctx = strat.ctx
@@ -549,16 +558,15 @@ def _served_units(
             rows, tb = tie.top(source, m, fetch, cap)
             pool.add(source, strat, query, rows)
             tie_bound = -np.inf if tb == -np.inf else min(1.0, max(0.0, tb))
-        top = top_rows(pool.scores, want)
+        top = pool.top
         kth = float(pool.scores[top[-1]]) if len(top) == want else -np.inf
         if bound == -np.inf or tie_bound == -np.inf:  # every item was rescored
             certified = True
         else:
             certified = kth > strat.key_bound(bound, tie_bound) + 1e-7
         if certified:
-            top = top[offset:]
             searches = tie.searches if tie is not None else 0
-            return pool.served(top, True, rounds, "unit lists", searches)
+            return pool.served(True, rounds, "unit lists", searches, offset)
         if len(pool) > cap:
             return None  # rescored past the largest pool and still unproven: the caller scans
         tie_blocks = kth > strat.key_bound(bound, 0.0) + 1e-7  # P's bound would do

@@ -246,14 +246,18 @@ def pool_sizes(total: int, n: int, fetch: int | None, cap: int) -> tuple[int, in
 
 class Pool:
     """A served ranking's candidates: the rows rescored so far (ascending, as over every
-    item: ties in ``top_rows`` go to the lower row), their exact scores, and the codes read
-    to rescore them, kept so the hits it returns carry their codes (read once a search)."""
+    item: ties in ``top_rows`` go to the lower row), their exact scores, ``top`` (the
+    positions of the best ``want``, best first), and the codes of those rows, kept from the
+    rescoring read so the hits carry their codes back (read once a search). A row below the
+    top ``want`` stays below as rows join, so only the top's codes are kept."""
 
-    def __init__(self, dim: int) -> None:
-        self.dim = dim
+    def __init__(self, dim: int, want: int) -> None:
+        self.want = want
         self.rows = np.zeros(0, np.int64)
         self.scores = np.zeros(0)
-        self._blocks: list[tuple[np.ndarray, sp.csr_matrix]] = []  # rows as read, codes
+        self.top = np.zeros(0, np.int64)
+        self._held_rows = np.zeros(0, np.int64)  # the top's rows, ascending
+        self._held = sp.csr_matrix((0, dim), dtype=np.float32)  # their codes
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -264,36 +268,32 @@ class Pool:
         if not len(new):
             return
         scores, codes = _rescore(source, strat, query, new)
-        self._blocks.append((new, codes))
         r = np.concatenate([self.rows, new])
         order = np.argsort(r, kind="stable")
         self.rows, self.scores = r[order], np.concatenate([self.scores, scores])[order]
+        self.top = top_rows(self.scores, self.want)
+        held_rows = np.concatenate([self._held_rows, new])
+        held = sp.vstack([self._held, codes], format="csr")
+        keep = np.sort(self.rows[self.top])  # within the old top and the new rows
+        self._held_rows, self._held = keep, held[_positions(held_rows, keep)]
 
     def served(
-        self, top: np.ndarray, certified: bool, rounds: int, mode: str, searches: int
+        self, certified: bool, rounds: int, mode: str, searches: int, offset: int
     ) -> ServedResult:
-        """The result of the candidates at positions ``top`` (best first), with their codes."""
-        rows = self.rows[top]
+        """The result: the top after ``offset``, with the codes of its rows."""
+        rows = self.rows[self.top[offset:]]
+        codes = self._held[_positions(self._held_rows, rows)]
+        codes.sort_indices()
         return ServedResult(
-            rows, self.scores[top], len(self), certified, rounds, mode, searches,
-            self.codes_of(rows),
+            rows, self.scores[self.top[offset:]], len(self), certified, rounds, mode, searches,
+            codes,
         )  # fmt: skip
 
-    def codes_of(self, rows: np.ndarray) -> sp.csr_matrix:
-        """(len(rows), dim) sorted CSR codes of candidate ``rows``, from the blocks read."""
-        if not len(rows):
-            return sp.csr_matrix((0, self.dim), dtype=np.float32)
-        read = np.concatenate([r for r, _ in self._blocks])
-        order = np.argsort(read, kind="stable")
-        at = order[np.searchsorted(read, rows, sorter=order)]  # position among rows read
-        starts = np.cumsum([0] + [len(r) for r, _ in self._blocks])
-        block = np.searchsorted(starts, at, side="right") - 1
-        codes = sp.vstack(
-            [self._blocks[b][1][int(i - starts[b])] for b, i in zip(block, at, strict=True)],
-            format="csr",
-        )
-        codes.sort_indices()
-        return codes
+
+def _positions(among: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Where each of ``rows`` is in ``among`` (every one of them is there once)."""
+    order = np.argsort(among, kind="stable")
+    return order[np.searchsorted(among, rows, sorter=order)]
 
 
 def scan_rank(

@@ -302,7 +302,9 @@
       .map((e) => {
         const read = e.read_as && e.read_as.length && e.read_as.join(", ") !== e.term
           ? `, read as ${e.read_as.join(", ")}` : "";
-        return `${e.term}: ${e.kind}${read}${e.dims.length ? ` (dims ${e.dims.join(", ")})` : ""}`;
+        const from = e.words && e.words.length && e.value >= 0.01
+          ? `, from ${[...new Set(e.words)].join(", ")}` : "";
+        return `${e.term}: ${e.kind}${read}${from}${e.dims.length ? ` (dims ${e.dims.join(", ")})` : ""}`;
       })
       .join("; ");
     return el("div", { class: "evidence", title }, text);
