@@ -352,3 +352,35 @@ def test_an_empty_answer_says_why(searcher: Searcher, monkeypatch: pytest.Monkey
     monkeypatch.setattr(searcher, "_ranked", lambda *a, **kw: ([], None))
     answer = searcher.answer(build_request("a cup and a table", k=5))
     assert answer.hits == [] and answer.notes == [note(parse_query("a cup and a table"))]
+
+
+def test_a_short_page_says_how_many_items_match_at_all(
+    searcher: Searcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search of the match scorer that finds fewer items than asked for says how many
+    show any sign of what is wanted (the rest are a 0% match, left out), where a page of
+    3 hits for -k 38 used to come with no word; a full page, a page past the matches and
+    a --min-score search (which counts its matches) say nothing of it."""
+    from sparsemm.query.hits import Hit
+    from sparsemm.query.request import build_request
+    from sparsemm.query.strategies import get_spec
+
+    total, found = len(searcher.collection.items), 3
+
+    def ranked(q, spec, k, offset, params):  # type: ignore[no-untyped-def]
+        rows = range(offset, min(found, offset + k))
+        return [Hit(r + 1, r, f"i{r}", 0.5, "", []) for r in rows], None
+
+    monkeypatch.setattr(searcher, "strategy_spec", lambda name=None: get_spec("match"))
+    monkeypatch.setattr(searcher, "_read_terms", lambda q, name: ([], []))
+    monkeypatch.setattr(searcher, "_count", lambda q, threshold: found)
+    monkeypatch.setattr(searcher, "_ranked", ranked)
+    note = f"only {found} of the {total} items show any sign of 'dog'; the others are a 0% match"
+    assert searcher.answer(build_request("a dog", k=10)).notes == [note]
+    assert note in searcher.answer(build_request("a dog", k=2, offset=2)).notes
+    for quiet in (
+        build_request("a dog", k=found),
+        build_request("a dog", k=2, offset=found),
+        build_request("a dog", k=10, min_score=0.01),
+    ):
+        assert note not in searcher.answer(quiet).notes

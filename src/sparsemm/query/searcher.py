@@ -144,8 +144,8 @@ class Searcher(TermChecks):
             matches = self._count(q, threshold)
         notes, unknown = self._read_terms(q, spec.name)
         notes = notes if request.like is None else []
-        if not hits and not offset and request.like is None and spec.name == "match":
-            notes += [n for n in (self.empty_note(q),) if n]
+        if request.like is None and spec.name == "match" and request.min_score is None:
+            notes += [n for n in (self.empty_note(q, offset + len(hits), k, offset),) if n]
         certified = served is None or served.certified
         if served is not None and not served.certified:
             notes.append(

@@ -98,12 +98,20 @@ class TermChecks(IndexedCollection):
         notes, read = self.match_strategy().read_notes([*q.include, *q.exclude])
         return notes, [w for w in unknown if w not in read]
 
-    def empty_note(self, q: Query) -> str | None:
-        """Why the match scorer found no item for ``q``, read over every item: a wanted thing
-        no item shows, wanted things found only apart, or every item with them also showing
-        a thing to leave out. None when the query has nothing wanted or items do match."""
-        if not q.include:
+    def empty_note(self, q: Query, found: int = 0, k: int = 1, offset: int = 0) -> str | None:
+        """Why the match scorer found fewer items for ``q`` than a page of ``k`` asked for:
+        ``found`` (all that match at all, counting the ``offset`` skipped) when some did, and
+        with none, read over every item: a wanted thing no item shows, wanted things found
+        only apart, or every item with them also showing a thing to leave out. None when
+        the query has nothing wanted or the page is full."""
+        if not q.include or found >= offset + k or (offset and not found > offset):
             return None
+        if found:
+            what = " and ".join(repr(t) for t in q.include)
+            return (
+                f"only {found} of the {len(self.collection.items)} items show any sign of "
+                f"{what}; the others are a 0% match"
+            )
         strat = self.match_strategy(self.context)
         shown = {t: int((strat.term_probability(t) > 0).sum()) for t in q.include}
         if not all(shown.values()):
