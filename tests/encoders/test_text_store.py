@@ -188,3 +188,56 @@ def test_a_full_store_drops_to_nine_tenths_so_new_texts_stay_appends(tmp_path: P
     again = TextEmbeddingStore(tmp_path, RECORD, max_entries=10)
     kept = set(again.get([f"t{i}" for i in range(12)]))
     assert kept == {f"t{i}" for i in range(2, 12)}
+
+
+def _age_chunks(root: Path, seconds: float = 120.0) -> None:
+    """Make every chunk look older than the minute a compaction leaves young chunks alone."""
+    import os
+    import time
+
+    old = time.time() - seconds
+    for f in root.glob("chunk-*.npy"):
+        os.utime(f, (old, old))
+
+
+def test_a_text_another_process_dropped_is_not_damage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A long-running process (a server) holds the store as it read it; another process
+    dropped one of its texts (least recently used there) with its chunk. Reading that text
+    goes back to the store on disk and finds it gone, where it called the store damaged and
+    deleted every text of every process."""
+    server = TextEmbeddingStore(tmp_path, RECORD, max_entries=2)
+    server.put(["a"], unit_rows(1, 1))
+    server.put(["b"], unit_rows(1, 2))
+    assert set(server.get(["a", "b"])) == {"a", "b"}
+    _age_chunks(tmp_path)
+    cli = TextEmbeddingStore(tmp_path, RECORD, max_entries=2)
+    cli.get(["b"])  # "b" is newer than "a" there
+    cli.put(["c"], unit_rows(1, 3))  # full: "a" goes, with its chunk
+    with caplog.at_level(logging.WARNING, logger="sparsemm.encoders.text_store"):
+        got = server.get(["a", "b", "c"])
+    assert "damaged" not in caplog.text
+    assert set(got) == {"b", "c"}
+    assert set(TextEmbeddingStore(tmp_path, RECORD).get(["a", "b", "c"])) == {"b", "c"}
+
+
+def test_a_compaction_keeps_what_other_processes_added(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that read the store long ago and writes its index (its journal grew long
+    enough) first reads what others added since: their texts stay, and so do their chunks
+    once they are older than a minute."""
+    monkeypatch.setattr(text_store, "COMPACT_LINES", 3)
+    server = TextEmbeddingStore(tmp_path, RECORD)
+    server.put(["a"], unit_rows(1, 1))
+    assert set(server.get(["a"])) == {"a"}  # read: its view of the store is now fixed
+    TextEmbeddingStore(tmp_path, RECORD).put(["x", "y"], unit_rows(2, 9))  # another process
+    _age_chunks(tmp_path)
+    server.put(["b"], unit_rows(1, 2))
+    assert not (tmp_path / "index.json").exists()
+    server.put(["c"], unit_rows(1, 3))  # its journal reached 3 lines: the index is written
+    assert (tmp_path / "index.json").exists()
+    fresh = TextEmbeddingStore(tmp_path, RECORD)
+    assert set(fresh.get(["a", "b", "c", "x", "y"])) == {"a", "b", "c", "x", "y"}
+    np.testing.assert_array_equal(fresh.get(["y"])["y"], unit_rows(2, 9)[1])

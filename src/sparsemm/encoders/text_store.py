@@ -23,8 +23,10 @@ texts, when the least recently used texts are dropped (down to nine-tenths of
 ``max_entries``) and chunks no text refers to are deleted. A use is recorded with the next
 new text, or at once when the store is nine-tenths full (only then do uses choose what
 goes). A damaged index or chunk is ignored with a warning and the store starts again empty;
-a journal line that cannot be read (a write cut short) is skipped. Two processes writing at
-once lose at most the other's newest texts; nothing is ever read half-written.
+a journal line that cannot be read (a write cut short) is skipped. A chunk another process
+dropped (least recently used there) sends this one back to the store on disk, and a
+compaction first reads what other processes added. Two processes writing at once lose at
+most the other's newest texts; nothing is ever read half-written.
 """
 
 from __future__ import annotations
@@ -241,6 +243,15 @@ class TextEmbeddingStore:
             now = time.time()
             for t in texts:
                 e = entries.get(t)
+                if e is not None and not (self.root / e[0]).is_file():
+                    # another process dropped it (least recently used there) since this one
+                    # read the store: read it again; a text gone there too is not stored
+                    self._entries, self._chunks = None, {}
+                    entries = self._load()
+                    e = entries.get(t)
+                    if e is not None and not (self.root / e[0]).is_file():
+                        del entries[t]
+                        e = None
                 if e is None:
                     continue
                 try:
@@ -327,7 +338,17 @@ class TextEmbeddingStore:
 
     def _compact(self) -> None:
         """Drop the least recently used texts past ``max_entries``, write the index and empty
-        the journal (its lines are in the index now), and delete unreferenced chunks."""
+        the journal (its lines are in the index now), and delete unreferenced chunks. What
+        other processes added since this one read the store is read first and kept: a
+        long-running process (a server) compacting its own old view would drop their texts
+        and delete their chunks."""
+        mine, self._entries = self._load(), None
+        disk = self._load()
+        for t, e in mine.items():
+            there = disk.get(t)
+            if there is None or (there[0] == e[0] and e[2] > there[2]):
+                if (self.root / e[0]).is_file():  # not dropped by another process since
+                    disk[t] = e
         self._evict()
         self._write()
 
