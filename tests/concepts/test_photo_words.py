@@ -192,8 +192,10 @@ def test_a_spelling_suggestion_is_fast(vocab: ConceptVocabulary) -> None:
 def test_a_word_is_widened_to_person_only_from_its_main_sense(vocab: ConceptVocabulary) -> None:
     """ "a poster" is a placard and "life" a state before they are people, and WordNet's
     first "shrimp" is a small person: none is searched as 'person' (a life buoy, a poster
-    and a plate of shrimps were all read as people); a soldier still is."""
-    for term in ("poster", "life buoy", "shrimp", "shrimps"):
+    and a plate of shrimps were all read as people), nor is a cub (WordNet's first two are
+    a rookie and a lad: "a big cat but not a cub" excluded every person); a soldier still
+    is."""
+    for term in ("poster", "life buoy", "shrimp", "shrimps", "cub", "cubs"):
         with pytest.raises(UnknownTerm):
             vocab.read(term)
     assert vocab.read("a soldier").concepts[0].label == "person"

@@ -161,6 +161,11 @@ BLOCKED: frozenset[tuple[str, str]] = frozenset(
         ("foods", "n00021265"),
         ("shrimp", "n10543544"),  # WordNet's first sense is a small person, not the prawn
         ("shrimps", "n10543544"),
+        # WordNet's first senses are a rookie and a lad; in a photo a cub is a young animal
+        ("cub", "n09981834"),
+        ("cub", "n09871229"),
+        ("cubs", "n09981834"),
+        ("cubs", "n09871229"),
     }
 )
 # The hypernyms a narrower word may be searched as when the model has nothing narrower
