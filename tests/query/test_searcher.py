@@ -384,3 +384,7 @@ def test_a_short_page_says_how_many_items_match_at_all(
         build_request("a dog", k=10, min_score=0.01),
     ):
         assert note not in searcher.answer(quiet).notes
+    found = 1
+    assert searcher.answer(build_request("a dog", k=10)).notes == [
+        f"only 1 of the {total} items shows any sign of 'dog'; the others are a 0% match"
+    ]

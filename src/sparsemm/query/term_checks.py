@@ -109,8 +109,9 @@ class TermChecks(IndexedCollection):
         if found:
             what = " and ".join(repr(t) for t in q.include)
             return (
-                f"only {found} of the {len(self.collection.items)} items show any sign of "
-                f"{what}; the others are a 0% match"
+                f"only {found} of the {len(self.collection.items)} items "
+                f"{'shows' if found == 1 else 'show'} any sign of {what}; the others are a 0% "
+                "match"
             )
         strat = self.match_strategy(self.context)
         shown = {t: int((strat.term_probability(t) > 0).sum()) for t in q.include}
