@@ -241,3 +241,20 @@ def test_a_compaction_keeps_what_other_processes_added(
     fresh = TextEmbeddingStore(tmp_path, RECORD)
     assert set(fresh.get(["a", "b", "c", "x", "y"])) == {"a", "b", "c", "x", "y"}
     np.testing.assert_array_equal(fresh.get(["y"])["y"], unit_rows(2, 9)[1])
+
+
+def test_a_compaction_over_a_damaged_index_keeps_this_processes_texts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The index on disk damaged after this process read it: writing the index again (a
+    compaction) keeps what this process holds and has just added, where reading the damaged
+    index deleted every chunk, the new one too."""
+    store = TextEmbeddingStore(tmp_path, RECORD, max_entries=4)
+    store.put(["a", "b", "c"], unit_rows(3, 1))
+    (tmp_path / "index.json").write_text("{broken", encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="sparsemm.encoders.text_store"):
+        store.put(["d", "e"], unit_rows(2, 2))  # 5 > 4: a compaction
+    assert "unreadable" in caplog.text
+    kept = TextEmbeddingStore(tmp_path, RECORD, max_entries=4).get(list("abcde"))
+    assert {"d", "e"} <= set(kept) and len(kept) >= 3
+    np.testing.assert_array_equal(kept["e"], unit_rows(2, 2)[1])

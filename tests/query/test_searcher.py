@@ -352,6 +352,9 @@ def test_an_empty_answer_says_why(searcher: Searcher, monkeypatch: pytest.Monkey
     monkeypatch.setattr(searcher, "_ranked", lambda *a, **kw: ([], None))
     answer = searcher.answer(build_request("a cup and a table", k=5))
     assert answer.hits == [] and answer.notes == [note(parse_query("a cup and a table"))]
+    monkeypatch.setattr(searcher, "_count", lambda q, threshold: 0)
+    strict = searcher.answer(build_request("a cup and a table", k=5, min_score="50%"))
+    assert strict.notes == answer.notes  # with --min-score too
 
 
 def test_a_short_page_says_how_many_items_match_at_all(

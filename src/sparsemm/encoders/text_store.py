@@ -168,6 +168,13 @@ class TextEmbeddingStore:
     def _load(self) -> dict[str, list[Any]]:
         if self._entries is not None:
             return self._entries
+        self._entries = self._read(wipe=True)
+        return self._entries
+
+    def _read(self, wipe: bool) -> dict[str, list[Any]]:
+        """The store's texts as on disk (the index, then the journal). A damaged index is
+        deleted with the whole store when ``wipe`` (the first read); on a later read (what
+        another process may have written meanwhile) it only counts as holding nothing."""
         path = self.root / INDEX
         entries: dict[str, list[Any]] = {}
         if path.is_file():
@@ -182,13 +189,26 @@ class TextEmbeddingStore:
                         raise ValueError(f"bad entry for {text!r}")
                     entries[text] = [e[0], e[1], float(e[2])]
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                self._damaged(f"{path}: {exc}")
+                if wipe:
+                    self._damaged(f"{path}: {exc}")
+                else:
+                    logger.warning("text embedding store index unreadable (%s)", exc)
                 entries = {}
-        self._journal_lines = self._replay(entries)
-        self._entries = entries
+        self._journal_lines = self._replay(entries, wipe)
         return entries
 
-    def _replay(self, entries: dict[str, list[Any]]) -> int:
+    def _merged(self, mine: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        """What is on disk now, with this process's texts (``mine``) whose chunks are still
+        there added, and their last uses where they are later."""
+        disk = self._read(wipe=False)
+        for t, e in mine.items():
+            there = disk.get(t)
+            if there is None or (there[0] == e[0] and e[2] > there[2]):
+                if (self.root / e[0]).is_file():  # not dropped by another process since
+                    disk[t] = e
+        return disk
+
+    def _replay(self, entries: dict[str, list[Any]], wipe: bool = True) -> int:
         """Apply the journal's lines to ``entries`` (a line that cannot be read, as the last
         one of a write cut short, is skipped); the number of lines."""
         try:
@@ -205,7 +225,8 @@ class TextEmbeddingStore:
             except ValueError:
                 continue
             if isinstance(e, dict) and e != self._header():  # another store's journal
-                self._damaged(f"{self.root / JOURNAL}: written for another encoder")
+                if wipe:
+                    self._damaged(f"{self.root / JOURNAL}: written for another encoder")
                 entries.clear()
                 return 0
             if _valid_line(e):
@@ -246,12 +267,8 @@ class TextEmbeddingStore:
                 if e is not None and not (self.root / e[0]).is_file():
                     # another process dropped it (least recently used there) since this one
                     # read the store: read it again; a text gone there too is not stored
-                    self._entries, self._chunks = None, {}
-                    entries = self._load()
+                    entries = self._entries = self._merged(entries)
                     e = entries.get(t)
-                    if e is not None and not (self.root / e[0]).is_file():
-                        del entries[t]
-                        e = None
                 if e is None:
                     continue
                 try:
@@ -342,13 +359,7 @@ class TextEmbeddingStore:
         other processes added since this one read the store is read first and kept: a
         long-running process (a server) compacting its own old view would drop their texts
         and delete their chunks."""
-        mine, self._entries = self._load(), None
-        disk = self._load()
-        for t, e in mine.items():
-            there = disk.get(t)
-            if there is None or (there[0] == e[0] and e[2] > there[2]):
-                if (self.root / e[0]).is_file():  # not dropped by another process since
-                    disk[t] = e
+        self._entries = self._merged(self._load())
         self._evict()
         self._write()
 

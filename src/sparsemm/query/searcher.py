@@ -144,7 +144,11 @@ class Searcher(TermChecks):
             matches = self._count(q, threshold)
         notes, unknown = self._read_terms(q, spec.name)
         notes = notes if request.like is None else []
-        if request.like is None and spec.name == "match" and request.min_score is None:
+        if (
+            request.like is None
+            and spec.name == "match"
+            and (request.min_score is None or not hits)
+        ):
             notes += [n for n in (self.empty_note(q, offset + len(hits), k, offset),) if n]
         certified = served is None or served.certified
         if served is not None and not served.certified:
