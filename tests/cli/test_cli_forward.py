@@ -290,3 +290,25 @@ def test_explain_names_what_in_the_photo_carries_each_term(capsys) -> None:
     assert "       'people' from: person (face)" in out
     assert "       'dogs' from: silky terrier (in part of the photo)" in out
     assert not any("'cats' from" in line for line in out)  # nothing carries it
+
+
+def test_json_output_puts_each_list_of_numbers_on_one_line() -> None:
+    """`search --json` printed a hit's dimension lists one number a line (hundreds of lines
+    for "no animals"); the JSON is the same, each list of numbers is now one line, and text
+    that looks like a list or a placeholder stays as it was."""
+    import json
+
+    from sparsemm.cli.search import json_text
+
+    value = {
+        "hits": [
+            {"caption": '[1,  2] "x"', "dims": list(range(300)), "words": ["a", "b"],
+             "excluded": [{"dims": [3, 4.5], "flags": [True, False], "none": []}]},
+        ],
+        "total": 3,
+    }  # fmt: skip
+    text = json_text(value)
+    assert json.loads(text) == value
+    assert any(json.dumps(list(range(300))) in line for line in text.splitlines())
+    assert '"dims": [3, 4.5]' in text and '"caption": "[1,  2] \\"x\\""' in text
+    assert len(text.splitlines()) < 40 < len(json.dumps(value, indent=1).splitlines())

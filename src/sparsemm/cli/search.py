@@ -294,7 +294,7 @@ def render(answer: Answer, args: argparse.Namespace, image: Callable[[Hit], str 
             d["image"] = image(h)
         if args.like is not None:
             out = {"like": args.like, **out}
-        print(json.dumps(out, indent=1))
+        print(json_text(out))
         return
     if answer.unknown_words:  # on stderr, so piped paths stay clean
         print(unknown_note(answer.unknown_words), file=sys.stderr)
@@ -318,6 +318,31 @@ def render(answer: Answer, args: argparse.Namespace, image: Callable[[Hit], str 
         print(
             f"{answer.matches} of {answer.total} items match at {percent(answer.threshold)} or more"
         )
+
+
+def json_text(value: object) -> str:
+    """``value`` as indented JSON, with each list of numbers on one line (a hit's dimension
+    lists ran to hundreds of lines, one number each); the same JSON as ``json.dumps``."""
+    import uuid
+
+    lists: dict[str, str] = {}
+    mark = uuid.uuid4().hex  # no text of the answer can hold it
+
+    def fold(v: object) -> object:
+        if isinstance(v, dict):
+            return {k: fold(x) for k, x in v.items()}
+        if isinstance(v, list):
+            if v and all(isinstance(x, int | float) and not isinstance(x, bool) for x in v):
+                key = f"{mark}{len(lists)}"
+                lists[key] = json.dumps(v)
+                return key
+            return [fold(x) for x in v]
+        return v
+
+    text = json.dumps(fold(value), indent=1)
+    for key, flat in lists.items():
+        text = text.replace(f'"{key}"', flat, 1)
+    return text
 
 
 def _why(way: str) -> str:
