@@ -201,10 +201,11 @@ class TextEmbeddingStore:
         """What is on disk now, with this process's texts (``mine``) whose chunks are still
         there added, and their last uses where they are later."""
         disk = self._read(wipe=False)
+        chunks = {f.name for f in self.root.glob("chunk-*.npy")}  # one listing, not a stat each
         for t, e in mine.items():
             there = disk.get(t)
             if there is None or (there[0] == e[0] and e[2] > there[2]):
-                if (self.root / e[0]).is_file():  # not dropped by another process since
+                if e[0] in chunks:  # not dropped by another process since
                     disk[t] = e
         return disk
 

@@ -189,8 +189,7 @@ class Match(Strategy):
         weights = getattr(self.scorer, "evidence_weights", None)
         if excluded and weights is not None:
             for c in reading.concepts:
-                w = weights(c, excluded=True)
-                units += [u for u in np.flatnonzero(w[:dim]).tolist() if u not in units]
+                units += np.flatnonzero(weights(c, excluded=True)[:dim]).tolist()
         return list(dict.fromkeys(units)) or None
 
     def evidence(

@@ -247,17 +247,17 @@ def pool_sizes(total: int, n: int, fetch: int | None, cap: int) -> tuple[int, in
 class Pool:
     """A served ranking's candidates: the rows rescored so far (ascending, as over every
     item: ties in ``top_rows`` go to the lower row), their exact scores, ``top`` (the
-    positions of the best ``want``, best first), and the codes of those rows, kept from the
-    rescoring read so the hits carry their codes back (read once a search). A row below the
-    top ``want`` stays below as rows join, so only the top's codes are kept."""
+    positions of the best ``want``, best first), and the codes of the top's rows in that
+    order, kept from the rescoring read so the hits carry their codes back (read once a
+    search). A row below the top ``want`` stays below as rows join, so only the top's codes
+    are kept."""
 
     def __init__(self, dim: int, want: int) -> None:
         self.want = want
         self.rows = np.zeros(0, np.int64)
         self.scores = np.zeros(0)
         self.top = np.zeros(0, np.int64)
-        self._held_rows = np.zeros(0, np.int64)  # the top's rows, ascending
-        self._held = sp.csr_matrix((0, dim), dtype=np.float32)  # their codes
+        self._codes = sp.csr_matrix((0, dim), dtype=np.float32)  # of rows[top], in order
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -268,26 +268,24 @@ class Pool:
         if not len(new):
             return
         scores, codes = _rescore(source, strat, query, new)
+        held = np.concatenate([self.rows[self.top], new])  # the rows whose codes are here
         r = np.concatenate([self.rows, new])
         order = np.argsort(r, kind="stable")
         self.rows, self.scores = r[order], np.concatenate([self.scores, scores])[order]
         self.top = top_rows(self.scores, self.want)
-        held_rows = np.concatenate([self._held_rows, new])
-        held = sp.vstack([self._held, codes], format="csr")
-        keep = np.sort(self.rows[self.top])  # within the old top and the new rows
-        self._held_rows, self._held = keep, held[_positions(held_rows, keep)]
+        codes = sp.vstack([self._codes, codes], format="csr")
+        self._codes = codes[_positions(held, self.rows[self.top])]  # within old top and new
 
     def served(
         self, certified: bool, rounds: int, mode: str, searches: int, offset: int
     ) -> ServedResult:
         """The result: the top after ``offset``, with the codes of its rows."""
-        rows = self.rows[self.top[offset:]]
-        codes = self._held[_positions(self._held_rows, rows)]
+        top = self.top[offset:]
+        codes = sp.csr_matrix(self._codes[offset:])
         codes.sort_indices()
         return ServedResult(
-            rows, self.scores[self.top[offset:]], len(self), certified, rounds, mode, searches,
-            codes,
-        )  # fmt: skip
+            self.rows[top], self.scores[top], len(self), certified, rounds, mode, searches, codes
+        )
 
 
 def _positions(among: np.ndarray, rows: np.ndarray) -> np.ndarray:
