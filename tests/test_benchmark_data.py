@@ -322,6 +322,31 @@ def test_the_busy_photo_variant_recovers_a_no_evidence_rate() -> None:
     assert pc.reliability(pairs.y, got)["ece"] < pc.reliability(pairs.y, served)["ece"]
 
 
+def test_the_leftout_variants_are_fitted_held_out_and_counted_by_breadth() -> None:
+    """leftout_breadth fits a variant on the other groups and predicts each group: on pairs
+    drawn from the served form it finds the served scale and bias again; its figures count
+    misses and false alarms, per breadth of word, as defined."""
+    lb, pc = _bench("leftout_breadth"), _bench("photo_calibration")
+    rng = np.random.default_rng(2)
+    n = 20_000
+    e = np.where(rng.random(n) < 0.5, rng.beta(0.5, 2.0, n), 0.0)
+    pairs = _synthetic_pairs(pc, e, np.zeros(n))
+    p_true = pc.predict(pairs, 0.4, 0.9, 0.0)
+    pairs.y = (rng.random(n) < p_true).astype(int)
+    groups = np.array(["a", "b"])[rng.integers(0, 2, n)]
+    x, has = lb._design([e], None)
+    held, params = lb.held_out(pairs, x, has, groups, 1.0)
+    assert abs(params[0] - 0.4) < 0.1 and abs(params[1] - 0.9) < 0.2
+    assert (held[e == 0] == 0).all() and np.abs(held - p_true).mean() < 0.02
+    y = np.array([1, 1, 0, 0, 0])
+    p = np.array([0.1, 0.6, 0.7, 0.2, 0.9])
+    f = lb.figures(y, p, np.array([1, 1, 1, 60, 60]), 10.0)
+    assert f["missed_below_0.2"] == 0.5 and f["missed_below_0.5"] == 0.5
+    assert f["absent_above_0.5"] == round(2 / 3, 4)
+    assert f["absent_above_0.5_classes_1-1"] == 1.0
+    assert f["absent_above_0.5_classes_50-10000"] == 0.5
+
+
 def test_calibration_measures() -> None:
     cal = _bench("coco_calibration")
     rng = np.random.default_rng(0)
