@@ -320,3 +320,19 @@ def test_or_is_one_term_whose_evidence_is_the_alternatives_together(tmp_path: Pa
     np.testing.assert_allclose(scorer.probability(union, ctx), np.maximum(dog, car), atol=1e-12)
     # a description with "or" in it is scored as a description, by its code similarity
     assert scorer.read("a man riding a bike or walking a dog").kind == "similarity"
+
+
+def test_a_shown_percent_reaches_itself_as_a_min_score() -> None:
+    """A hit shown at 100% (P = 1 - 6e-13) reaches --min-score 100% (before, it was
+    dropped and "0 of 43 items match at 100%" printed under it); 0.29 computed with float
+    noise is 29% both ways; a P of none is 0, never -0 (it printed as -0.0 in the JSON)."""
+    from sparsemm.query.request import percent, reaches
+    from sparsemm.query.scorers import _noisy_or
+
+    for p in (1.0 - 6e-13, 0.29 - 1e-12, 0.5, 0.0100000001, 0.999, 0.3 * 3 / 3):
+        shown = percent(p)
+        assert shown != "<1%" and reaches(p, int(shown[:-1]) / 100), p
+        assert not reaches(p, (int(shown[:-1]) + 1) / 100), p
+    assert percent(1.0 - 6e-13) == "100%" and percent(0.29 - 1e-12) == "29%"
+    none = _noisy_or([np.zeros(3), np.zeros(3)], 3)
+    assert (none == 0).all() and not np.signbit(none).any()

@@ -57,11 +57,21 @@ class QueryRequest:
         return len(self.query.include) + len(self.query.exclude)
 
 
+# what a shown percent forgives of float noise (0.29 computed as 0.28999999999 is 29%); a
+# hit shown at a percent reaches that percent as a --min-score (reaches)
+SHOWN_SLACK = 1e-9
+
+
 def percent(p: float) -> str:
     """A match probability as it is shown and ranked: whole percent, rounded down ("92%";
     "<1%" below 1%)."""
-    n = math.floor(100.0 * p + 1e-7)
+    n = math.floor(100.0 * (p + SHOWN_SLACK))
     return "<1%" if n < 1 else f"{n}%"
+
+
+def reaches(p: float, min_score: float) -> bool:
+    """Whether a match probability shown by :func:`percent` reaches ``min_score``."""
+    return p + SHOWN_SLACK >= min_score
 
 
 def evidence_text(term: str, side: str, kind: str, value: float) -> str:

@@ -113,7 +113,7 @@ def _noisy_or(probs: Sequence[np.ndarray], n: int) -> np.ndarray:
     log_none = np.zeros(n)
     for p in probs:
         log_none = log_none + np.log1p(-np.clip(p, 0.0, 1.0 - 1e-12))
-    return -np.expm1(log_none)
+    return 0.0 - np.expm1(log_none)  # never -0.0 (shown as such in JSON)
 
 
 # -- the photo concept model ---------------------------------------------------------------

@@ -32,7 +32,13 @@ from sparsemm.query.hits import (
 from sparsemm.query.index_engine import filter_search
 from sparsemm.query.like import like_term, without_excluded_self
 from sparsemm.query.parse import Query, parse_query
-from sparsemm.query.request import MATCH_THRESHOLD, QueryRequest, min_score_refusal
+from sparsemm.query.request import (
+    MATCH_THRESHOLD,
+    SHOWN_SLACK,
+    QueryRequest,
+    min_score_refusal,
+    reaches,
+)
 from sparsemm.query.strategies import (
     Hybrid,
     Match,
@@ -137,11 +143,11 @@ class Searcher(TermChecks):
         if request.min_score is not None and not prob:
             raise SparsemmError(min_score_refusal(spec.name, self.default_strategy))
         if request.min_score is not None:
-            hits = [h for h in hits if h.score >= request.min_score]
+            hits = [h for h in hits if reaches(h.score, request.min_score)]
         threshold = matches = None
         if prob and request.like is None and (request.count or request.min_score is not None):
             threshold = request.min_score if request.min_score is not None else MATCH_THRESHOLD
-            matches = self._count(q, threshold)
+            matches = self._count(q, threshold - SHOWN_SLACK)  # as the hits are shown
         notes, unknown = self._read_terms(q, spec.name)
         notes = notes if request.like is None else []
         if (
