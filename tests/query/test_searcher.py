@@ -233,6 +233,13 @@ def test_cli_json_paths_and_strategy_list(tmp_path: Path, capsys) -> None:
     assert listing.startswith("dense_a") and "hybrid" in listing and "filter" in listing
     assert main(["search", str(col)]) == 2
     assert "give a collection and a query" in capsys.readouterr().err
+    # --exclude alone is a query of what to leave out, as "no cats" is
+    assert main(["search", str(col), "--exclude", "cat", "-k", "12", "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert alone["query"]["include"] == [] and alone["query"]["exclude"] == ["cat"]
+    assert main(["search", str(col), "no cats", "-k", "12", "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert [h["id"] for h in alone["hits"]] == [h["id"] for h in said["hits"]]
 
 
 def test_batched_text_encoding_gives_the_same_hits_from_many_threads(searcher: Searcher) -> None:
@@ -355,6 +362,50 @@ def test_an_empty_answer_says_why(searcher: Searcher, monkeypatch: pytest.Monkey
     monkeypatch.setattr(searcher, "_count", lambda q, threshold: 0)
     strict = searcher.answer(build_request("a cup and a table", k=5, min_score="50%"))
     assert strict.notes == answer.notes  # with --min-score too
+
+
+def test_a_short_page_of_several_things_says_how_many_items_show_each(
+    searcher: Searcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "big cat in the grass" found in 1 item, where 2 show a big cat and 3 grass: the note
+    names each thing's count, so the user sees which word to drop (before, it named only
+    the phrase); two wanted terms are counted the same way."""
+    from sparsemm.query.parse import parse_query
+
+    ids = list(searcher.collection.ids)
+    total = len(ids)
+    shows = {"big cat": set(ids[:2]), "grass": set(ids[1:4])}
+    phrase = "big cat in the grass"
+
+    class Concept:
+        def __init__(self, term: str) -> None:
+            self.term = term
+
+    class Reading:
+        def __init__(self, terms: list[str]) -> None:
+            self.concepts = [Concept(t) for t in terms]
+
+    class Scorer:
+        def reading(self, term: str) -> Reading:
+            return Reading(["big cat", "grass"] if term == phrase else [term])
+
+        def term_probability(self, term: str, excluded: bool = False) -> np.ndarray:
+            if term == phrase:
+                return self.term_probability("big cat") * self.term_probability("grass")
+            return np.array([0.9 if i in shows[term] else 0.0 for i in ids])
+
+    monkeypatch.setattr(searcher, "match_strategy", lambda ctx=None, **kw: Scorer())
+    assert searcher.empty_note(parse_query(phrase), found=1, k=10) == (
+        f"only 1 of the {total} items shows any sign of {phrase!r} (2 show 'big cat', 3 "
+        "'grass'; a match needs them all); the others are a 0% match"
+    )
+    assert searcher.empty_note(parse_query("big cat and grass"), found=1, k=10) == (
+        f"only 1 of the {total} items shows any sign of 'big cat' and 'grass' (2 show "
+        "'big cat', 3 'grass'; a match needs them all); the others are a 0% match"
+    )
+    assert searcher.empty_note(parse_query("grass"), found=3, k=10) == (
+        f"only 3 of the {total} items show any sign of 'grass'; the others are a 0% match"
+    )
 
 
 def test_a_short_page_says_how_many_items_match_at_all(

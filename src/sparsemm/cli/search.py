@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
         print(list_strategies())
         return 0
     check_args(args)
-    if args.collection is None or (args.query is None and args.like is None):
+    if args.collection is None or (args.query is None and args.like is None and not args.exclude):
         raise SparsemmError(
             'give a collection and a query, e.g. sparsemm search COLLECTION "dog but not cat"'
         )

@@ -110,8 +110,8 @@ class TermChecks(IndexedCollection):
             what = " and ".join(repr(t) for t in q.include)
             return (
                 f"only {found} of the {len(self.collection.items)} items "
-                f"{'shows' if found == 1 else 'show'} any sign of {what}; the others are a 0% "
-                "match"
+                f"{'shows' if found == 1 else 'show'} any sign of {what}{self._parts(q)}; the "
+                "others are a 0% match"
             )
         strat = self.match_strategy(self.context)
         shown = {t: int((strat.term_probability(t) > 0).sum()) for t in q.include}
@@ -125,3 +125,21 @@ class TermChecks(IndexedCollection):
         if q.exclude and not strat.probability(q.include, q.exclude).any():
             return "every item showing what is wanted also shows what is left out"
         return None
+
+    def _parts(self, q: Query) -> str:
+        """For a wanted side of several things ("big cat in the grass"), how many items show
+        each alone (" (5 show 'big cat', 24 'grass'; a match needs them all)"); else ""."""
+        if len(q.include) == 1 and len(q.include[0].split()) == 1:
+            return ""  # one word, one thing
+        strat = self.match_strategy(self.context)
+        parts = []
+        for t in q.include:
+            r = strat.reading(t)
+            parts += [c.term for c in r.concepts] if len(r.concepts) > 1 else [t]
+        names = list(dict.fromkeys(parts))
+        if len(names) < 2:
+            return ""
+        n = [int((strat.term_probability(p) > 0).sum()) for p in names]
+        shown = [f"{n[0]} {'shows' if n[0] == 1 else 'show'} {names[0]!r}"]
+        shown += [f"{c} {p!r}" for p, c in zip(names[1:], n[1:], strict=True)]
+        return f" ({', '.join(shown)}; a match needs them all)"
