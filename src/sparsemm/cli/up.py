@@ -97,7 +97,7 @@ def _say(line: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sparsemm.pipeline.serve import check_address, check_port_free, serve
-    from sparsemm.pipeline.up import up
+    from sparsemm.pipeline.up import example_query, up
 
     check_address(args.host, args.port)
     report = up(
@@ -118,9 +118,10 @@ def run(args: argparse.Namespace) -> int:
     col_dir = report.collection_dir
     if args.no_serve:
         # the folder the user named: search and serve find the collection inside it
-        named = shlex.quote(str(args.out if args.out is not None else args.photos))
+        folder = args.out if args.out is not None else args.photos
+        named = shlex.quote(str(folder))
         _say(
-            f'search it with: sparsemm search {named} "a dog"; '
+            f'search it with: sparsemm search {named} "{example_query(col_dir)}"; '
             f"serve it with: sparsemm serve {named}"
         )
         return 0
