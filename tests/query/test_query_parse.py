@@ -179,6 +179,9 @@ RED_TEAM = [
      ["man is making pizzas in a kitchen"], ["chair"]),
     ("a kitchen - nobody around", ["kitchen"], ["person"]),
     ("dog - not cat", ["dog"], ["cat"]),
+    ("dog - but not a cat", ["dog"], ["cat"]),  # not "but" excluded
+    ("a dog - with a cat", ["dog", "cat"], []),
+    ("dog!!! but, not; a cat???", ["dog"], ["cat"]),  # a ';' after the cue, as a ':'
     ("kitchen\u2014no chair in sight", ["kitchen"], ["chair"]),
     ("pizza \u2013person", ["pizza"], ["person"]),
     ("I don't want cats, just a sofa", ["just a sofa"], ["cats"]),

@@ -193,9 +193,11 @@ class _Parser:
                 self._prefix_cue(i + 1) is not None
                 or nxt in cues.PERSON_WORDS
                 or nxt in ("there", "there's", "no", "not")
+                or nxt in cues.CONNECTORS
             )
         ):
-            self._flush(", ")  # "a kitchen - no chair in sight": a dash, not a minus
+            # "a kitchen - no chair in sight", "dog - but not cat": a pause, not a minus
+            self._flush(", ")
             return self._remove(i, i + 1)
         self._flush(" ")
         kind = self._kind(i + 1)
@@ -366,8 +368,8 @@ class _Parser:
         leading = not self.pieces and not self.words
         label = " ".join([*([setup] if setup in cues.CONNECTORS else []), *cue_words])
         j = start
-        if self._kind(j) == "end" and self.tokens[j][1] == ":":
-            j += 1
+        if self._kind(j) in ("end", "sep") and self.tokens[j][1] in (":", ";"):
+            j += 1  # "but not: cats", "but not; cats"
         nps, j = self._np_list(self._past_request(i + 1, j), leading)
         if nps and self.words and all(w in cues.EVERYTHING for w in self.words):
             for _ in range(len(self.words)):  # "anything other than cats": only the exclusion
