@@ -442,3 +442,24 @@ def test_a_short_page_says_how_many_items_match_at_all(
     assert searcher.answer(build_request("a dog", k=10)).notes == [
         f"only 1 of the {total} items shows any sign of 'dog'; the others are a 0% match"
     ]
+
+
+def test_an_excluded_check_leads_with_what_the_item_carries() -> None:
+    """The check of an excluded term on a hit lists the term's dimensions the hit carries
+    most first, named by their words ("'animals' ... (conch, anemone fish)"), where it
+    listed the term's first dimensions by number (goldfish, great white shark, tench: not
+    what was in the photo); all the term's dims stay listed, the mass is unchanged."""
+    import scipy.sparse as sp
+
+    from sparsemm.query.hits import Explainer
+
+    on = np.zeros(5, dtype=bool)
+    on[:4] = True
+    labels = [["d0"], ["d1"], ["d2"], ["d3"], ["x"]]
+    why = Explainer(np.zeros(5, np.float32), [("dog", [0, 1, 2, 3], on, ["d0"])], labels)
+    codes = sp.csr_matrix(np.array([[0, 0, 0.5, 0.9, 0.3], [0, 0, 0, 0, 0.8]]))
+    carried = why.explain(codes, 0)[1][0]
+    assert carried.dims == [3, 2, 0, 1] and carried.words == ["d3", "d2"]
+    assert carried.item_mass == pytest.approx(1.4)
+    clean = why.explain(codes, 1)[1][0]
+    assert clean.dims == [0, 1, 2, 3] and clean.words == ["d0"] and clean.item_mass == 0.0

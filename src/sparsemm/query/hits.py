@@ -150,10 +150,30 @@ class Explainer:
             if contrib[i] > 0
         ]
         excluded = [
-            ExcludedCheck(term, list(bdims), float(vals[on[dims]].sum()), list(words))
+            self._check(term, bdims, on, words, dims, vals)
             for term, bdims, on, words in self.checks
         ]
         return matched, excluded
+
+    def _check(
+        self, term: str, bdims: list[int], on: np.ndarray, words: list[str], dims: Any, vals: Any
+    ) -> ExcludedCheck:
+        """One excluded term's check on a row (``dims``, ``vals``: its non-zeros): the
+        term's dimensions, those the row has most of first, named by the words of those
+        (the term's own first dims' words when the row has none of them)."""
+        mine = on[dims]
+        if not mine.any():
+            return ExcludedCheck(term, list(bdims), 0.0, list(words))
+        order = np.argsort(-vals[mine], kind="stable")
+        top = [int(j) for j in dims[mine][order]]
+        first = set(top)
+        named = [w for j in top[:3] for w in self.labels[j][:1]]
+        return ExcludedCheck(
+            term,
+            top + [j for j in bdims if j not in first],
+            float(vals[mine].sum()),
+            list(dict.fromkeys(named)),
+        )
 
 
 def term_evidence(
