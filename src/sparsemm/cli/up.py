@@ -118,8 +118,7 @@ def run(args: argparse.Namespace) -> int:
     col_dir = report.collection_dir
     if args.no_serve:
         # the folder the user named: search and serve find the collection inside it
-        folder = args.out if args.out is not None else args.photos
-        named = shlex.quote(str(folder))
+        named = shlex.quote(str(args.out if args.out is not None else args.photos))
         _say(
             f'search it with: sparsemm search {named} "{example_query(col_dir)}"; '
             f"serve it with: sparsemm serve {named}"

@@ -667,7 +667,10 @@ def example_query(collection_dir: Path) -> str:
 
     from sparsemm.query.searcher import Searcher
 
-    searcher = Searcher(collection_dir)
+    try:
+        searcher = Searcher(collection_dir)
+    except SparsemmError:  # not this command's to report: `search` will say it
+        return FALLBACK_EXAMPLE
     try:
         strat = searcher.match_strategy(searcher.context)
         shown: dict[str, np.ndarray] = {}
