@@ -1103,3 +1103,9 @@ def test_the_example_query_is_made_of_what_the_photos_show(
     assert example_query(Path("photos")) == "a dog"
     Fake.matcher = None
     assert example_query(Path("photos")) == "a dog"
+
+    def damaged(collection: Path) -> Fake:
+        raise SparsemmError("the index is damaged")
+
+    monkeypatch.setattr(searcher_module, "Searcher", damaged)
+    assert example_query(Path("photos")) == "a dog"
