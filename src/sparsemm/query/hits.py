@@ -149,31 +149,18 @@ class Explainer:
             for i in order
             if contrib[i] > 0
         ]
-        excluded = [
-            self._check(term, bdims, on, words, dims, vals)
-            for term, bdims, on, words in self.checks
-        ]
+        excluded = []
+        for term, bdims, on, words in self.checks:
+            # the term's dims this row carries most first, named by theirs (else its own)
+            mine = on[dims]
+            order = np.argsort(-vals[mine], kind="stable")
+            top = [int(j) for j in dims[mine][order]]
+            if top:
+                words = list(dict.fromkeys(w for j in top[:3] for w in self.labels[j][:1]))
+            first = set(top)
+            ordered = top + [j for j in bdims if j not in first]
+            excluded.append(ExcludedCheck(term, ordered, float(vals[mine].sum()), list(words)))
         return matched, excluded
-
-    def _check(
-        self, term: str, bdims: list[int], on: np.ndarray, words: list[str], dims: Any, vals: Any
-    ) -> ExcludedCheck:
-        """One excluded term's check on a row (``dims``, ``vals``: its non-zeros): the
-        term's dimensions, those the row has most of first, named by the words of those
-        (the term's own first dims' words when the row has none of them)."""
-        mine = on[dims]
-        if not mine.any():
-            return ExcludedCheck(term, list(bdims), 0.0, list(words))
-        order = np.argsort(-vals[mine], kind="stable")
-        top = [int(j) for j in dims[mine][order]]
-        first = set(top)
-        named = [w for j in top[:3] for w in self.labels[j][:1]]
-        return ExcludedCheck(
-            term,
-            top + [j for j in bdims if j not in first],
-            float(vals[mine].sum()),
-            list(dict.fromkeys(named)),
-        )
 
 
 def term_evidence(
