@@ -463,3 +463,52 @@ def test_an_excluded_check_leads_with_what_the_item_carries() -> None:
     assert carried.item_mass == pytest.approx(1.4)
     clean = why.explain(codes, 1)[1][0]
     assert clean.dims == [0, 1, 2, 3] and clean.words == ["d0"] and clean.item_mass == 0.0
+
+
+def test_the_example_query_is_made_of_what_the_items_show(
+    searcher: Searcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up --no-serve` and the page suggest a query the collection answers (`up` always
+    said "a dog"): the commonest everyday thing, less the one most often with it that not
+    all of its items show; "a dog" when the model reads none of the words or has no match
+    scorer; computed once per searcher."""
+    from sparsemm.query import term_checks
+
+    n = len(searcher.collection.items)
+    shows = {"people": [], "an animal": [0, 1, 2], "a dog": [0], "a cat": [0, 1, 2]}
+    shows["a car"] = [0, 1, 3]  # with two of the three animals
+    calls = []
+
+    class Strategy:
+        def term_probability(self, word: str) -> np.ndarray:
+            calls.append(word)
+            if word not in shows:
+                raise SparsemmError(f"{word!r} is not something this model can see")
+            p = np.zeros(n)
+            p[shows[word]] = 0.9
+            return p
+
+    matcher: Strategy | None = Strategy()
+
+    def match_strategy(ctx: object = None) -> Strategy:
+        if matcher is None:
+            raise SparsemmError("the match scorer needs a model with concepts")
+        return matcher
+
+    monkeypatch.setattr(searcher, "match_strategy", match_strategy)
+
+    def example() -> str:
+        searcher._example = None
+        return searcher.example_query()
+
+    assert example() == "an animal but not a car"  # "a cat": in every animal item
+    del shows["a car"]
+    assert example() == "an animal but not a dog"
+    before = len(calls)
+    assert searcher.example_query() == "an animal but not a dog" and len(calls) == before
+    shows.clear()
+    assert example() == "a dog"
+    matcher = None
+    assert example() == "a dog"
+    monkeypatch.setattr(term_checks, "EXAMPLE_MAX_ITEMS", n - 1)
+    assert example() == "a dog"

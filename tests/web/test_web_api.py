@@ -44,6 +44,8 @@ def test_health_and_page(client: TestClient) -> None:
     assert info["status"] == "ok" and info["items"] == len(ITEMS) and info["dims"] == len(WORDS)
     assert info["images"] == len(ITEMS) - len(NO_IMAGE) - 2  # minus the txt and missing file
     assert "filter" in info["strategies"] and info["default_strategy"] == "hybrid"
+    # the page's placeholder: a query this collection answers
+    assert info["example"] and ids(client.get("/api/search", params={"q": info["example"]}))
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert 'id="include"' in page.text and 'id="exclude"' in page.text

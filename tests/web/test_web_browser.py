@@ -12,6 +12,7 @@ is used). Skipped when either is missing; ``SPARSEMM_CHROMIUM`` overrides the br
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -142,6 +143,9 @@ def test_search_page_end_to_end(server: str, tmp_path: Path) -> None:
             page.goto(server + "/")
             page.wait_for_selector("body[data-ready='true']", state="attached")
             assert "24 items" in page.inner_text("#collection-info")
+            # the query box suggests a search this collection answers (/api/health)
+            example = json.loads(page.evaluate("fetch('api/health').then(r => r.text())"))
+            assert page.get_attribute("#include", "placeholder") == f"e.g. {example['example']}"
 
             # 1. a query: the dog images come back as a grid of loaded images
             page.fill("#include", "dog")

@@ -651,44 +651,18 @@ def _say_synced(report: Any, col_dir: Path, say: Callable[[str], None]) -> None:
         )
 
 
-# everyday things an example query is made of, commonest first when photos tie
-EVERYDAY = (
-    "people", "an animal", "a dog", "a cat", "a bird", "a vehicle", "a car", "a boat",
-    "a flower", "food", "a building", "furniture", "a bottle", "a cup",
-)  # fmt: skip
-FALLBACK_EXAMPLE = "a dog"
-
-
 def example_query(collection_dir: Path) -> str:
-    """A query the collection answers, to suggest after `sparsemm up`: the everyday thing
-    most of its photos show (at 50% or more), but not the one most often with it that not
-    all of them show ("an animal but not a dog"); "a dog" when the model reads none."""
-    import numpy as np
-
+    """A query the collection answers, to suggest after `sparsemm up`
+    (:meth:`~sparsemm.query.term_checks.TermChecks.example_query`); "a dog" when the
+    collection cannot be opened (`search` says why)."""
     from sparsemm.query.searcher import Searcher
+    from sparsemm.query.term_checks import FALLBACK_EXAMPLE
 
     try:
         searcher = Searcher(collection_dir)
-    except SparsemmError:  # not this command's to report: `search` will say it
+    except SparsemmError:
         return FALLBACK_EXAMPLE
     try:
-        strat = searcher.match_strategy(searcher.context)
-        shown: dict[str, np.ndarray] = {}
-        for word in EVERYDAY:
-            try:
-                shown[word] = strat.term_probability(word) >= 0.5
-            except SparsemmError:  # a word this model cannot see
-                continue
-    except SparsemmError:  # a model without the match scorer
-        return FALLBACK_EXAMPLE
+        return searcher.example_query()
     finally:
         searcher.close()
-    if not shown or not max(int(s.sum()) for s in shown.values()):
-        return FALLBACK_EXAMPLE
-    want = max(shown, key=lambda w: int(shown[w].sum()))  # the first of the commonest
-    n = int(shown[want].sum())
-    both = {w: int((s & shown[want]).sum()) for w, s in shown.items() if w != want}
-    apart = [w for w, k in both.items() if 0 < k < n]
-    if not apart:
-        return want
-    return f"{want} but not {max(apart, key=lambda w: both[w])}"

@@ -4,7 +4,8 @@
 :meth:`TermChecks.check_terms` refuses a term that means nothing to the model (no letter or
 digit, an empty code, nothing the match scorer's vocabulary can see, with the closest
 concepts it knows); :meth:`TermChecks.unknown_words` names words no vocabulary holds;
-:meth:`TermChecks.notes` says how the match scorer read each term. The texts a search will
+:meth:`TermChecks.notes` says how the match scorer read each term;
+:meth:`TermChecks.example_query` is a query the collection answers. The texts a search will
 embed are encoded here in batches, so the ranking that follows finds them cached.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sparsemm.errors import SparsemmError
 from sparsemm.query.handle import IndexedCollection
 from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.scorers import no_concept
@@ -19,9 +21,51 @@ from sparsemm.query.strategies import get_spec
 from sparsemm.query.strategies.context import CHECK_BATCH
 from sparsemm.text import singular, tokenize
 
+# everyday things an example query is made of, commonest first when photos tie
+EVERYDAY = (
+    "people", "an animal", "a dog", "a cat", "a bird", "a vehicle", "a car", "a boat",
+    "a flower", "food", "a building", "furniture", "a bottle", "a cup",
+)  # fmt: skip
+FALLBACK_EXAMPLE = "a dog"
+EXAMPLE_MAX_ITEMS = 100_000  # past this, the example is not worth reading every code
+
 
 class TermChecks(IndexedCollection):
     """Term checks over one indexed collection (see the module docstring)."""
+
+    _example: str | None = None
+
+    def example_query(self) -> str:
+        """A query this collection answers (`sparsemm up` suggests it, the page shows it):
+        the everyday thing most of its items show (at 50% or more), but not the one most
+        often with it that not all of them show ("an animal but not a dog"); "a dog" when
+        the model reads none of them or the collection is very large. Computed once."""
+        if self._example is None:
+            self._example = self._example_query()
+        return self._example
+
+    def _example_query(self) -> str:
+        if len(self.collection.items) > EXAMPLE_MAX_ITEMS:
+            return FALLBACK_EXAMPLE
+        try:
+            strat = self.match_strategy(self.context)
+        except SparsemmError:  # a model without the match scorer
+            return FALLBACK_EXAMPLE
+        shown: dict[str, np.ndarray] = {}
+        for word in EVERYDAY:
+            try:
+                shown[word] = strat.term_probability(word) >= 0.5
+            except SparsemmError:  # a word this model cannot see
+                continue
+        if not shown or not max(int(s.sum()) for s in shown.values()):
+            return FALLBACK_EXAMPLE
+        want = max(shown, key=lambda w: int(shown[w].sum()))  # the first of the commonest
+        n = int(shown[want].sum())
+        both = {w: int((s & shown[want]).sum()) for w, s in shown.items() if w != want}
+        apart = [w for w, k in both.items() if 0 < k < n]
+        if not apart:
+            return want
+        return f"{want} but not {max(apart, key=lambda w: both[w])}"
 
     def unknown_words(self, query: Query | str) -> list[str]:
         """Words of ``query``'s terms that this searcher has never seen, in query order: in

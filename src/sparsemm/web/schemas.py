@@ -202,3 +202,4 @@ class HealthOut(BaseModel):
     # an item's own concept is worth showing from this value (its codes are class
     # probabilities: a 3% "volcano" on a sunset is noise); 0 when codes are not probabilities
     concept_floor: float = 0.0
+    example: str = ""  # a query the collection answers (the page's placeholder)

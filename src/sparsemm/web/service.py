@@ -490,6 +490,7 @@ class SearchService:
             max_query_chars=MAX_QUERY_CHARS,
             filter_threshold=float(HardFilter.params["threshold"]),
             concept_floor=CONCEPT_FLOOR if self._probability_codes() else 0.0,
+            example=st.searcher.example_query(),
         )
 
     def _probability_codes(self) -> bool:

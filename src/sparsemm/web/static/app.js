@@ -606,6 +606,7 @@
       fillStrategies();
       state.filterThreshold = info.filter_threshold;
       state.conceptFloor = info.concept_floor || 0;
+      if (info.example) $("include").placeholder = `e.g. ${info.example}`;
     } catch (error) {
       showError(`The search service is not answering: ${error.message}`);
     }
