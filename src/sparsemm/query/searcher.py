@@ -68,8 +68,9 @@ class Searcher(TermChecks):
         return self._count(query if isinstance(query, Query) else parse_query(query), threshold)
 
     def _count(self, q: Query, threshold: float) -> int:
-        """:meth:`count_matches` for the match scorer."""
+        """:meth:`count_matches` for the match scorer: P shown at ``threshold`` or more."""
         self.check_terms(q, "match")
+        threshold -= SHOWN_SLACK  # as percent() shows them (request.reaches)
         if self.served("match"):
             return self.match_strategy().count_store(
                 self.store,
@@ -147,7 +148,7 @@ class Searcher(TermChecks):
         threshold = matches = None
         if prob and request.like is None and (request.count or request.min_score is not None):
             threshold = request.min_score if request.min_score is not None else MATCH_THRESHOLD
-            matches = self._count(q, threshold - SHOWN_SLACK)  # as the hits are shown
+            matches = self._count(q, threshold)
         notes, unknown = self._read_terms(q, spec.name)
         notes = notes if request.like is None else []
         if (
@@ -223,8 +224,7 @@ class Searcher(TermChecks):
                 nonnegative=self.index.nonnegative, unit_lists=self.unit_lists,
             )  # fmt: skip
             rows, scores, codes = res.rows, res.scores, res.codes
-            # the hits' evidence is computed on a scorer over just their codes (those the
-            # ranking read to rescore them)
+            # the hits' evidence: a scorer over just the codes the ranking rescored
             strat = strat.over(codes)
         else:
             rows, scores = rank_query(self.context, q, strat, k=k, offset=offset)

@@ -368,8 +368,8 @@ class _Parser:
         leading = not self.pieces and not self.words
         label = " ".join([*([setup] if setup in cues.CONNECTORS else []), *cue_words])
         j = start
-        if self._kind(j) in ("end", "sep") and self.tokens[j][1] in (":", ";"):
-            j += 1  # "but not: cats", "but not; cats"
+        if self._kind(j) == "end" and self.tokens[j][1] == ":":
+            j += 1
         nps, j = self._np_list(self._past_request(i + 1, j), leading)
         if nps and self.words and all(w in cues.EVERYTHING for w in self.words):
             for _ in range(len(self.words)):  # "anything other than cats": only the exclusion
