@@ -181,6 +181,8 @@ RED_TEAM = [
     ("dog - not cat", ["dog"], ["cat"]),
     ("dog - but not a cat", ["dog"], ["cat"]),  # not "but" excluded
     ("a dog - with a cat", ["dog", "cat"], []),
+    ("mountains - and - lakes", ["mountains", "lakes"], []),  # not lakes excluded
+    ("a dog, with - a ball", ["dog", "ball"], []),
     ("kitchen\u2014no chair in sight", ["kitchen"], ["chair"]),
     ("pizza \u2013person", ["pizza"], ["person"]),
     ("I don't want cats, just a sofa", ["just a sofa"], ["cats"]),

@@ -194,6 +194,7 @@ class _Parser:
                 or nxt in cues.PERSON_WORDS
                 or nxt in ("there", "there's", "no", "not")
                 or nxt in cues.CONNECTORS
+                or self._word(i - 1) in cues.CONNECTORS  # "lakes and - boats"
             )
         ):
             # "a kitchen - no chair in sight", "dog - but not cat": a pause, not a minus
