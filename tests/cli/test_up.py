@@ -1074,3 +1074,22 @@ def test_up_suggests_the_plain_example_for_a_collection_it_cannot_open(
 
     monkeypatch.setattr(searcher_module, "Searcher", damaged)
     assert example_query(Path("photos")) == "a dog"
+
+
+def test_the_example_and_the_notes_read_codes_not_the_image_embeddings(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The page asks for the example once per index version, and a short page of several
+    things counts each: both read the items' codes only, never the full context with every
+    image embedding (a server of many photos would hold them all for a placeholder)."""
+    from sparsemm.query.parse import parse_query
+    from sparsemm.query.searcher import Searcher
+
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    assert _up(photos, out, capsys)[0] == 0
+    searcher = Searcher(out / "collection")
+    assert searcher.served("match") and searcher.example_query()
+    searcher.empty_note(parse_query("a cat and a coffee mug"), found=1, k=10)
+    assert searcher._ctx is None and searcher._dense is None

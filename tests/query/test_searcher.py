@@ -339,7 +339,7 @@ def test_an_empty_answer_says_why(searcher: Searcher, monkeypatch: pytest.Monkey
                 p = p * (1.0 - self.term_probability(t))
             return p
 
-    monkeypatch.setattr(searcher, "match_strategy", lambda ctx=None, **kw: Scorer())
+    monkeypatch.setattr(searcher, "_match_over_items", lambda: Scorer())
     note = searcher.empty_note
     assert note(parse_query("a spoon and a cup")) == (
         "no item shows 'spoon': its match is 0% for every item"
@@ -394,7 +394,7 @@ def test_a_short_page_of_several_things_says_how_many_items_show_each(
                 return self.term_probability("big cat") * self.term_probability("grass")
             return np.array([0.9 if i in shows[term] else 0.0 for i in ids])
 
-    monkeypatch.setattr(searcher, "match_strategy", lambda ctx=None, **kw: Scorer())
+    monkeypatch.setattr(searcher, "_match_over_items", lambda: Scorer())
     assert searcher.empty_note(parse_query(phrase), found=1, k=10) == (
         f"only 1 of the {total} items shows any sign of {phrase!r} (2 show 'big cat', 3 "
         "'grass'; a match needs them all); the others are a 0% match"
@@ -495,7 +495,7 @@ def test_the_example_query_is_made_of_what_the_items_show(
             raise SparsemmError("the match scorer needs a model with concepts")
         return matcher
 
-    monkeypatch.setattr(searcher, "match_strategy", match_strategy)
+    monkeypatch.setattr(searcher, "_match_over_items", match_strategy)
 
     def example() -> str:
         searcher._example = None
@@ -512,3 +512,4 @@ def test_the_example_query_is_made_of_what_the_items_show(
     assert example() == "a dog"
     monkeypatch.setattr(term_checks, "EXAMPLE_MAX_ITEMS", n - 1)
     assert example() == "a dog"
+

@@ -17,7 +17,7 @@ from sparsemm.errors import SparsemmError
 from sparsemm.query.handle import IndexedCollection
 from sparsemm.query.parse import Query, parse_query
 from sparsemm.query.scorers import no_concept
-from sparsemm.query.strategies import get_spec
+from sparsemm.query.strategies import Match, get_spec
 from sparsemm.query.strategies.context import CHECK_BATCH
 from sparsemm.text import singular, tokenize
 
@@ -44,11 +44,22 @@ class TermChecks(IndexedCollection):
             self._example = self._example_query()
         return self._example
 
+    def _match_over_items(self) -> Match:
+        """The match scorer over every item's code, as the served ranking scores them: over
+        the codes alone, so that a note or the page's example does not load every image
+        embedding as well (the full context does); the full context where the model's
+        match is not served by the index."""
+        if not self.served("match"):
+            return self.match_strategy(self.context)
+        strat = self.match_strategy().over(self.codes)
+        assert isinstance(strat, Match)
+        return strat
+
     def _example_query(self) -> str:
         if len(self.collection.items) > EXAMPLE_MAX_ITEMS:
             return FALLBACK_EXAMPLE
         try:
-            strat = self.match_strategy(self.context)
+            strat = self._match_over_items()
         except SparsemmError:  # a model without the match scorer
             return FALLBACK_EXAMPLE
         shown: dict[str, np.ndarray] = {}
@@ -157,7 +168,7 @@ class TermChecks(IndexedCollection):
                 f"{'shows' if found == 1 else 'show'} any sign of {what}{self._parts(q)}; the "
                 "others are a 0% match"
             )
-        strat = self.match_strategy(self.context)
+        strat = self._match_over_items()
         shown = {t: int((strat.term_probability(t) > 0).sum()) for t in q.include}
         if not all(shown.values()):
             none = next(t for t, n in shown.items() if n == 0)
@@ -175,7 +186,7 @@ class TermChecks(IndexedCollection):
         each alone (" (5 show 'big cat', 24 'grass'; a match needs them all)"); else ""."""
         if len(q.include) == 1 and len(q.include[0].split()) == 1:
             return ""  # one word, one thing
-        strat = self.match_strategy(self.context)
+        strat = self._match_over_items()
         parts = []
         for t in q.include:
             r = strat.reading(t)
