@@ -512,4 +512,3 @@ def test_the_example_query_is_made_of_what_the_items_show(
     assert example() == "a dog"
     monkeypatch.setattr(term_checks, "EXAMPLE_MAX_ITEMS", n - 1)
     assert example() == "a dog"
-
