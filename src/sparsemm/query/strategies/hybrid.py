@@ -489,8 +489,7 @@ class Hybrid(Detector):
                 bound = min(bound, list_bound)
                 bound_exact = min(bound_exact, list_bound - plist.used_err)
                 pool.add(source, self, query, rows)
-                top = pool.top  # the best `want`, finite scores only
-                kth = float(pool.scores[top[-1]]) if len(top) == want else -np.inf
+                kth = pool.kth
                 certified = bool(bound == -np.inf or kth > bound + margin)
                 if certified:
                     break

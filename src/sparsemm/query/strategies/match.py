@@ -447,8 +447,7 @@ def _served_codes(
             per_list.append(list_bound)
             exact_per_list.append(list_bound - plist.used_err)
             pool.add(source, strat, query, rows)
-        top = pool.top
-        kth = float(pool.scores[top[-1]]) if len(top) == want else -np.inf
+        kth = pool.kth
         if every:
             key_bound = -np.inf
         else:
@@ -557,8 +556,7 @@ def _served_units(
             rows, tb = tie.top(source, m, fetch, cap)
             pool.add(source, strat, query, rows)
             tie_bound = -np.inf if tb == -np.inf else min(1.0, max(0.0, tb))
-        top = pool.top
-        kth = float(pool.scores[top[-1]]) if len(top) == want else -np.inf
+        kth = pool.kth
         if bound == -np.inf or tie_bound == -np.inf:  # every item was rescored
             certified = True
         else:

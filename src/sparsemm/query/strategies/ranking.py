@@ -262,6 +262,11 @@ class Pool:
     def __len__(self) -> int:
         return len(self.rows)
 
+    @property
+    def kth(self) -> float:
+        """The ``want``-th best exact score so far; -inf while fewer are finite."""
+        return float(self.scores[self.top[-1]]) if len(self.top) == self.want else -np.inf
+
     def add(self, source: Store, strat: Strategy, query: Query, rows: np.ndarray) -> None:
         """Rescore the rows of ``rows`` not among the candidates yet and merge them in."""
         new = np.setdiff1d(rows, self.rows)  # sorted, unique
