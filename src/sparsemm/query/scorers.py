@@ -180,9 +180,13 @@ class UnitScorer:
         w = self._unit_weights(concept).copy()
         r = self._region_weights(w)
         if r is not None:
-            cfg = self.model.config
-            w += float(cfg.exclude_region_weight if excluded else cfg.region_weight) * r
+            w += self._region_weight(excluded) * r
         return w
+
+    def _region_weight(self, excluded: bool) -> float:
+        """What a tile's evidence counts for beside the whole photo's, by the term's side."""
+        cfg = self.model.config
+        return float(cfg.exclude_region_weight if excluded else cfg.region_weight)
 
     def class_evidence(
         self, w: np.ndarray, codes: sp.csr_matrix, excluded: bool = False
@@ -194,8 +198,7 @@ class UnitScorer:
         e = np.asarray(codes @ w, dtype=np.float64).ravel()
         r = self._region_weights(w)
         if r is not None:
-            cfg = self.model.config
-            lam = float(cfg.exclude_region_weight if excluded else cfg.region_weight)
+            lam = self._region_weight(excluded)
             e = np.maximum(e, lam * np.asarray(codes @ r, dtype=np.float64).ravel())
         return e
 
