@@ -37,7 +37,7 @@ import numpy as np
 from scipy.optimize import minimize
 
 sys.path.insert(0, str(Path(__file__).parent))
-from photo_calibration import auc, build_pairs, word_weights
+from photo_calibration import auc, build_pairs, log_loss, word_weights
 from real_photos import data_files, load_all, source_groups
 
 BREADTHS = ((1, 1), (2, 9), (10, 49), (50, 10_000))
@@ -134,12 +134,6 @@ def _predict(v: np.ndarray, x: np.ndarray, has: np.ndarray, face: np.ndarray) ->
     return 1.0 - (1.0 - pc) * (1.0 - face)
 
 
-def _wll(y: np.ndarray, p: np.ndarray, weight: float) -> float:
-    p = np.clip(p, 1e-4, 1 - 1e-4)
-    w = np.where(y == 1, weight, 1.0)
-    return float(-np.sum(w * (y * np.log(p) + (1 - y) * np.log1p(-p))) / np.sum(w))
-
-
 def held_out(
     pairs: Any, x: np.ndarray, has: np.ndarray, groups: np.ndarray, weight: float
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -152,7 +146,7 @@ def held_out(
         v0 = np.zeros(x.shape[1] + 1)
         v0[0] = 0.5
         res = minimize(
-            lambda v: _wll(pairs.y[m], _predict(v, x[m], has[m], face[m]), weight),
+            lambda v: log_loss(pairs.y[m], _predict(v, x[m], has[m], face[m]), weight),
             v0,
             method="L-BFGS-B",
         )
@@ -168,7 +162,7 @@ def held_out(
 def figures(y: np.ndarray, p: np.ndarray, breadth: np.ndarray, weight: float) -> dict[str, Any]:
     pos, neg = y == 1, y == 0
     out: dict[str, Any] = {
-        "weighted_log_loss": round(_wll(y, p, weight), 4),
+        "weighted_log_loss": round(log_loss(y, p, weight), 4),
         "auc": auc(y, p),
         "missed_below_0.2": round(float((p[pos] < 0.2).mean()), 4),
         "missed_below_0.5": round(float((p[pos] < 0.5).mean()), 4),
