@@ -17,8 +17,8 @@ from pathlib import Path
 from PIL import Image
 
 from sparsemm import Searcher, parse_query
-from sparsemm.cli.search import percent
-from sparsemm.viz.report import ResultItem, result_grid_png
+from sparsemm.query.request import percent
+from sparsemm_experiments.viz.report import ResultItem, result_grid_png
 
 QUERY = "a sneaker but not a bag"
 
