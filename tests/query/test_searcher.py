@@ -442,6 +442,10 @@ def test_a_short_page_says_how_many_items_match_at_all(
     assert searcher.answer(build_request("a dog", k=10)).notes == [
         f"only 1 of the {total} items shows any sign of 'dog'; the others are a 0% match"
     ]
+    found = total  # a page longer than the collection: nothing to say ("only 9 of the 9")
+    assert not any(
+        "any sign" in n for n in searcher.answer(build_request("a dog", k=total + 5)).notes
+    )
 
 
 def test_an_excluded_check_leads_with_what_the_item_carries() -> None:

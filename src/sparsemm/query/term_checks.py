@@ -158,9 +158,11 @@ class TermChecks(IndexedCollection):
         ``found`` (all that match at all, counting the ``offset`` skipped) when some did, and
         with none, read over every item: a wanted thing no item shows, wanted things found
         only apart, or every item with them also showing a thing to leave out. None when
-        the query has nothing wanted or the page is full."""
+        the query has nothing wanted, the page is full or every item matches."""
         if not q.include or found >= offset + k or (offset and not found > offset):
             return None
+        if found >= len(self.collection.items):
+            return None  # every item matches: the page is short because the collection is
         if found:
             what = " and ".join(repr(t) for t in q.include)
             return (
