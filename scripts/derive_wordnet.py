@@ -6,7 +6,8 @@
 writes ``src/sparsemm/concepts/data/wordnet-nouns.json.gz`` (every noun synset: its offset,
 lexicographer file, lemmas with their sense numbers, and its hypernyms, instance hypernyms
 included, and which synsets are instances; the noun exception list for irregular plurals;
-the one-word verbs, adjectives and adverbs that are not nouns) and copies WordNet's licence
+the one-word verbs, adjectives and adverbs that are not nouns; the nouns more often used as
+adjectives, by WordNet's sense-tagged counts) and copies WordNet's licence
 beside it as ``WORDNET-LICENSE``. Glosses, examples and the other pointer types are left
 out: sparsemm needs the lemmas and the is-a hierarchy only. The output is deterministic
 (same input, same bytes), so a re-run shows no diff.
@@ -73,6 +74,23 @@ def read_other_words(d: Path, nouns: set[str]) -> list[str]:
     return sorted(w for w in out if w.isalpha() and w not in nouns)
 
 
+def read_modifiers(d: Path, nouns: set[str]) -> list[str]:
+    """Lower-case one-word noun lemmas tagged more often as adjectives than as nouns in
+    WordNet's sense-tagged corpus (``cntlist.rev``: "nice" 29 to 0, "good" 262 to 26,
+    "lovely" 11 to 0; not "light", 45 to 117): in a phrase they describe the thing beside
+    them ("a nice cat") rather than name a thing of their own (the city of Nice)."""
+    counts: dict[str, list[int]] = {}
+    with (d / "cntlist.rev").open(encoding="latin-1") as fh:
+        for line in fh:
+            key, _, tagged = line.split()
+            lemma, _, rest = key.partition("%")
+            kind = rest[:1]  # 1 noun, 3 adjective, 5 adjective satellite
+            if kind in ("1", "3", "5") and lemma.isalpha():
+                c = counts.setdefault(lemma.lower(), [0, 0])
+                c[kind != "1"] += int(tagged)
+    return sorted(w for w, (noun, adj) in counts.items() if w in nouns and adj > noun)
+
+
 def read_sense_ranks(path: Path) -> dict[tuple[str, int], int]:
     """(lowercase lemma, synset offset) -> sense number (1 = most frequent), from index.noun."""
     ranks: dict[tuple[str, int], int] = {}
@@ -125,6 +143,7 @@ def main() -> None:
     offsets, lexfiles, lemmas, parents, instance = read_synsets(d / "data.noun")
     ranks = read_sense_ranks(d / "index.noun")
     where = {off: i for i, off in enumerate(offsets)}
+    nouns = {w.lower() for ws in lemmas for w in ws}
     data = {
         "format": "sparsemm.wordnet-nouns",
         "version": 2,
@@ -139,7 +158,9 @@ def main() -> None:
         "exceptions": read_exceptions(d / "noun.exc"),
         # synsets that are instances (Clarence Day, the Eiffel Tower), never a reading
         "instances": [i for i, flag in enumerate(instance) if flag],
-        "other_words": read_other_words(d, {w.lower() for ws in lemmas for w in ws}),
+        "other_words": read_other_words(d, nouns),
+        # nouns used more as adjectives ("nice", "good"): in a phrase, describing words
+        "modifiers": read_modifiers(d, nouns),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     raw = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()

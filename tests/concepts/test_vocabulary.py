@@ -59,6 +59,9 @@ def test_people_and_faces_are_the_face_unit(vocab: ConceptVocabulary) -> None:
     assert woman.notes == [
         "'woman' is searched as 'person': this model cannot tell women from other people"
     ]
+    women = "'women' is searched as 'person': this model cannot tell women from other people"
+    assert vocab.read("women").notes == [women]
+    assert "cannot tell old men from other people" in vocab.read("an old man").notes[0]
 
 
 def test_implied_scenes_carry_their_weight(vocab: ConceptVocabulary) -> None:
@@ -83,6 +86,18 @@ def test_phrases_are_read_noun_by_noun(vocab: ConceptVocabulary) -> None:
     big = vocab.read("a big dog")
     assert [c.label for c in big.concepts] == ["dog"]
     assert big.ignored == ("big",) and "left out" in big.notes[0]
+    # a noun used mostly as an adjective describes the thing beside it: "a nice dog" is no
+    # city of Nice, "a lovely cheetah" no beautiful woman read as a person
+    for term, word in (
+        ("a nice dog", "nice"),
+        ("a lovely cheetah", "lovely"),
+        ("good dogs", "good"),
+    ):
+        r = vocab.read(term)
+        assert [c.label for c in r.concepts] == [term.split()[-1].rstrip("s")], term
+        assert r.ignored == (word,) and "left out" in r.notes[0], term
+    with pytest.raises(UnknownTerm, match="'nice' describes a thing rather than names one"):
+        vocab.read("nice")
     assert vocab.read_names("there is a dog and a cheetah") is not None
     assert vocab.read_names("a dog running fast") is None  # a description, not a list
 

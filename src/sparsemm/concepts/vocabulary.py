@@ -22,8 +22,9 @@ each unit at a WordNet noun synset and reads a query term as the units that cove
    ``note``); other words are not widened ("kitchen" is not searched as "area");
 5. a phrase ("a cup of coffee", "a boat on a lake") is read noun by noun (longest WordNet
    nouns first, filler words such as "group", "photo" and "kind" left out): all its nouns
-   must be present; a count ("two dogs") or a describing word ("big") is left out with a
-   note, but a thing the model cannot see ("sunset", "red", "kitchen") refuses the
+   must be present; a count ("two dogs") or a describing word ("big", or a noun used
+   mostly as an adjective: "a nice cat" is no city of Nice) is left out with a note, but
+   a thing the model cannot see ("sunset", "red", "kitchen") refuses the
    phrase as it refuses the word alone, never silently;
 6. a term with no reading is refused (:class:`UnknownTerm`) with the closest concepts the
    model knows: curated ones for what no model here sees (:data:`UNSEEN`: the time of
@@ -45,6 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 
+from sparsemm.concepts.spelling import DeletionIndex
 from sparsemm.concepts.wordnet import WordNet, normalise, wordnet
 from sparsemm.errors import SparsemmError
 
@@ -312,7 +314,7 @@ class ConceptVocabulary:
         # its equipment and players show)
         self._implied_senses = frozenset(int(x) for x in (implied or {}))
         self._entity = self.wn.by_wnid(ENTITY)
-        self._spell: _DeletionIndex | None = None
+        self._spell: DeletionIndex | None = None
         self._stand_ins = {i for i in (self.wn.by_wnid(w) for w in STAND_INS) if i is not None}
         self._by_name: dict[str, list[int]] = {}
         for u, n in enumerate(self.names):
@@ -460,6 +462,10 @@ class ConceptVocabulary:
                     break
                 if n > 1 and not self.wn.known(chunk):
                     continue
+                if n == 1 and len(words) > 1 and self._describes(chunk):
+                    ignored.append(chunk)  # "a nice cat": the cat, not the city of Nice
+                    i += 1
+                    break
                 c = self.read_noun(chunk)
                 if c is not None:
                     concepts.append(c)
@@ -562,6 +568,14 @@ class ConceptVocabulary:
         unique = {c.units: c for c in concepts}
         return Reading(term, tuple(unique.values()))
 
+    def _describes(self, word: str) -> bool:
+        """Whether a word of a phrase describes the thing beside it rather than names one:
+        WordNet has it as a noun but it is used more often as an adjective ("nice",
+        "good", "lovely", "young"), sparsemm maps it to no word of its own ("outside"), and
+        no unit of the model is named by it."""
+        key = normalise(word)
+        return self.wn.modifier(key) and key not in OVERRIDES and not self._by_name.get(key)
+
     def _names_a_thing(self, chunk: str) -> bool:
         """Whether a word is mainly a thing: its most frequent noun sense is physical ("dog",
         "glass"), not an act ("making") or a time; or it names a unit WordNet lacks that
@@ -596,11 +610,15 @@ class ConceptVocabulary:
                 f"{term!r} is not something this model can see (it is no English word "
                 "WordNet knows; check the spelling)"
             )
-        known = (
-            "WordNet has no such noun"
-            if not self._senses_any(term)
-            else ("this model has nothing that shows it")
-        )
+        if not self._senses_any(term):
+            known = "WordNet has no such noun"
+        elif self._describes(key):  # its look-alike concepts would only mislead
+            return (
+                f"{term!r} describes a thing rather than names one; name the thing, e.g. "
+                f"'a {key} dog'"
+            )
+        else:
+            known = "this model has nothing that shows it"
         return f"{term!r} is not something this model can see ({known}){hint}"
 
     def spelling(self, term: str, k: int = 3) -> list[str]:
@@ -612,7 +630,7 @@ class ConceptVocabulary:
         if not re.fullmatch(r"[a-z]{3,20}", word):
             return []
         if self._spell is None:
-            self._spell = _DeletionIndex(self._spelling_words())
+            self._spell = DeletionIndex(self._spelling_words())
         found = self._spell.near(word)
         readable = []
         for c in sorted(found, key=lambda c: (found[c], -len(self.wn.lookup(c)), c)):
@@ -695,55 +713,6 @@ class ConceptVocabulary:
             return False
 
 
-class _DeletionIndex:
-    """Words by the strings one or two deletions away (symmetric-delete spelling, after
-    SymSpell): a word within two edits of a query shares a deletion string with it, so a
-    lookup touches a few dozen keys instead of every string two edits away."""
-
-    def __init__(self, words: Sequence[str]) -> None:
-        self.words = frozenset(words)
-        self.by_delete: dict[str, list[str]] = {}
-        for w in self.words:
-            for d in _deletes(w):
-                self.by_delete.setdefault(d, []).append(w)
-
-    def near(self, word: str, max_dist: int = 2) -> dict[str, int]:
-        """{word: edit distance} of the indexed words within ``max_dist`` of ``word``,
-        only the closest distance found (1 before 2)."""
-        cands: set[str] = set()
-        for d in _deletes(word):
-            cands.update(self.by_delete.get(d, ()))
-        found = {c: _osa(word, c) for c in cands}
-        found = {c: d for c, d in found.items() if 0 < d <= max_dist}
-        if not found:
-            return {}
-        best = min(found.values())
-        return {c: d for c, d in found.items() if d == best}
-
-
-def _deletes(word: str) -> set[str]:
-    """``word`` and every string one or two deletions from it."""
-    one = {word[:i] + word[i + 1 :] for i in range(len(word))}
-    two = {w[:i] + w[i + 1 :] for w in one for i in range(len(w))}
-    return {word} | one | two
-
-
-def _osa(a: str, b: str) -> int:
-    """Optimal string alignment distance (insertions, deletions, substitutions and
-    adjacent transpositions)."""
-    prev2: list[int] = []
-    prev = list(range(len(b) + 1))
-    for i in range(1, len(a) + 1):
-        cur = [i] + [0] * len(b)
-        for j in range(1, len(b) + 1):
-            cost = 0 if a[i - 1] == b[j - 1] else 1
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
-            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
-                cur[j] = min(cur[j], prev2[j - 2] + 1)
-        prev2, prev = prev, cur
-    return prev[-1]
-
-
 def _by_w(item: tuple[int, float]) -> tuple[float, int]:
     return (-item[1], item[0])
 
@@ -753,13 +722,18 @@ def _sorted(units: Mapping[int, float]) -> tuple[tuple[int, float], ...]:
 
 
 def _plural(word: str) -> str:
-    w = normalise(word)
+    """The plural of a word or phrase, on its last word ("old man" -> "old men")."""
+    head, _, w = normalise(word).rpartition(" ")
     irregular = {"person": "people", "man": "men", "woman": "women", "child": "children"}
     if w in irregular:
-        return irregular[w]
-    if w.endswith("y") and not w.endswith(("ay", "ey", "oy", "uy")):
-        return w[:-1] + "ies"
-    return w if w.endswith("s") else w + "s"
+        w = irregular[w]
+    elif w in irregular.values():
+        pass
+    elif w.endswith("y") and not w.endswith(("ay", "ey", "oy", "uy")):
+        w = w[:-1] + "ies"
+    elif not w.endswith("s"):
+        w += "s"
+    return f"{head} {w}" if head else w
 
 
 @functools.lru_cache(maxsize=1)

@@ -4,8 +4,9 @@
 ``scripts/derive_wordnet.py`` (WordNet's licence is beside it, ``data/WORDNET-LICENSE``): every
 noun synset with its lemmas, their sense numbers and its hypernyms (instance hypernyms
 included, and which synsets are instances: "Day" the writer Clarence Day, "Paris"), plus the
-noun exception list for irregular plurals and the one-word verbs, adjectives and adverbs
-that are not nouns (:meth:`WordNet.english`). Users need nothing else.
+noun exception list for irregular plurals, the one-word verbs, adjectives and adverbs
+that are not nouns (:meth:`WordNet.english`), and the nouns more often used as adjectives
+(:meth:`WordNet.modifier`). Users need nothing else.
 
 A synset is addressed by its index in the file (an ``int``); :meth:`WordNet.wnid` gives the
 ImageNet-style id (``n02084071`` for dog.n.01). Lookups go through WordNet's own noun
@@ -122,6 +123,7 @@ class WordNet:
         self._senses: dict[str, list[int]] = data["senses"]
         self._instances = frozenset(int(i) for i in data["instances"])
         self._other_words = frozenset(str(w) for w in data["other_words"])
+        self._modifiers = frozenset(str(w) for w in data.get("modifiers", ()))
         self._children: list[tuple[int, ...]] | None = None
         self._by_wnid: dict[str, int] | None = None
         for child, extra in EXTRA_PARENTS.items():
@@ -216,6 +218,11 @@ class WordNet:
                 if not repl and stem[-1] == stem[-2] and stem[:-1] in self._other_words:
                     return True  # "running" -> run, "bigger" -> big
         return False
+
+    def modifier(self, word: str) -> bool:
+        """Whether ``word`` is a noun used more often as an adjective (by WordNet's
+        sense-tagged counts): "nice" (not the city), "good", "lovely", "young"."""
+        return normalise(word) in self._modifiers
 
     # -- hierarchy ------------------------------------------------------------------------
     @functools.lru_cache(maxsize=65536)  # noqa: B019 - one WordNet per process
