@@ -85,6 +85,21 @@ def singular(token: str) -> str:
     return token
 
 
+def plural(word: str) -> str:
+    """The plural of a word or phrase, on its last word ("old man" -> "old men")."""
+    head, _, w = " ".join(word.lower().split()).rpartition(" ")
+    irregular = {"person": "people", "man": "men", "woman": "women", "child": "children"}
+    if w in irregular:
+        w = irregular[w]
+    elif w in irregular.values():
+        pass
+    elif w.endswith("y") and not w.endswith(("ay", "ey", "oy", "uy")):
+        w = w[:-1] + "ies"
+    elif not w.endswith("s"):
+        w += "s"
+    return f"{head} {w}" if head else w
+
+
 def term_tokens(text: str) -> list[str]:
     """Content tokens of ``text`` (:func:`tokenize`) in singular form."""
     return [singular(t) for t in tokenize(text)]

@@ -96,8 +96,21 @@ def test_phrases_are_read_noun_by_noun(vocab: ConceptVocabulary) -> None:
         r = vocab.read(term)
         assert [c.label for c in r.concepts] == [term.split()[-1].rstrip("s")], term
         assert r.ignored == (word,) and "left out" in r.notes[0], term
-    with pytest.raises(UnknownTerm, match="'nice' describes a thing rather than names one"):
+    with pytest.raises(
+        UnknownTerm, match="'nice' describes a thing rather than names one: name the thing too"
+    ):
         vocab.read("nice")
+    # a stand-in or a material right before another thing describes it: a baby cheetah
+    # shows no person, a paper cup no paper; apart, each is a thing of the phrase
+    for term, word, label in (
+        ("a baby cheetah", "baby", "cheetah"),
+        ("a paper cup", "paper", "cup"),
+    ):
+        r = vocab.read(term)
+        assert [c.label for c in r.concepts] == [label] and r.ignored == (word,), term
+    assert [c.label for c in vocab.read("a baby with a cheetah").concepts] == ["person", "cheetah"]
+    with pytest.raises(UnknownTerm, match="'paper' in 'paper and a cup' is not something"):
+        vocab.read("paper and a cup")  # a thing of its own, which this model cannot see
     assert vocab.read_names("there is a dog and a cheetah") is not None
     assert vocab.read_names("a dog running fast") is None  # a description, not a list
 

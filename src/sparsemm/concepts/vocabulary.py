@@ -23,9 +23,10 @@ each unit at a WordNet noun synset and reads a query term as the units that cove
 5. a phrase ("a cup of coffee", "a boat on a lake") is read noun by noun (longest WordNet
    nouns first, filler words such as "group", "photo" and "kind" left out): all its nouns
    must be present; a count ("two dogs") or a describing word ("big", or a noun used
-   mostly as an adjective: "a nice cat" is no city of Nice) is left out with a note, but
-   a thing the model cannot see ("sunset", "red", "kitchen") refuses the
-   phrase as it refuses the word alone, never silently;
+   mostly as an adjective: "a nice cat" is no city of Nice) is left out with a note, as
+   is a stand-in or a material right before the thing it describes ("a baby elephant",
+   "a paper cup": no person, no paper); a thing the model cannot see ("sunset", "red",
+   "kitchen") refuses the phrase as it refuses the word alone, never silently;
 6. a term with no reading is refused (:class:`UnknownTerm`) with the closest concepts the
    model knows: curated ones for what no model here sees (:data:`UNSEEN`: the time of
    day, colours, text), a spelling fix only for a word that is no English word, else by
@@ -49,6 +50,7 @@ from importlib import resources
 from sparsemm.concepts.spelling import DeletionIndex
 from sparsemm.concepts.wordnet import WordNet, normalise, wordnet
 from sparsemm.errors import SparsemmError
+from sparsemm.text import plural
 
 PHYSICAL_ENTITY = "n00001930"
 SENSES_FILE = "senses.json"
@@ -422,7 +424,7 @@ class ConceptVocabulary:
                 label = self.wn.name(p)
                 note = (
                     f"{word!r} is searched as {label!r}: this model cannot tell "
-                    f"{_plural(word)} from other {_plural(label)}"
+                    f"{plural(word)} from other {plural(label)}"
                 )
                 return Concept(word, label, _sorted(self.covering(p)), "broader", p, note)
         return None
@@ -438,7 +440,12 @@ class ConceptVocabulary:
         whole = self.read_noun(text) if text else None
         if whole is not None:
             return Reading(term, (whole,))
-        words = [w for w in re.findall(r"[a-z0-9][a-z0-9'\-]*", text) if w not in STOP]
+        tokens = re.findall(r"[a-z0-9][a-z0-9'\-]*", text)
+        words = [w for w in tokens if w not in STOP]
+        # where each word stands: a word right before another (no stop word between them,
+        # "baby elephant") may describe it
+        at = [i for i, w in enumerate(tokens) if w not in STOP]
+        spans: list[tuple[int, int]] = []  # the words each concept was read from
         concepts: list[Concept] = []
         ignored: list[str] = []
         counts: list[str] = []
@@ -469,14 +476,22 @@ class ConceptVocabulary:
                 c = self.read_noun(chunk)
                 if c is not None:
                     concepts.append(c)
+                    spans.append((at[i], at[i + n - 1]))
                     i += n
                     break
                 if n == 1:
-                    (unseen if self._names_a_thing(chunk) else ignored).append(chunk)
+                    if self._names_a_thing(chunk):
+                        unseen.append(chunk)
+                        spans.append((at[i], at[i]))
+                        concepts.append(Concept(chunk, "", (), "unseen"))  # its place
+                    else:
+                        ignored.append(chunk)
                     i += 1
                     break
             else:  # pragma: no cover - the n == 1 case always breaks
                 i += 1
+        concepts = self._heads(concepts, spans, ignored)
+        unseen = [w for w in unseen if w not in ignored]
         if unseen and concepts:
             raise UnknownTerm(term, self._phrase_refusal(term, unseen[0], concepts))
         if unseen:  # "something red", "a sunny day": refused as the word alone would be
@@ -490,6 +505,30 @@ class ConceptVocabulary:
                 seen.add(c.units)
                 unique.append(c)
         return Reading(term, tuple(unique), tuple(ignored), tuple(counts))
+
+    def _heads(
+        self, concepts: list[Concept], spans: list[tuple[int, int]], ignored: list[str]
+    ) -> list[Concept]:
+        """``concepts`` (how = "unseen" where a word names a thing the model cannot see)
+        less those of one word that stand right before another thing of the phrase and
+        describe it: a stand-in ("baby elephant": no person in it) or a material or substance
+        ("paper cup", "metal chair": the thing is a cup, a chair). Their words join
+        ``ignored``; the unseen places are dropped."""
+        kept = []
+        for j, c in enumerate(concepts):
+            before = j + 1 < len(concepts) and spans[j + 1][0] == spans[j][1] + 1
+            one = spans[j][0] == spans[j][1]
+            if before and one and (c.how == "broader" or self._material(c.term)):
+                ignored.append(c.term)
+            elif c.how != "unseen":
+                kept.append(c)
+        return kept
+
+    def _material(self, word: str) -> bool:
+        """Whether one of a word's three most frequent noun senses is a substance ("paper",
+        "plastic", "glass", "stone"), by WordNet's lexicographer file."""
+        senses = self.wn.lookup(OVERRIDES.get(normalise(word), normalise(word)))
+        return any(self.wn.lexname(s) == "substance" for s in senses[:3])
 
     def read_union(self, term: str) -> Concept:
         """ "cats or dogs", "a cat or a dog": one concept whose units are the union of the
@@ -613,10 +652,7 @@ class ConceptVocabulary:
         if not self._senses_any(term):
             known = "WordNet has no such noun"
         elif self._describes(key):  # its look-alike concepts would only mislead
-            return (
-                f"{term!r} describes a thing rather than names one; name the thing, e.g. "
-                f"'a {key} dog'"
-            )
+            return f"{term!r} describes a thing rather than names one: name the thing too"
         else:
             known = "this model has nothing that shows it"
         return f"{term!r} is not something this model can see ({known}){hint}"
@@ -719,21 +755,6 @@ def _by_w(item: tuple[int, float]) -> tuple[float, int]:
 
 def _sorted(units: Mapping[int, float]) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(units.items()))
-
-
-def _plural(word: str) -> str:
-    """The plural of a word or phrase, on its last word ("old man" -> "old men")."""
-    head, _, w = normalise(word).rpartition(" ")
-    irregular = {"person": "people", "man": "men", "woman": "women", "child": "children"}
-    if w in irregular:
-        w = irregular[w]
-    elif w in irregular.values():
-        pass
-    elif w.endswith("y") and not w.endswith(("ay", "ey", "oy", "uy")):
-        w = w[:-1] + "ies"
-    elif not w.endswith("s"):
-        w += "s"
-    return f"{head} {w}" if head else w
 
 
 @functools.lru_cache(maxsize=1)
