@@ -1093,3 +1093,54 @@ def test_the_example_and_the_notes_read_codes_not_the_image_embeddings(
     assert searcher.served("match") and searcher.example_query()
     searcher.empty_note(parse_query("a cat and a coffee mug"), found=1, k=10)
     assert searcher._ctx is None and searcher._dense is None
+
+
+def test_photos_gone_or_replaced_since_up_are_named_and_left_out_of_piped_paths(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A search answers from the index, so a photo deleted or replaced after `up` still
+    comes back until `up` runs again: the answer says which and what to run (the CLI, the
+    API and the page alike), -f leaves a gone file out of the piped paths, and a copied
+    folder (same sizes, new times) is not called changed."""
+    import shutil
+
+    from PIL import Image
+
+    from sparsemm import Searcher
+    from sparsemm.query.request import build_request
+
+    photos = tmp_path / "photos"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    assert main(["up", str(photos), "--no-serve", "--no-progress"]) == 0
+    capsys.readouterr()
+    search = ["search", str(photos), "a cat", "-k", "3", "--no-server"]
+    assert main([*search, "-f"]) == 0
+    cap = capsys.readouterr()
+    assert len(cap.out.splitlines()) == 3 and "no longer" not in cap.err
+    copy = tmp_path / "copy"
+    shutil.copytree(photos, copy)  # new times, same sizes: nothing to say
+    assert main(["search", str(copy), "a cat", "-k", "3", "--no-server"]) == 0
+    assert "changed since" not in capsys.readouterr().err
+
+    (photos / "p1.png").unlink()
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(photos / "p2.png")  # another picture
+    assert main([*search, "-f"]) == 0
+    cap = capsys.readouterr()
+    assert sorted(cap.out.splitlines()) == sorted(
+        str(photos.resolve() / n) for n in ("p0.png", "p2.png")
+    )
+    note = (
+        "note: 'p1.png' is no longer in the folder; 'p2.png' changed since `up` read it: "
+        f"run `sparsemm up {photos.resolve()}` to bring the index up to date"
+    )
+    assert note in cap.err.splitlines()
+    searcher = Searcher(photos)
+    try:
+        assert note[len("note: ") :] in searcher.answer(build_request("a cat", k=3)).notes
+    finally:
+        searcher.close()
+    assert main(["up", str(photos), "--no-serve", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(search) == 0
+    assert "no longer" not in capsys.readouterr().err

@@ -306,7 +306,9 @@ def render(answer: Answer, args: argparse.Namespace, image: Callable[[Hit], str 
     if args.paths:
         end = "\0" if args.null else "\n"
         for h in hits:
-            print(image(h) or h.id, end=end)
+            path = image(h)
+            if path is None or Path(path).exists():  # a gone photo: the note above says so
+                print(path or h.id, end=end)
         return
     query = answer.query
     include = like_header(args.like) if args.like is not None else ", ".join(query.include)

@@ -106,6 +106,35 @@ class Collection:
         ref = self.items[row].get("image")
         return image_file(str(ref), self.root, self.photos_moved) if ref else None
 
+    def photo_folder(self) -> Path | None:
+        """The photo folder `sparsemm up` keeps this collection for, where it is now (None:
+        another kind of collection)."""
+        source = self.manifest.get("source")
+        if not isinstance(source, dict) or source.get("kind") != UP_SOURCE_KIND:
+            return None
+        moved = self.photos_moved
+        return moved[1] if moved is not None else Path(str(source.get("path")))
+
+    def stale(self, rows: Sequence[int]) -> dict[int, str]:
+        """Of the photos of ``rows``, those no longer as `sparsemm up` read them: "gone"
+        (no file at its path) or "changed" (a file of another size there: replaced or
+        edited). Only a photo folder's items are checked (they carry a file stamp,
+        ``"size:mtime_ns"``); a file whose time alone changed (a copied folder) is not."""
+        out: dict[int, str] = {}
+        for row in rows:
+            stamp = self.items[row].get("stamp")
+            path = self.image_file(row) if stamp else None
+            if path is None:
+                continue
+            try:
+                size = path.stat().st_size
+            except OSError:
+                out[row] = "gone"
+                continue
+            if str(size) != str(stamp).split(":")[0]:
+                out[row] = "changed"
+        return out
+
     def _lists(self, name: str) -> bool:
         """The manifest lists ``name`` (its checksum), or the file is there."""
         return name in self.manifest.get("checksums", {}) or (self.root / name).is_file()

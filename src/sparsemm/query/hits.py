@@ -13,8 +13,9 @@ per-item values and per-dimension weights, which :func:`term_evidence` reads for
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -23,6 +24,9 @@ from sparsemm.models.detectors import ConceptDetectors
 from sparsemm.query.parse import Query
 from sparsemm.query.request import evidence_text
 from sparsemm.query.strategies import ExclusionContext, HardFilter, Hybrid, Match, get_strategy
+
+if TYPE_CHECKING:
+    from sparsemm.data.collection import Collection
 
 
 @dataclass
@@ -240,6 +244,28 @@ class Answer:
             unknown_words=list(d.get("unknown_words") or []),
             total=d.get("total"),
         )
+
+
+def stale_notes(collection: Collection, hits: Sequence[Hit]) -> list[str]:
+    """A note when photos among ``hits`` are gone from their folder or were replaced since
+    `sparsemm up` read them (:meth:`Collection.stale`): a search answers from the index, so
+    it still shows them until `up` runs again; [] when none is."""
+    stale = collection.stale([h.row for h in hits])
+    parts = []
+    for how in ("gone", "changed"):
+        ids = [h.id for h in hits if stale.get(h.row) == how]
+        if not ids:
+            continue
+        named = ", ".join(repr(i) for i in ids[:3]) + (f" and {len(ids) - 3} more" * (len(ids) > 3))
+        one = len(ids) == 1
+        if how == "gone":
+            parts.append(f"{named} {'is' if one else 'are'} no longer in the folder")
+        else:
+            parts.append(f"{named} changed since `up` read {'it' if one else 'them'}")
+    if not parts:
+        return []
+    folder = collection.photo_folder()
+    return [f"{'; '.join(parts)}: run `sparsemm up {folder}` to bring the index up to date"]
 
 
 def explainer(

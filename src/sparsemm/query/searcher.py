@@ -28,6 +28,7 @@ from sparsemm.query.hits import (
     MatchedConcept,
     explained_hits,
     explainer,
+    stale_notes,
 )
 from sparsemm.query.index_engine import filter_search
 from sparsemm.query.like import like_term, without_excluded_self
@@ -36,6 +37,7 @@ from sparsemm.query.request import (
     MATCH_THRESHOLD,
     SHOWN_SLACK,
     QueryRequest,
+    check_page,
     min_score_refusal,
     reaches,
 )
@@ -73,12 +75,9 @@ class Searcher(TermChecks):
         threshold -= SHOWN_SLACK  # as percent() shows them (request.reaches)
         if self.served("match"):
             return self.match_strategy().count_store(
-                self.store,
-                q,
-                threshold,
-                nonnegative=self.index.nonnegative,
-                unit_lists=self.unit_lists,
-            )
+                self.store, q, threshold,
+                nonnegative=self.index.nonnegative, unit_lists=self.unit_lists,
+            )  # fmt: skip
         strat = self.match_strategy(self.context)
         return int((strat.probability(q.include, q.exclude) >= threshold).sum())
 
@@ -173,7 +172,7 @@ class Searcher(TermChecks):
             threshold=threshold,
             matches=matches,
             certified=certified,
-            notes=notes,
+            notes=[*notes, *stale_notes(self.collection, hits)],
             unknown_words=unknown,
             total=len(self.collection.items),
         )
@@ -197,8 +196,7 @@ class Searcher(TermChecks):
         the benchmarks use. Raises SparsemmError for bad input, including a term the model
         knows nothing about (:meth:`check_terms`). :meth:`answer` is the same search with
         what the front ends show around the hits."""
-        if k < 1 or offset < 0:
-            raise SparsemmError("k must be >= 1 and offset >= 0")
+        check_page(k, offset)
         q = query if isinstance(query, Query) else parse_query(query, exclude=exclude)
         return self._ranked(q, self.strategy_spec(strategy), k, offset, params)[0]
 
