@@ -136,3 +136,33 @@ def test_exclusion_only_queries_and_stray_quotes_are_searched_as_documented(
     refused = next(line for line in doc.splitlines() if line.startswith("| empty, whitespace"))
     assert "only-excluding" not in refused and "unbalanced quote" not in refused
     assert "| a query that only excludes" in doc and "| an unbalanced double quote" in doc
+
+
+def test_a_query_starting_with_a_dash_says_how_to_pass_it(
+    toy_collection: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse takes "-dog" for an option; the error says how to search it."""
+    from sparsemm.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["search", str(toy_collection), "-dog"])
+    assert "'--' before a query that starts with '-'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("k", "offset"), [("3", 0), (2.5, 0), (True, 0), (3, "1"), (3, -1)])
+def test_the_python_api_refuses_a_page_of_the_wrong_type(
+    toy_collection: Path, k: Any, offset: Any
+) -> None:
+    """`search(k="3")` raised a TypeError from deep inside; a QueryRequest built by hand too."""
+    from sparsemm.errors import SparsemmError
+    from sparsemm.query.parse import parse_query
+    from sparsemm.query.request import QueryRequest
+
+    searcher = Searcher(toy_collection, encoder=WebKeywordEncoder())
+    try:
+        with pytest.raises(SparsemmError, match="must be"):
+            searcher.search("dog", k=k, offset=offset)
+        with pytest.raises(SparsemmError, match="must be"):
+            QueryRequest(parse_query("dog"), k, offset)
+    finally:
+        searcher.close()

@@ -110,7 +110,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     fill = getattr(args, "positionals", None)
     if extra and (fill is None or not fill(args, extra)):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        dash = args.verb == "search" and any(e.startswith("-") and e != "--" for e in extra)
+        hint = (
+            " (options first, then '--' before a query that starts with '-': "
+            "search -k 5 PHOTOS -- -dog)"
+        )
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint if dash else ''}")
     # Long jobs report their stages at INFO; a search prints its answer only (-v: all).
     quiet = args.verb in QUIET_VERBS
     logging.basicConfig(

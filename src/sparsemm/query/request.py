@@ -51,6 +51,9 @@ class QueryRequest:
     engine: str = "strategy"
     count: bool = False
 
+    def __post_init__(self) -> None:
+        check_page(self.k, self.offset)
+
     @property
     def heavy_terms(self) -> int:
         """How many terms the query holds (a server gives many-term queries fewer lanes)."""
@@ -216,6 +219,15 @@ def like_exclusions(q: str = "", include: Sequence[str] = (), exclude: Sequence[
     return query
 
 
+def check_page(k: Any, offset: Any, k_name: str = "k", offset_name: str = "offset") -> None:
+    """SparsemmError unless ``k`` is a whole number of at least 1 and ``offset`` one of 0
+    or more (the Python API's ``k="3"`` or ``k=2.5`` too, not a TypeError deep inside)."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise SparsemmError(f"{k_name} must be at least 1, got {k!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise SparsemmError(f"{offset_name} must be 0 or more, got {offset!r}")
+
+
 def build_request(
     q: str = "",
     include: Sequence[str] = (),
@@ -234,10 +246,7 @@ def build_request(
     for anything a search would refuse. ``names``: what the messages call ``k``,
     ``offset`` and ``min_score`` (the CLI: "-k", "--offset", "--min-score")."""
     name = {"k": "k", "offset": "offset", "min_score": "min_score", **(names or {})}
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise SparsemmError(f"{name['k']} must be at least 1, got {k!r}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise SparsemmError(f"{name['offset']} must be 0 or more, got {offset!r}")
+    check_page(k, offset, name["k"], name["offset"])
     if engine not in ENGINES:
         raise SparsemmError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
     score = parse_probability(min_score, name["min_score"]) if min_score is not None else None
