@@ -158,17 +158,17 @@ class TermChecks(IndexedCollection):
         ``found`` (all that match at all, counting the ``offset`` skipped) when some did, and
         with none, read over every item: a wanted thing no item shows, wanted things found
         only apart, or every item with them also showing a thing to leave out. None when
-        the query has nothing wanted, the page is full or every item matches."""
-        if not q.include or found >= offset + k or (offset and not found > offset):
-            return None
-        if found >= len(self.collection.items):
-            return None  # every item matches: the page is short because the collection is
+        the query has nothing wanted, the page is full, every item matches or the offset
+        is past the collection. A page starting past the matches says so."""
+        total = len(self.collection.items)
+        if not q.include or found >= offset + k or found >= total or offset >= total:
+            return None  # a full page, or a collection (or offset) shorter than the page
         if found:
             what = " and ".join(repr(t) for t in q.include)
+            past = f"; this page starts past them (offset {offset})" if offset >= found else ""
             return (
-                f"only {found} of the {len(self.collection.items)} items "
-                f"{'shows' if found == 1 else 'show'} any sign of {what}{self._parts(q)}; the "
-                "others are a 0% match"
+                f"only {found} of the {total} items {'shows' if found == 1 else 'show'} any "
+                f"sign of {what}{self._parts(q)}; the others are a 0% match{past}"
             )
         strat = self._match_over_items()
         shown = {t: int((strat.term_probability(t) > 0).sum()) for t in q.include}
