@@ -88,3 +88,8 @@ def test_nouns_used_mostly_as_adjectives_are_modifiers(wn: WordNet) -> None:
         assert wn.modifier(word), word
     for word in ("light", "glass", "dog", "baby", "toy", "cute"):  # nouns first, or no noun
         assert not wn.modifier(word), word
+
+
+def test_accents_are_dropped_as_wordnet_spells_its_words(wn: WordNet) -> None:
+    assert normalise("Café") == "cafe" and normalise("crème  brûlée") == "creme brulee"
+    assert wn.lookup("café") == wn.lookup("cafe") != ()

@@ -20,6 +20,7 @@ import functools
 import gzip
 import json
 import re
+import unicodedata
 from importlib import resources
 from typing import Any
 
@@ -99,9 +100,12 @@ LEXNAMES = {
 
 
 def normalise(text: str) -> str:
-    """A lemma key: lower case, words joined by single spaces (``Hot_Dog`` -> ``hot dog``);
-    hyphens are kept (WordNet has ``t-shirt``)."""
-    return " ".join(re.sub(r"[_\s]+", " ", str(text)).strip().lower().split())
+    """A lemma key: lower case, words joined by single spaces (``Hot_Dog`` -> ``hot dog``),
+    accents dropped as WordNet spells its words (``café`` -> ``cafe``); hyphens are kept
+    (WordNet has ``t-shirt``)."""
+    text = unicodedata.normalize("NFKD", str(text))
+    text = "".join(ch for ch in text if not unicodedata.combining(ch))
+    return " ".join(re.sub(r"[_\s]+", " ", text).strip().lower().split())
 
 
 class WordNet:
