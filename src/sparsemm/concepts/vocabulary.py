@@ -75,6 +75,9 @@ OVERRIDES: dict[str, str] = {
     "guys": "man",
     "motorbike": "motorcycle",
     "motorbikes": "motorcycle",
+    # ImageNet's "plane" is the carpenter's; a photo searched for a plane means an airplane
+    "plane": "airplane",
+    "planes": "airplane",
     "electronics": "electronic device",  # the devices, not the branch of physics
     # photo words: "indoor(s)" and "outside" are the places WordNet calls interior/outdoors
     "indoor": "inside",
