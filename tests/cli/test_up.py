@@ -1144,3 +1144,26 @@ def test_photos_gone_or_replaced_since_up_are_named_and_left_out_of_piped_paths(
     capsys.readouterr()
     assert main(search) == 0
     assert "no longer" not in capsys.readouterr().err
+
+
+def test_a_copied_folder_names_its_unreadable_photo_where_it_is_now(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unreadable photo is not read again while its file is unchanged; in a copy of the
+    folder (times kept) its warning and skipped.jsonl named the original folder's file."""
+    import shutil
+
+    photos = tmp_path / "photos"
+    (photos / "bad.jpg").parent.mkdir(parents=True)
+    (photos / "bad.jpg").write_bytes(b"\xff\xd8\xff not really a jpeg")
+    _photo(photos / "good.png", 1)
+    assert main(["up", str(photos), "--no-serve", "--no-progress"]) == 0
+    assert str(photos / "bad.jpg") in capsys.readouterr().out
+    copy = tmp_path / "copy"
+    shutil.copytree(photos, copy)  # copy2: the same sizes and times, so the same stamps
+    assert main(["up", str(copy), "--no-serve", "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "skipped 1 unreadable" in text and str(copy.resolve() / "bad.jpg") in text, text
+    assert str(photos) not in text
+    rows = (copy / ".sparsemm" / "collection" / "skipped.jsonl").read_text().splitlines()
+    assert [json.loads(r)["image"] for r in rows] == [str(copy.resolve() / "bad.jpg")]

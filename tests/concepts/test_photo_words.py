@@ -253,3 +253,9 @@ def test_a_plane_is_an_airplane_and_a_wing_implies_one(vocab: ConceptVocabulary)
         assert {"airliner", "wing"} <= got and "plane" not in got, term
     assert "wing" in names(vocab, "sky")
     assert names(vocab, "a carpenter's plane") == {"plane"}  # the tool, by its full name
+
+
+def test_a_stroller_is_no_person(vocab: ConceptVocabulary) -> None:
+    """WordNet's first "stroller" is someone strolling; the photo model has no pushchair."""
+    with pytest.raises(UnknownTerm, match="'stroller' is not something this model can see"):
+        vocab.read("a baby stroller")

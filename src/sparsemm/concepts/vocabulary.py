@@ -173,6 +173,9 @@ BLOCKED: frozenset[tuple[str, str]] = frozenset(
         ("cub", "n09871229"),
         ("cubs", "n09981834"),
         ("cubs", "n09871229"),
+        # WordNet's first stroller is a person who strolls; in a photo it is a pushchair
+        ("stroller", "n10553235"),
+        ("strollers", "n10553235"),
     }
 )
 # The hypernyms a narrower word may be searched as when the model has nothing narrower

@@ -473,6 +473,11 @@ def _sync(
         for row in (old.skipped() if old is not None else [])
         if row.get("id") in incoming and row.get("stamp") == incoming[row["id"]].get("stamp")
     }
+    for row in known_bad.values():  # named where the file is now (a copied folder)
+        was_at, now_at = str(row.get("image") or ""), str(incoming[row["id"]].get("image"))
+        row["image"] = now_at
+        if was_at:
+            row["error"] = str(row.get("error", "")).replace(was_at, now_at)
     report.skipped = list(known_bad.values())
     order: list[Item] = [incoming[now[i]] for i in old_items if i in now]
     order += [it for it in items if it["id"] not in was and it["id"] not in known_bad]

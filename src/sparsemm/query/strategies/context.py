@@ -123,6 +123,17 @@ CHECK_BATCH = 16
 MIN_CACHE_SIZE = 16  # a strategy holds a few entries at once (e.g. a detector's store + logits)
 
 
+# What a strategy's input is, in a user's words (ExclusionContext.require)
+NEEDS = {
+    "dense": "the photos' dense embeddings",
+    "codes": "sparse codes of the items",
+    "text_encoder": "a text encoder",
+    "query_coder": "a model that codes query text",
+    "reference": "captioned items to fit word detectors on (a collection with captions)",
+    "word_vectors": "SPINE word vectors",
+}
+
+
 class ExclusionContext:
     """What strategies need, with per-text caches (see the module docstring).
 
@@ -248,8 +259,8 @@ class ExclusionContext:
         for w in what:
             if not have[w]:
                 raise SparsemmError(
-                    f"this exclusion strategy needs {w.replace('_', ' ')}, which the context "
-                    "does not have"
+                    f"this strategy needs {NEEDS.get(w, w)}, which this collection does not "
+                    "have; leave the strategy out for the collection's default"
                 )
 
     @property
