@@ -45,6 +45,23 @@ def test_a_decompression_bomb_is_refused_from_its_header(client: TestClient) -> 
     assert images.MAX_UPLOAD_PIXELS < Image.MAX_IMAGE_PIXELS  # below Pillow's own limit
 
 
+def test_an_image_past_pillows_own_limit_is_refused_for_its_pixels(client: TestClient) -> None:
+    """A header of 60000x60000 trips Pillow's own check (twice its limit) in open(): that is
+    a size to refuse, not "not an image this server can read"."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    header = struct.pack(">IIBBBBB", 60000, 60000, 8, 2, 0, 0, 0)
+    huge = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
+    r = client.post("/api/search/image", content=huge)
+    assert r.status_code == 400 and "too many pixels" in r.json()["error"], r.json()
+
+
 def test_a_decoded_query_image_is_reduced() -> None:
     img = images.decode_upload(_png((3000, 2000), "RGB"))
     assert max(img.size) == images.QUERY_IMAGE_SIDE and img.mode == "RGB"
