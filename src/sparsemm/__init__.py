@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparsemm.errors import SparsemmError
 
-__version__ = "0.9.0"
+__version__ = "0.9.1"
 
 # public name -> the module that defines it
 _LAZY = {
