@@ -245,12 +245,13 @@ def test_an_exclusion_of_all_that_implies_a_word_is_refused_in_one_line(
     assert "..." not in vocab.read("flag").concepts[0].note  # one class, named in full
 
 
-def test_a_plane_is_an_airplane_and_a_wing_implies_one(vocab: ConceptVocabulary) -> None:
+def test_a_plane_is_an_airplane_and_a_wing_implies_the_sky(vocab: ConceptVocabulary) -> None:
     """ImageNet's "plane" is the carpenter's tool; people searching photos for a plane mean
-    an airplane, and ImageNet's "wing" is an airplane's wing (seen against the sky)."""
+    an airplane. ImageNet's "wing" (an airplane's, seen from a window) implies the sky but
+    not an airplane: it fires on aerial views with no wing in them."""
     for term in ("plane", "a plane", "planes", "airplane"):
         got = names(vocab, term)
-        assert {"airliner", "wing"} <= got and "plane" not in got, term
+        assert "airliner" in got and "plane" not in got and "wing" not in got, term
     assert "wing" in names(vocab, "sky")
     assert names(vocab, "a carpenter's plane") == {"plane"}  # the tool, by its full name
 
