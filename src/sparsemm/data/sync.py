@@ -426,6 +426,16 @@ def _same_photo(before: Item, after: Item) -> bool:
     return same_bytes and tuple(before.get("captions") or ()) == tuple(after.get("captions") or ())
 
 
+def _named_here(row: dict[str, Any], item: Item) -> dict[str, Any]:
+    """A skipped file's row of an earlier run, named where the file is now (in a copied
+    folder, the copy's path, in its ``image`` and its error message)."""
+    was_at, now_at = str(row.get("image") or ""), str(item.get("image"))
+    out = {**row, "image": now_at}
+    if was_at:
+        out["error"] = str(row.get("error", "")).replace(was_at, now_at)
+    return out
+
+
 def _note_skipped(
     report: SyncReport, skipped: list[dict[str, Any]], incoming: dict[str, Item]
 ) -> None:
@@ -473,12 +483,7 @@ def _sync(
         for row in (old.skipped() if old is not None else [])
         if row.get("id") in incoming and row.get("stamp") == incoming[row["id"]].get("stamp")
     }
-    for row in known_bad.values():  # named where the file is now (a copied folder)
-        was_at, now_at = str(row.get("image") or ""), str(incoming[row["id"]].get("image"))
-        row["image"] = now_at
-        if was_at:
-            row["error"] = str(row.get("error", "")).replace(was_at, now_at)
-    report.skipped = list(known_bad.values())
+    report.skipped = [_named_here(row, incoming[row["id"]]) for row in known_bad.values()]
     order: list[Item] = [incoming[now[i]] for i in old_items if i in now]
     order += [it for it in items if it["id"] not in was and it["id"] not in known_bad]
     # A collection embedded before photos were read upright: those with an orientation tag
