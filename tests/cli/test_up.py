@@ -394,7 +394,7 @@ def test_search_scores_are_match_percentages_with_a_threshold(
         (["--min-score", "150%"], "--min-score: a probability in (0, 1]"),
         (["--min-score", "abc"], "--min-score: not a probability"),
         (["--min-score", "60"], "got '60'; did you mean 60%?"),
-        (["-k", "0"], "-k must be at least 1"),
+        (["-k", "0"], "-k must be a whole number of at least 1"),
     ):
         assert main(["search", col, "a cat", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -1167,3 +1167,42 @@ def test_a_copied_folder_names_its_unreadable_photo_where_it_is_now(
     assert str(photos) not in text
     rows = (copy / ".sparsemm" / "collection" / "skipped.jsonl").read_text().splitlines()
     assert [json.loads(r)["image"] for r in rows] == [str(copy.resolve() / "bad.jpg")]
+
+
+def test_stale_photos_in_a_copied_folder_an_out_folder_and_with_a_surviving_copy(
+    tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A photo deleted from a copy of the folder is gone from the copy (its path in the
+    original folder is not printed); a collection written with -o names the `up -o` that
+    made it; a photo deleted while a copy of it stays is no loss: -f prints the copy."""
+    import shutil
+
+    photos = tmp_path / "photos"
+    for i in range(3):
+        _photo(photos / f"p{i}.png", i)
+    shutil.copyfile(photos / "p0.png", photos / "p0-copy.png")  # one photo, two paths
+    assert main(["up", str(photos), "--no-serve", "--no-progress"]) == 0
+    copy = tmp_path / "copy"
+    shutil.copytree(photos, copy)
+    capsys.readouterr()
+    (copy / "p1.png").unlink()
+    assert main(["search", str(copy), "a cat", "-k", "3", "-f", "--no-server"]) == 0
+    cap = capsys.readouterr()
+    assert "'p1.png' is no longer in the folder" in cap.err and str(copy.resolve()) in cap.err
+    assert not any("p1.png" in line for line in cap.out.splitlines())
+    first = sorted(p.name for p in copy.iterdir() if p.name.startswith("p0"))[0]
+    (copy / first).unlink()  # one of the two paths of the same photo
+    assert main(["search", str(copy), "a cat", "-k", "3", "-f", "--no-server"]) == 0
+    cap = capsys.readouterr()
+    assert "no longer in the folder" in cap.err  # p1 still
+    assert f"'{first}'" not in cap.err
+    assert any(Path(line).name.startswith("p0") for line in cap.out.splitlines())
+    assert all(Path(line).is_file() for line in cap.out.splitlines())
+
+    out = tmp_path / "out"
+    assert main(["up", str(photos), "-o", str(out), "--no-serve", "--no-progress"]) == 0
+    capsys.readouterr()
+    (photos / "p2.png").unlink()
+    assert main(["search", str(out), "a cat", "-k", "4", "--no-server"]) == 0
+    err = capsys.readouterr().err
+    assert f"run `sparsemm up {photos.resolve()} -o {out.resolve()}`" in err, err

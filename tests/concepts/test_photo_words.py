@@ -260,3 +260,21 @@ def test_a_stroller_is_no_person(vocab: ConceptVocabulary) -> None:
     """WordNet's first "stroller" is someone strolling; the photo model has no pushchair."""
     with pytest.raises(UnknownTerm, match="'stroller' is not something this model can see"):
         vocab.read("a baby stroller")
+
+
+def test_only_baby_or_a_material_before_a_thing_describes_it(vocab: ConceptVocabulary) -> None:
+    """Words side by side are things of their own ("fox snow", "kids beach") unless the
+    first is "baby" or a material, whose most frequent sense is a substance: a fox's fur
+    or a lake pigment (later senses) make neither a material."""
+    for term, labels in (
+        ("fox snow", 2),
+        ("a lake boat", 2),
+        ("kids beach", 2),
+        ("girl horse", 2),
+        ("a glass bottle", 1),
+        ("a metal chair", 1),
+        ("a baby elephant", 1),
+    ):
+        assert len(vocab.read(term).concepts) == labels, term
+    with pytest.raises(UnknownTerm, match="'lovely' describes a thing rather than names one"):
+        vocab.read("lovely")  # WordNet's "a lovely" is a woman: no person search

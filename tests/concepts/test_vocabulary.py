@@ -100,15 +100,19 @@ def test_phrases_are_read_noun_by_noun(vocab: ConceptVocabulary) -> None:
         UnknownTerm, match="'nice' describes a thing rather than names one: name the thing too"
     ):
         vocab.read("nice")
-    # a stand-in or a material right before another thing describes it: a baby cheetah
-    # shows no person, a paper cup no paper; apart, each is a thing of the phrase
+    # "baby" or a material right before another thing describes it: a baby cheetah shows
+    # no person, a paper cup no paper; apart (a word or a comma between) each is a thing
     for term, word, label in (
         ("a baby cheetah", "baby", "cheetah"),
         ("a paper cup", "paper", "cup"),
     ):
         r = vocab.read(term)
-        assert [c.label for c in r.concepts] == [label] and r.ignored == (word,), term
-    assert [c.label for c in vocab.read("a baby with a cheetah").concepts] == ["person", "cheetah"]
+        assert [c.label for c in r.concepts] == [label] and r.ignored == (), term
+        assert r.describing == ((word, label),), term
+        assert f"{word!r} in {term!r} is read as saying what the {label} is" in r.notes[-1]
+    for term in ("a baby with a cheetah", "baby, cheetah", "a baby. a cheetah"):
+        assert [c.label for c in vocab.read(term).concepts] == ["person", "cheetah"], term
+    assert [c.label for c in vocab.read("woman cheetah").concepts] == ["person", "cheetah"]
     with pytest.raises(UnknownTerm, match="'paper' in 'paper and a cup' is not something"):
         vocab.read("paper and a cup")  # a thing of its own, which this model cannot see
     assert vocab.read_names("there is a dog and a cheetah") is not None

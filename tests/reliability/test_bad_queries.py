@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from webtoy import ITEMS, WebKeywordEncoder
@@ -26,9 +27,9 @@ CLI_CASES = [
     (['dog -"'], "must be followed by the term to exclude"),
     (["dog but not"], "'but not' is not followed by a term to exclude"),
     (["dog", "--exclude", " , "], "empty excluded term"),
-    (["dog", "-k", "0"], "-k must be at least 1"),
-    (["dog", "-k", "-3"], "-k must be at least 1"),
-    (["dog", "--offset", "-1"], "--offset must be 0 or more"),
+    (["dog", "-k", "0"], "-k must be a whole number of at least 1"),
+    (["dog", "-k", "-3"], "-k must be a whole number of at least 1"),
+    (["dog", "--offset", "-1"], "--offset must be a whole number of 0 or more"),
     (["dog", "--strategy", "nope"], "unknown strategy 'nope'"),
 ]
 
@@ -164,5 +165,6 @@ def test_the_python_api_refuses_a_page_of_the_wrong_type(
             searcher.search("dog", k=k, offset=offset)
         with pytest.raises(SparsemmError, match="must be"):
             QueryRequest(parse_query("dog"), k, offset)
+        assert len(searcher.search("dog", k=np.int64(2), offset=np.int64(0))) == 2  # numpy ints
     finally:
         searcher.close()

@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     fill = getattr(args, "positionals", None)
     if extra and (fill is None or not fill(args, extra)):
-        dash = args.verb == "search" and any(e.startswith("-") and e != "--" for e in extra)
+        dash = args.verb == "search" and any(e[:1] == "-" and e[:2] != "--" for e in extra)
         hint = (
             " (options first, then '--' before a query that starts with '-': "
             "search -k 5 PHOTOS -- -dog)"

@@ -24,11 +24,12 @@ each unit at a WordNet noun synset and reads a query term as the units that cove
    nouns first, filler words such as "group", "photo" and "kind" left out): all its nouns
    must be present; a count ("two dogs") or a describing word ("big", or a noun used
    mostly as an adjective: "a nice cat" is no city of Nice) is left out with a note, as
-   is a stand-in or a material right before the thing it describes ("a baby elephant",
-   "a paper cup": no person, no paper); a thing the model cannot see ("sunset", "red",
+   is "baby" or a material right before the thing it describes ("a baby elephant", "a
+   paper cup": no person, no paper); a thing the model cannot see ("sunset", "red",
    "kitchen") refuses the phrase as it refuses the word alone, never silently;
 6. a term with no reading is refused (:class:`UnknownTerm`) with the closest concepts the
-   model knows: curated ones for what no model here sees (:data:`UNSEEN`: the time of
+   model knows: curated ones for what no model here sees
+   (:data:`~sparsemm.concepts.phrase_words.UNSEEN`: the time of
    day, colours, text), a spelling fix only for a word that is no English word, else by
    the model's text similarity when it has one; a term covering nearly every unit is
    refused as too broad (:class:`TooBroad`: "entity", "physical entity");
@@ -47,6 +48,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 
+from sparsemm.concepts.phrase_words import (
+    COUNTS,
+    EVERYDAY_PEOPLE,
+    FILLER,
+    PRESENCE,
+    PRESENCE_FRAME,
+    STOP,
+    UNSEEN,
+    YOUNG,
+)
 from sparsemm.concepts.spelling import DeletionIndex
 from sparsemm.concepts.wordnet import WordNet, normalise, wordnet
 from sparsemm.errors import SparsemmError
@@ -125,31 +136,6 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "n04562935",
     ),
 }  # fmt: skip
-# Words for what no photo model here can see, each with why and what to search instead.
-_TIME = (
-    "this model sees things, not the time of day or the light",
-    ("sky", "seashore", "lakeside"),
-)
-_COLOUR = ("this model names things, not their colours", ())
-_TEXT = ("this model does not read text", ("menu", "street sign", "book jacket"))
-UNSEEN: dict[str, tuple[str, tuple[str, ...]]] = {
-    **dict.fromkeys(
-        "sunset sunsets sunrise sunrises sundown dusk dawn twilight night nights nighttime "
-        "evening evenings morning daylight daytime day days afternoon golden hour".split(),
-        _TIME,
-    ),
-    **dict.fromkeys(
-        "red blue green yellow black white purple pink brown grey gray violet beige "
-        "turquoise colour color colours colors colourful colorful".split(),
-        _COLOUR,
-    ),
-    **dict.fromkeys("text texts writing document documents words letters".split(), _TEXT),
-}
-# Count words: "two dogs" is read as dogs, with a note that counts are not known.
-COUNTS = frozenset(
-    "two three four five six seven eight nine ten eleven twelve dozen dozens several "
-    "many multiple few numerous".split()
-)
 # A term that covers at least this share of a model's units (with at least MIN_BROAD_UNITS
 # units) names nearly everything a photo can show ("physical entity", "object"): refused.
 BROAD_SHARE = 0.75
@@ -182,33 +168,6 @@ BLOCKED: frozenset[tuple[str, str]] = frozenset(
 # (step 4 of the module docstring): a woman as a person, a puppy as a dog. Others are
 # refused: "kitchen" is not usefully searched as "area", nor "trees" as "vascular plant".
 STAND_INS = ("n00007846", "n02084071")  # person.n.01, dog.n.01
-# Words of a phrase that frame it rather than name a thing in the picture.
-# words for people a typo may have meant, though the model widens them to "person"
-EVERYDAY_PEOPLE = frozenset(
-    "man men woman women child children boy boys girl girls baby babies kid kids".split()
-)
-FILLER = frozenset(
-    "photo photos photograph picture pictures image images shot snapshot view close-up "
-    "closeup scene kind kinds type sort group groups bunch lot lots couple pair number "
-    "something thing things stuff one ones some any front side top bottom middle center "
-    "centre background foreground part piece set".split()
-)
-STOP = frozenset(
-    "a an the of on in at with and or to for from by near over under into onto its their "
-    "his her my our your this that these those there is are was were be being some".split()
-)
-# Words that only say something is shown ("I can see a dog", "a picture showing a cat"):
-# a phrase of things named around them is read as those things.
-PRESENCE = frozenset(
-    "i we you it can could see seen visible shows show showing shown contains containing "
-    "has have having here".split()
-)
-# A frame around a phrase that only says its things are shown: "I can see a dog", "a dog
-# can be seen", "a dog is visible". Only the frame is dropped, so "a can of soda" keeps "can".
-PRESENCE_FRAME = re.compile(
-    r"^(?:(?:i|we|you|one)\s+(?:can|could)\s+(?:see|spot)|there\s+(?:is|are))\s+"
-    r"|\s+(?:(?:can|could)\s+be\s+seen|(?:is|are)\s+(?:visible|shown))$"
-)
 
 
 class UnknownTerm(SparsemmError):
@@ -246,6 +205,8 @@ class Reading:
     concepts: tuple[Concept, ...]
     ignored: tuple[str, ...] = ()  # describing words of the phrase the model cannot judge
     counts: tuple[str, ...] = ()  # count words ("two dogs")
+    # (word, the thing it describes): a material or "baby" right before it ("paper cup")
+    describing: tuple[tuple[str, str], ...] = ()
 
     @property
     def notes(self) -> list[str]:
@@ -259,6 +220,11 @@ class Reading:
         if self.ignored:
             what = ", ".join(repr(w) for w in self.ignored)
             out.append(f"{what} in {self.term!r} left out: this model cannot judge it")
+        for word, thing in self.describing:
+            out.append(
+                f"{word!r} in {self.term!r} is read as saying what the {thing} is (of), not "
+                "as a thing of its own: this model cannot judge it"
+            )
         return out
 
 
@@ -444,13 +410,15 @@ class ConceptVocabulary:
         if text in UNSEEN:
             raise self.unknown(term)
         whole = self.read_noun(text) if text else None
+        if whole is not None and whole.how == "broader" and self._describes(text):
+            raise self.unknown(text, term)  # "lovely" alone is no person
         if whole is not None:
             return Reading(term, (whole,))
-        tokens = re.findall(r"[a-z0-9][a-z0-9'\-]*", text)
-        words = [w for w in tokens if w not in STOP]
-        # where each word stands: a word right before another (no stop word between them,
-        # "baby elephant") may describe it
-        at = [i for i, w in enumerate(tokens) if w not in STOP]
+        tokens = re.findall(r"[a-z0-9][a-z0-9'\-]*|[,.;:!?]", text)
+        words = [w for w in tokens if w not in STOP and w[0].isalnum()]
+        # where each word stands: a word right before another (no stop word or punctuation
+        # between them, "baby elephant") may describe it
+        at = [i for i, w in enumerate(tokens) if w not in STOP and w[0].isalnum()]
         spans: list[tuple[int, int]] = []  # the words each concept was read from
         concepts: list[Concept] = []
         ignored: list[str] = []
@@ -496,8 +464,9 @@ class ConceptVocabulary:
                     break
             else:  # pragma: no cover - the n == 1 case always breaks
                 i += 1
-        concepts = self._heads(concepts, spans, ignored)
-        unseen = [w for w in unseen if w not in ignored]
+        describing: list[tuple[str, str]] = []
+        concepts = self._heads(concepts, spans, describing)
+        unseen = [w for w in unseen if w not in {d for d, _ in describing}]
         if unseen and concepts:
             raise UnknownTerm(term, self._phrase_refusal(term, unseen[0], concepts))
         if unseen:  # "something red", "a sunny day": refused as the word alone would be
@@ -510,31 +479,37 @@ class ConceptVocabulary:
             if c.units not in seen:
                 seen.add(c.units)
                 unique.append(c)
-        return Reading(term, tuple(unique), tuple(ignored), tuple(counts))
+        return Reading(term, tuple(unique), tuple(ignored), tuple(counts), tuple(describing))
 
     def _heads(
-        self, concepts: list[Concept], spans: list[tuple[int, int]], ignored: list[str]
+        self,
+        concepts: list[Concept],
+        spans: list[tuple[int, int]],
+        describing: list[tuple[str, str]],
     ) -> list[Concept]:
         """``concepts`` (how = "unseen" where a word names a thing the model cannot see)
-        less those of one word that stand right before another thing of the phrase and
-        describe it: a stand-in ("baby elephant": no person in it) or a material or substance
-        ("paper cup", "metal chair": the thing is a cup, a chair). Their words join
-        ``ignored``; the unseen places are dropped."""
+        less those of one word right before another thing of the phrase (no stop word or
+        punctuation between) that describe it: "baby" ("a baby elephant": no person in it)
+        or a material ("a paper cup", "a metal chair": the thing is a cup, a chair). They
+        join ``describing`` with the thing; the unseen places are dropped."""
         kept = []
         for j, c in enumerate(concepts):
-            before = j + 1 < len(concepts) and spans[j + 1][0] == spans[j][1] + 1
+            nxt = concepts[j + 1] if j + 1 < len(concepts) else None
+            before = nxt is not None and spans[j + 1][0] == spans[j][1] + 1
             one = spans[j][0] == spans[j][1]
-            if before and one and (c.how == "broader" or self._material(c.term)):
-                ignored.append(c.term)
+            if before and one and (normalise(c.term) in YOUNG or self._material(c.term)):
+                assert nxt is not None
+                describing.append((c.term, nxt.term))
             elif c.how != "unseen":
                 kept.append(c)
         return kept
 
     def _material(self, word: str) -> bool:
-        """Whether one of a word's three most frequent noun senses is a substance ("paper",
-        "plastic", "glass", "stone"), by WordNet's lexicographer file."""
+        """Whether a word's most frequent noun sense is a substance ("paper", "plastic",
+        "glass", "metal"), by WordNet's lexicographer file: not "fox" (its fur is a later
+        sense) nor "lake" (a pigment, later)."""
         senses = self.wn.lookup(OVERRIDES.get(normalise(word), normalise(word)))
-        return any(self.wn.lexname(s) == "substance" for s in senses[:3])
+        return bool(senses) and self.wn.lexname(senses[0]) == "substance"
 
     def read_union(self, term: str) -> Concept:
         """ "cats or dogs", "a cat or a dog": one concept whose units are the union of the

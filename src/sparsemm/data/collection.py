@@ -23,6 +23,7 @@ import functools
 import logging
 import os
 import re
+import shlex
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -101,25 +102,30 @@ class Collection:
         return moved_photos(self.root, self.manifest)
 
     def image_file(self, row: int) -> Path | None:
-        """Where the image of item ``row`` is now (None: it has none); see
-        :func:`image_file`."""
-        ref = self.items[row].get("image")
-        return image_file(str(ref), self.root, self.photos_moved) if ref else None
-
-    def photo_folder(self) -> Path | None:
-        """The photo folder `sparsemm up` keeps this collection for, where it is now (None:
-        another kind of collection)."""
+        """Where the image of item ``row`` is now (None: it has none; see
+        :func:`image_file`): its own file, or when that was deleted, a copy of it still in
+        the folder (its ``also`` paths)."""
+        path = self._recorded_file(row)
+        if path is None or path.exists():
+            return path
         source = self.manifest.get("source")
-        if not isinstance(source, dict) or source.get("kind") != UP_SOURCE_KIND:
-            return None
-        moved = self.photos_moved
-        return moved[1] if moved is not None else Path(str(source.get("path")))
+        folder = source.get("path") if isinstance(source, dict) else None
+        for other in self.items[row].get("also") or [] if folder else []:
+            copy = image_file(str(Path(str(folder)) / str(other)), self.root, self.photos_moved)
+            if copy.exists():
+                return copy
+        return path
+
+    def up_args(self) -> str | None:
+        """The `sparsemm up` arguments that made this collection (:func:`up_args`)."""
+        return up_args(self.root, self.manifest)
 
     def stale(self, rows: Sequence[int]) -> dict[int, str]:
-        """Of the photos of ``rows``, those no longer as `sparsemm up` read them: "gone"
-        (no file at its path) or "changed" (a file of another size there: replaced or
-        edited). Only a photo folder's items are checked (they carry a file stamp,
-        ``"size:mtime_ns"``); a file whose time alone changed (a copied folder) is not."""
+        """Of the photos of ``rows``, those no longer as `sparsemm up` read them: "gone" (no
+        file at its path, nor a copy of it at one of its ``also`` paths) or "changed" (a file
+        of another size there: replaced or edited). Only a photo folder's items are checked
+        (they carry a file stamp, ``"size:mtime_ns"``); a file whose time alone changed (a
+        copied folder) is not."""
         out: dict[int, str] = {}
         for row in rows:
             stamp = self.items[row].get("stamp")
@@ -131,9 +137,13 @@ class Collection:
             except OSError:
                 out[row] = "gone"
                 continue
-            if str(size) != str(stamp).split(":")[0]:
+            if path == self._recorded_file(row) and str(size) != str(stamp).split(":")[0]:
                 out[row] = "changed"
         return out
+
+    def _recorded_file(self, row: int) -> Path | None:
+        ref = self.items[row].get("image")
+        return image_file(str(ref), self.root, self.photos_moved) if ref else None
 
     def _lists(self, name: str) -> bool:
         """The manifest lists ``name`` (its checksum), or the file is there."""
@@ -292,14 +302,14 @@ def image_file(ref: str, root: Path, moved: tuple[Path, Path] | None = None) -> 
 
     A relative one is under the collection folder ``root``. `up` records absolute paths;
     when its photo folder has moved (``moved``, from :func:`moved_photos`), an image under
-    the recorded folder is read at the same place under the folder it is in now, as long as
-    the file is there; otherwise the path is the one recorded.
+    the recorded folder is read at the same place under the folder it is in now (never
+    from the recorded folder: a copied folder's deleted photo is gone from the copy).
     """
     path = Path(ref).expanduser()
     if not path.is_absolute():
         return resolve_path(root / path)
     there = relocated(path, moved)
-    return there if there is not None and there.exists() else path
+    return there if there is not None else path
 
 
 def relocated(path: Path, moved: tuple[Path, Path] | None) -> Path | None:
@@ -312,6 +322,26 @@ def relocated(path: Path, moved: tuple[Path, Path] | None) -> Path | None:
         return moved[1] / path.relative_to(moved[0])
     except ValueError:
         return None
+
+
+def up_args(root: Path, manifest: Any) -> str | None:
+    """The `sparsemm up` arguments that made the collection folder ``root`` (whose manifest
+    is ``manifest``): ``PHOTOS``, with ``-o OUT`` when it is not in PHOTOS' own folder,
+    shell-quoted; None for collections up did not make. With no manifest (it could not be
+    read), only a collection in PHOTOS/.sparsemm is known to be up's, by where it is."""
+    source = manifest.get("source") if isinstance(manifest, dict) else None
+    out = root.parent  # up writes OUT/collection
+    if not (isinstance(source, dict) and source.get("kind") == UP_SOURCE_KIND):
+        if manifest is None and root.name == "collection" and out.name == UP_DIR_NAME:
+            return shlex.quote(str(out.parent.resolve()))
+        return None
+    photos = str(source.get("path") or "PHOTOS")
+    moved = moved_photos(root, manifest)
+    if moved is not None:  # inside the photo folder, which moved: where it is now
+        return shlex.quote(str(moved[1]))
+    if out.name == UP_DIR_NAME and out.parent.resolve() == Path(photos).resolve():
+        return shlex.quote(photos)
+    return f"{shlex.quote(photos)} -o {shlex.quote(str(out.resolve()))}"
 
 
 def open_collection(path: str | Path, verify: bool = True) -> Collection:

@@ -11,7 +11,6 @@ answers queries over it; index building reads it for the unit lists.
 from __future__ import annotations
 
 import logging
-import shlex
 from itertools import zip_longest
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,14 +19,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparsemm.data.collection import (
-    UP_DIR_NAME,
     UP_LOCK,
-    UP_SOURCE_KIND,
     Collection,
     collection_root,
-    moved_photos,
     open_collection,
     relocated,
+    up_args,
 )
 from sparsemm.data.sources import text_name
 from sparsemm.encoders.base import CachedTextEncoder, collection_encoder
@@ -84,35 +81,10 @@ def _rebuild_hint(collection_dir: str | Path, root: Path) -> str:
     return f"`{cmd}`, or for a folder made by `sparsemm up`, run `sparsemm up` again"
 
 
-def _up_photos(collection: Collection) -> str | None:
-    """The `sparsemm up` command that made a collection: ``PHOTOS``, with ``-o OUT`` when it
-    is not in PHOTOS' own folder (None for collections up did not make), shell-quoted."""
-    return _up_args(collection.root, collection.manifest)
-
-
-def _up_args(root: Path, manifest: Any) -> str | None:
-    """:func:`_up_photos` for the collection folder ``root`` whose manifest is ``manifest``
-    (None when it could not be read: then only a collection in PHOTOS/.sparsemm is known to
-    be up's, by where it is)."""
-    source = manifest.get("source") if isinstance(manifest, dict) else None
-    out = root.parent  # up writes OUT/collection
-    if not (isinstance(source, dict) and source.get("kind") == UP_SOURCE_KIND):
-        if manifest is None and root.name == "collection" and out.name == UP_DIR_NAME:
-            return shlex.quote(str(out.parent.resolve()))
-        return None
-    photos = str(source.get("path") or "PHOTOS")
-    moved = moved_photos(root, manifest)
-    if moved is not None:  # inside the photo folder, which moved: where it is now
-        return shlex.quote(str(moved[1]))
-    if out.name == UP_DIR_NAME and out.parent.resolve() == Path(photos).resolve():
-        return shlex.quote(photos)
-    return f"{shlex.quote(photos)} -o {shlex.quote(str(out.resolve()))}"
-
-
 def _refuse_while_up_runs(collection: Collection, photos: str | None) -> None:
     """SparsemmError saying so when a running `sparsemm up` holds the folder of
     ``collection`` (its index is then being brought up to date, not damaged); ``photos``:
-    :func:`_up_photos` of it."""
+    :meth:`~sparsemm.data.collection.Collection.up_args` of it."""
     pid = None if photos is None else lock_holder(collection.root.parent / UP_LOCK)
     if pid is not None:
         raise SparsemmError(
@@ -144,7 +116,7 @@ def _open_up_collection(collection_dir: str | Path) -> Collection:
             manifest = read_json(root / "manifest.json")
         except (SparsemmError, OSError):
             manifest = None
-        photos = _up_args(root, manifest)
+        photos = up_args(root, manifest)
         if photos is None:
             raise
         raise _up_again(exc, photos) from exc
@@ -204,7 +176,7 @@ class IndexedCollection:
         """Open the collection's index (and check ``store`` holds the same items); its
         manifest's meta once checked: the model it names is there, a valid top_k."""
         if not (root / "manifest.json").is_file():
-            photos = _up_photos(self.collection)
+            photos = self.collection.up_args()
             _refuse_while_up_runs(self.collection, photos)
             if photos is not None:  # `up` was stopped between the collection and the index
                 raise SparsemmError(
@@ -219,7 +191,7 @@ class IndexedCollection:
         try:
             self.index = InvertedIndex.open(root, in_memory=in_memory)
         except SparsemmError as exc:  # damaged: say how to build it again, with what
-            photos = _up_photos(self.collection)
+            photos = self.collection.up_args()
             if photos is None:
                 raise SparsemmError(f"{exc} ({_rebuild_hint(collection_dir, root)})") from exc
             text, sep, _ = str(exc).rpartition("; rebuild")
@@ -238,7 +210,7 @@ class IndexedCollection:
         # store holding the same items (e.g. a Qdrant collection).
         self.store: Store = store if store is not None else self.index
         if list(self.index.ids) != self.collection.ids:
-            photos = _up_photos(self.collection)
+            photos = self.collection.up_args()
             _refuse_while_up_runs(self.collection, photos)
             # `up` stopped between rewriting the collection and updating its index
             remedy = (
@@ -295,7 +267,7 @@ class IndexedCollection:
                 config_sha256=meta.get("model_config_sha256"),
             )
         except SettingsChanged:
-            photos = _up_photos(self.collection)
+            photos = self.collection.up_args()
             again = (
                 f"run `sparsemm up {photos}` again"
                 if photos is not None
@@ -319,7 +291,7 @@ class IndexedCollection:
     def _up_model(self, model: Any) -> str | None:
         """The `sparsemm up` arguments that repair ``model``: when the collection is up's
         and the model is one up keeps beside it (OUT/model, OUT/sr); else None."""
-        photos = _up_photos(self.collection)
+        photos = self.collection.up_args()
         out = self.collection.root.parent
         mine = {(out / name).resolve() for name in ("model", "sr")}
         return photos if photos is not None and Path(str(model)).resolve() in mine else None

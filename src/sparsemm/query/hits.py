@@ -264,8 +264,8 @@ def stale_notes(collection: Collection, hits: Sequence[Hit]) -> list[str]:
             parts.append(f"{named} changed since `up` read {'it' if one else 'them'}")
     if not parts:
         return []
-    folder = collection.photo_folder()
-    return [f"{'; '.join(parts)}: run `sparsemm up {folder}` to bring the index up to date"]
+    up = collection.up_args() or "PHOTOS"
+    return [f"{'; '.join(parts)}: run `sparsemm up {up}` to bring the index up to date"]
 
 
 def explainer(

@@ -11,6 +11,7 @@ the CLI can refuse bad input before anything heavy loads.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -220,12 +221,13 @@ def like_exclusions(q: str = "", include: Sequence[str] = (), exclude: Sequence[
 
 
 def check_page(k: Any, offset: Any, k_name: str = "k", offset_name: str = "offset") -> None:
-    """SparsemmError unless ``k`` is a whole number of at least 1 and ``offset`` one of 0
-    or more (the Python API's ``k="3"`` or ``k=2.5`` too, not a TypeError deep inside)."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise SparsemmError(f"{k_name} must be at least 1, got {k!r}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise SparsemmError(f"{offset_name} must be 0 or more, got {offset!r}")
+    """SparsemmError unless ``k`` is a whole number (a numpy one too) of at least 1 and
+    ``offset`` one of 0 or more (the Python API's ``k="3"`` or ``k=2.5`` too, not a
+    TypeError deep inside)."""
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+        raise SparsemmError(f"{k_name} must be a whole number of at least 1, got {k!r}")
+    if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 0:
+        raise SparsemmError(f"{offset_name} must be a whole number of 0 or more, got {offset!r}")
 
 
 def build_request(

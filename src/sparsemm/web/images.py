@@ -298,8 +298,7 @@ def decode_upload(data: bytes) -> Any:
         raise
     except Image.DecompressionBombError as exc:  # Pillow's own check, past twice its limit
         raise SparsemmError(
-            f"the image has too many pixels; send one under {MAX_UPLOAD_PIXELS // 10**6} "
-            "megapixels"
+            f"the image has too many pixels; send one under {MAX_UPLOAD_PIXELS // 10**6} megapixels"
         ) from exc
     except Exception as exc:  # PIL raises several types for a non-image or a broken file
         raise SparsemmError(not_an_image) from exc
