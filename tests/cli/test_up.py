@@ -1198,6 +1198,11 @@ def test_stale_photos_in_a_copied_folder_an_out_folder_and_with_a_surviving_copy
     assert f"'{first}'" not in cap.err
     assert any(Path(line).name.startswith("p0") for line in cap.out.splitlines())
     assert all(Path(line).is_file() for line in cap.out.splitlines())
+    # a search a server answers prints the paths item_images reads: the copy too
+    from sparsemm.pipeline.running import item_images
+
+    found = item_images(copy, {"p0.png", "p0-copy.png"})
+    assert len(found) == 1 and all(Path(str(v)).is_file() for v in found.values()), found
 
     out = tmp_path / "out"
     assert main(["up", str(photos), "-o", str(out), "--no-serve", "--no-progress"]) == 0

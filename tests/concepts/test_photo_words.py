@@ -278,3 +278,8 @@ def test_only_baby_or_a_material_before_a_thing_describes_it(vocab: ConceptVocab
         assert len(vocab.read(term).concepts) == labels, term
     with pytest.raises(UnknownTerm, match="'lovely' describes a thing rather than names one"):
         vocab.read("lovely")  # WordNet's "a lovely" is a woman: no person search
+
+
+def test_a_word_is_refused_as_typed_with_its_accents(vocab: ConceptVocabulary) -> None:
+    with pytest.raises(UnknownTerm, match="'café' is not something this model can see"):
+        vocab.read("café")

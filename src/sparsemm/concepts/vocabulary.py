@@ -612,7 +612,8 @@ class ConceptVocabulary:
         """The refusal of ``word`` (typed as ``term``, default the word itself), with its
         suggestions computed once."""
         near = self.suggest(word)
-        return UnknownTerm(term or word, self.refusal(word, near), near)
+        shown = term if term and normalise(term) == normalise(word) else word  # "café"
+        return UnknownTerm(term or word, self.refusal(shown, near), near)
 
     def refusal(self, term: str, near: Sequence[str] | None = None) -> str:
         """Why ``term`` is refused, in one line (``near``: its suggestions, computed when

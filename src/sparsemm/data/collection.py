@@ -105,16 +105,7 @@ class Collection:
         """Where the image of item ``row`` is now (None: it has none; see
         :func:`image_file`): its own file, or when that was deleted, a copy of it still in
         the folder (its ``also`` paths)."""
-        path = self._recorded_file(row)
-        if path is None or path.exists():
-            return path
-        source = self.manifest.get("source")
-        folder = source.get("path") if isinstance(source, dict) else None
-        for other in self.items[row].get("also") or [] if folder else []:
-            copy = image_file(str(Path(str(folder)) / str(other)), self.root, self.photos_moved)
-            if copy.exists():
-                return copy
-        return path
+        return photo_file(self.items[row], self.root, self.manifest, self.photos_moved)
 
     def up_args(self) -> str | None:
         """The `sparsemm up` arguments that made this collection (:func:`up_args`)."""
@@ -310,6 +301,27 @@ def image_file(ref: str, root: Path, moved: tuple[Path, Path] | None = None) -> 
         return resolve_path(root / path)
     there = relocated(path, moved)
     return there if there is not None else path
+
+
+def photo_file(
+    item: dict[str, Any], root: Path, manifest: Any, moved: tuple[Path, Path] | None
+) -> Path | None:
+    """Where ``item``'s photo is now (:func:`image_file`; None: it has none): its own file,
+    or when that was deleted, a copy of it still in the folder (its ``also`` paths, relative
+    to the photo folder the collection's ``manifest`` names)."""
+    ref = item.get("image")
+    if not ref:
+        return None
+    path = image_file(str(ref), root, moved)
+    source = manifest.get("source") if isinstance(manifest, dict) else None
+    folder = source.get("path") if isinstance(source, dict) else None
+    if path.exists() or not folder:
+        return path
+    for other in item.get("also") or []:
+        copy = image_file(str(Path(str(folder)) / str(other)), root, moved)
+        if copy.exists():
+            return copy
+    return path
 
 
 def relocated(path: Path, moved: tuple[Path, Path] | None) -> Path | None:

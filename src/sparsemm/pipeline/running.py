@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sparsemm.data.collection import collection_root, image_file, moved_photos
+from sparsemm.data.collection import collection_root, moved_photos, photo_file
 from sparsemm.errors import SparsemmError
 from sparsemm.io import read_json
 from sparsemm.query.request import MAX_K, MAX_OFFSET, MAX_TERMS
@@ -234,12 +234,14 @@ def _answer(url: str, request: urllib.request.Request, timeout: float) -> dict[s
 def item_images(collection: str | Path, ids: set[str]) -> dict[str, str | None]:
     """The absolute image path of each of the items ``ids`` (None: no image), read from the
     collection's ``items.jsonl`` as ``sparsemm search`` prints them (-f, --json): where the
-    photo is now when its folder moved since `up` (sparsemm.data.collection.image_file)."""
+    photo is now when its folder moved since `up`, or a copy of it when it was deleted
+    (sparsemm.data.collection.photo_file)."""
     root = collection_root(collection)
     try:
-        moved = moved_photos(root, read_json(root / "manifest.json"))
+        manifest = read_json(root / "manifest.json")
+        moved = moved_photos(root, manifest)
     except (SparsemmError, OSError):
-        moved = None
+        manifest, moved = None, None
     out: dict[str, str | None] = {}
     with open(root / "items.jsonl", encoding="utf-8", errors="surrogateescape") as fh:
         for line in fh:
@@ -249,8 +251,8 @@ def item_images(collection: str | Path, ids: set[str]) -> dict[str, str | None]:
             item_id = str(item.get("id"))
             if item_id not in ids:
                 continue
-            img = item.get("image")
-            out[item_id] = str(image_file(str(img), root, moved)) if img else None
+            path = photo_file(item, root, manifest, moved)
+            out[item_id] = None if path is None else str(path)
             if len(out) == len(ids):
                 break
     return out
