@@ -113,6 +113,8 @@ def test_phrases_are_read_noun_by_noun(vocab: ConceptVocabulary) -> None:
     for term in ("a baby with a cheetah", "baby, cheetah", "a baby. a cheetah"):
         assert [c.label for c in vocab.read(term).concepts] == ["person", "cheetah"], term
     assert [c.label for c in vocab.read("woman cheetah").concepts] == ["person", "cheetah"]
+    union = vocab.read("a baby cheetah or a tabby").concepts[0]  # "or" keeps the note
+    assert union.how == "union" and "'baby' in 'baby cheetah' is read as saying" in union.note
     with pytest.raises(UnknownTerm, match="'paper' in 'paper and a cup' is not something"):
         vocab.read("paper and a cup")  # a thing of its own, which this model cannot see
     assert vocab.read_names("there is a dog and a cheetah") is not None

@@ -522,8 +522,10 @@ class ConceptVocabulary:
         if len(alternatives) < 2:
             raise SparsemmError(f"{term!r}: put a thing on each side of 'or', e.g. 'cat or dog'")
         parts: list[Concept] = []
+        notes: list[str] = []  # each alternative's, its left-out words' too ("a baby cheetah")
         for alt in alternatives:
             r = self.read(alt)
+            notes += r.notes
             if len(r.concepts) != 1 or r.concepts[0].parts:
                 raise SparsemmError(
                     f"{alt!r} in {term!r} is several things; 'or' joins single things "
@@ -535,7 +537,7 @@ class ConceptVocabulary:
             for u, w in c.units:
                 units[u] = max(units.get(u, 0.0), w)
         label = " or ".join(dict.fromkeys(c.label for c in parts))
-        note = "; ".join(dict.fromkeys(c.note for c in parts if c.note))
+        note = "; ".join(dict.fromkeys(notes))
         return Concept(term, label, _sorted(units), "union", None, note, tuple(parts))
 
     def _phrase_refusal(self, term: str, word: str, concepts: Sequence[Concept]) -> str:

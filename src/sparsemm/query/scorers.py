@@ -380,11 +380,13 @@ class DetectorScorer:
         any other, a description scored by its code similarity."""
         alternatives = [a for a in re.split(r"\s*\bor\b\s*", term) if a.strip()]
         parts: list[Concept] = []
+        notes: list[str] = []  # each alternative's, its left-out words' too
         for alt in alternatives:
             r = self.read(re.sub(r"^(either|a|an|the)\s+", "", alt))
             if r.kind != "concepts" or len(r.concepts) != 1:
                 return None
             parts.append(r.concepts[0])
+            notes += r.notes
         if len(parts) < 2:
             return None
         units: dict[int, float] = {}
@@ -393,8 +395,7 @@ class DetectorScorer:
                 units[u] = max(units.get(u, 0.0), w)
         label = " or ".join(dict.fromkeys(c.label for c in parts))
         union = Concept(term, label, tuple(sorted(units.items())), "union", None, "", tuple(parts))
-        notes = tuple(dict.fromkeys(c.note for c in parts if c.note))
-        return TermReading(term, "concepts", (union,), notes, "detector")
+        return TermReading(term, "concepts", (union,), tuple(dict.fromkeys(notes)), "detector")
 
     def texts(self, reading: TermReading) -> tuple[str, ...]:
         """Texts its probability codes besides the term: the words of the detectors it reads
