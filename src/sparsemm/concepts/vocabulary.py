@@ -415,10 +415,10 @@ class ConceptVocabulary:
         if whole is not None:
             return Reading(term, (whole,))
         tokens = re.findall(r"[a-z0-9][a-z0-9'\-]*|[,.;:!?]", text)
-        words = [w for w in tokens if w not in STOP and w[0].isalnum()]
         # where each word stands: a word right before another (no stop word or punctuation
         # between them, "baby elephant") may describe it
         at = [i for i, w in enumerate(tokens) if w not in STOP and w[0].isalnum()]
+        words = [tokens[i] for i in at]
         spans: list[tuple[int, int]] = []  # the words each concept was read from
         concepts: list[Concept] = []
         ignored: list[str] = []

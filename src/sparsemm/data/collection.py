@@ -120,15 +120,17 @@ class Collection:
         out: dict[int, str] = {}
         for row in rows:
             stamp = self.items[row].get("stamp")
-            path = self.image_file(row) if stamp else None
+            path = self._recorded_file(row) if stamp else None
             if path is None:
                 continue
             try:
                 size = path.stat().st_size
-            except OSError:
-                out[row] = "gone"
+            except OSError:  # its own file was deleted: gone unless a copy of it is there
+                copy = self.image_file(row)
+                if copy is None or not copy.exists():
+                    out[row] = "gone"
                 continue
-            if path == self._recorded_file(row) and str(size) != str(stamp).split(":")[0]:
+            if str(size) != str(stamp).split(":")[0]:
                 out[row] = "changed"
         return out
 
